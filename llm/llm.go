@@ -1,0 +1,342 @@
+// Package llm holds the domain types every other tollgate package shares: the
+// API dialects, token usage, the moments of one exchange, its outcome, and the
+// Record that the gateway writes once per request.
+//
+// It imports the standard library only, so that every package may import it.
+package llm
+
+import (
+	"strconv"
+	"time"
+)
+
+// Dialect is the wire format a caller speaks.
+type Dialect uint8
+
+const (
+	// DialectNone marks paths that are forwarded without being parsed
+	// (for example /v1/models).
+	DialectNone Dialect = iota
+	// DialectOpenAI is OpenAI Chat Completions (POST /v1/chat/completions).
+	DialectOpenAI
+	// DialectAnthropic is Anthropic Messages (POST /v1/messages).
+	DialectAnthropic
+)
+
+// String returns the dialect's name as used in config files and logs.
+func (d Dialect) String() string {
+	switch d {
+	case DialectOpenAI:
+		return "openai"
+	case DialectAnthropic:
+		return "anthropic"
+	default:
+		return "none"
+	}
+}
+
+// ParseDialect returns the dialect named s ("openai" or "anthropic").
+func ParseDialect(s string) (Dialect, bool) {
+	switch s {
+	case "openai":
+		return DialectOpenAI, true
+	case "anthropic":
+		return DialectAnthropic, true
+	}
+	return DialectNone, false
+}
+
+// Route is the closed set of route label values.
+type Route uint8
+
+const (
+	RouteOther Route = iota
+	RouteChatCompletions
+	RouteMessages
+)
+
+// String returns the route's metric label value.
+func (r Route) String() string {
+	switch r {
+	case RouteChatCompletions:
+		return "chat_completions"
+	case RouteMessages:
+		return "messages"
+	default:
+		return "other"
+	}
+}
+
+// Usage is the token usage of one exchange, normalised across dialects.
+//
+// Input is the whole prompt, cached tokens included (OpenAI prompt_tokens;
+// Anthropic input_tokens + cache_read_input_tokens +
+// cache_creation_input_tokens). CacheRead and CacheWrite are parts of Input,
+// Reasoning is part of Output. The Has flags tell "reported as zero" from "not
+// reported".
+type Usage struct {
+	Input      int64
+	Output     int64
+	CacheRead  int64
+	CacheWrite int64
+	Reasoning  int64
+
+	HasInput  bool
+	HasOutput bool
+}
+
+// Outcome is the closed set of ways an exchange ends (DESIGN 3.2).
+type Outcome uint8
+
+const (
+	OutcomeOK Outcome = iota
+	OutcomeClientCancel
+	OutcomeUpstreamTimeout
+	OutcomeUpstreamError
+	OutcomeUpstreamUnreachable
+	OutcomeRejected
+	OutcomeBadRequest
+)
+
+var outcomeNames = [...]string{
+	OutcomeOK:                  "ok",
+	OutcomeClientCancel:        "client_cancel",
+	OutcomeUpstreamTimeout:     "upstream_timeout",
+	OutcomeUpstreamError:       "upstream_error",
+	OutcomeUpstreamUnreachable: "upstream_unreachable",
+	OutcomeRejected:            "rejected",
+	OutcomeBadRequest:          "bad_request",
+}
+
+// String returns the outcome's label value.
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// Outcomes lists every outcome, for pre-creating metric series.
+func Outcomes() []Outcome {
+	return []Outcome{OutcomeOK, OutcomeClientCancel, OutcomeUpstreamTimeout,
+		OutcomeUpstreamError, OutcomeUpstreamUnreachable, OutcomeRejected, OutcomeBadRequest}
+}
+
+// Interruption is the closed set of reasons a started stream ended early.
+type Interruption uint8
+
+const (
+	InterruptNone Interruption = iota
+	// InterruptUpstreamEOF: the upstream body ended (or broke) without its
+	// terminal marker ([DONE] or message_stop).
+	InterruptUpstreamEOF
+	// InterruptUpstreamErrorEvent: the upstream sent an error event in the stream.
+	InterruptUpstreamErrorEvent
+	// InterruptClientCancel: the client went away mid-stream.
+	InterruptClientCancel
+	// InterruptIdleTimeout: no event arrived within the idle timeout.
+	InterruptIdleTimeout
+)
+
+// String returns the interruption's label value ("" for none).
+func (i Interruption) String() string {
+	switch i {
+	case InterruptUpstreamEOF:
+		return "upstream_eof"
+	case InterruptUpstreamErrorEvent:
+		return "upstream_error_event"
+	case InterruptClientCancel:
+		return "client_cancel"
+	case InterruptIdleTimeout:
+		return "idle_timeout"
+	}
+	return ""
+}
+
+// SLO names which service-level objective a request broke first.
+type SLO uint8
+
+const (
+	SLOMet SLO = iota
+	SLOTTFT
+	SLOTPOT
+	SLOE2E
+	// SLOFailed marks a request that did not succeed; it is not good.
+	SLOFailed
+)
+
+// String returns the SLO's label value.
+func (s SLO) String() string {
+	switch s {
+	case SLOTTFT:
+		return "ttft"
+	case SLOTPOT:
+		return "tpot"
+	case SLOE2E:
+		return "e2e"
+	case SLOFailed:
+		return "failed"
+	}
+	return "met"
+}
+
+// Timing holds the moments of one exchange (DESIGN 3.1), taken from the
+// monotonic clock. A zero time means the moment did not happen.
+type Timing struct {
+	In            time.Time // handler starts
+	UpSent        time.Time // request written to the upstream
+	UpFirstByte   time.Time // upstream's first response byte
+	FirstToken    time.Time // first token-bearing event read
+	FirstTokenOut time.Time // that event flushed to the client
+	LastToken     time.Time // last token-bearing event read
+	End           time.Time // last byte flushed, or the exchange ended otherwise
+}
+
+// Observer receives one value; prometheus.Observer satisfies it.
+type Observer interface {
+	Observe(float64)
+}
+
+// Record is everything the gateway learned about one request. It is built on
+// the request path and handed, once, to the sinks (metrics, access log).
+type Record struct {
+	RequestID string
+	KeyID     string // short hash of the caller's key; never the key
+	Team      string
+	Route     Route
+	Dialect   Dialect
+	Model     string // requested model
+	Upstream  string // upstream name from config
+	Stream    bool
+	Status    int // status sent to the client
+
+	Timing Timing
+
+	// Usage as reported by the upstream, or counted from events when
+	// Estimated is true.
+	Usage     Usage
+	Estimated bool
+
+	// TokenEvents counts token-bearing events; ITLCount, ITLSum and ITLMax
+	// summarise the gaps between them.
+	TokenEvents int
+	ITLCount    int
+	ITLSum      time.Duration
+	ITLMax      time.Duration
+
+	// RelayOverhead sums, over every event, the time between reading it from
+	// the upstream and flushing it to the client.
+	RelayOverhead time.Duration
+
+	InputBucket  string // label of the input-size bucket
+	Outcome      Outcome
+	Interruption Interruption
+	ErrorType    string // upstream error type (from an error body or event), if any
+	TerminalSeen bool   // [DONE] or message_stop was seen
+	Goodput      SLO
+	BytesOut     int64
+}
+
+// since returns b-a, or 0 when either moment is missing.
+func since(a, b time.Time) time.Duration {
+	if a.IsZero() || b.IsZero() {
+		return 0
+	}
+	return b.Sub(a)
+}
+
+// TTFT is t_first_token_out − t_in: what the caller waits, less its network.
+func (r *Record) TTFT() time.Duration { return since(r.Timing.In, r.Timing.FirstTokenOut) }
+
+// UpstreamTTFT is t_first_token − t_up_sent.
+func (r *Record) UpstreamTTFT() time.Duration { return since(r.Timing.UpSent, r.Timing.FirstToken) }
+
+// E2E is t_end − t_in.
+func (r *Record) E2E() time.Duration { return since(r.Timing.In, r.Timing.End) }
+
+// TPOT is (t_last_token − t_first_token) / (output_tokens − 1). ok is false
+// when fewer than two output tokens were produced.
+func (r *Record) TPOT() (d time.Duration, ok bool) {
+	n := r.Usage.Output
+	if n < 2 || r.Timing.FirstToken.IsZero() || r.Timing.LastToken.IsZero() {
+		return 0, false
+	}
+	return r.Timing.LastToken.Sub(r.Timing.FirstToken) / time.Duration(n-1), true
+}
+
+// Overhead is the gateway's own share of the exchange: (t_up_sent − t_in)
+// plus the time every event spent between being read and being flushed.
+func (r *Record) Overhead() time.Duration {
+	return since(r.Timing.In, r.Timing.UpSent) + r.RelayOverhead
+}
+
+// SLOTargets are the goodput objectives; a zero target is not checked.
+type SLOTargets struct {
+	TTFT time.Duration
+	TPOT time.Duration
+	E2E  time.Duration
+}
+
+// Classify returns whether the record meets the targets, and if not which
+// objective it broke first (in the order TTFT, TPOT, E2E). A request that did
+// not succeed is SLOFailed. Non-streamed requests have no TTFT or TPOT.
+func (t SLOTargets) Classify(r *Record) SLO {
+	if r.Outcome != OutcomeOK {
+		return SLOFailed
+	}
+	if t.TTFT > 0 && r.Stream {
+		if ttft := r.TTFT(); ttft == 0 || ttft > t.TTFT {
+			return SLOTTFT
+		}
+	}
+	if t.TPOT > 0 {
+		if tpot, ok := r.TPOT(); ok && tpot > t.TPOT {
+			return SLOTPOT
+		}
+	}
+	if t.E2E > 0 && r.E2E() > t.E2E {
+		return SLOE2E
+	}
+	return SLOMet
+}
+
+// Buckets maps an input-token count to a bucket label. Edges are ascending
+// lower bounds starting at 0, e.g. [0 500 2000 8000 32000] gives labels
+// "0-500", "500-2000", "2000-8000", "8000-32000", "32000+".
+type Buckets struct {
+	edges  []int64
+	labels []string
+}
+
+// NewBuckets builds the labels for edges. Edges must be ascending; the caller
+// validates them.
+func NewBuckets(edges []int64) Buckets {
+	b := Buckets{edges: append([]int64(nil), edges...)}
+	for i, e := range edges {
+		if i+1 < len(edges) {
+			b.labels = append(b.labels, itoa(e)+"-"+itoa(edges[i+1]))
+		} else {
+			b.labels = append(b.labels, itoa(e)+"+")
+		}
+	}
+	return b
+}
+
+// Labels lists every bucket label in order, for pre-creating series.
+func (b Buckets) Labels() []string { return b.labels }
+
+// Label returns the label of the bucket holding n tokens. n < 0 (unknown)
+// returns "unknown".
+func (b Buckets) Label(n int64) string {
+	if n < 0 || len(b.edges) == 0 {
+		return "unknown"
+	}
+	for i := len(b.edges) - 1; i >= 0; i-- {
+		if n >= b.edges[i] {
+			return b.labels[i]
+		}
+	}
+	return b.labels[0]
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
