@@ -6,8 +6,10 @@ import (
 	"time"
 )
 
-// Config is the whole gateway.toml. Start from Default() and decode the file
-// over it, so that every key the file leaves out keeps its default.
+// Config is the whole gateway.toml. Parse and Load start from Default() and
+// decode the file over it, so that every key the file leaves out keeps its
+// default; each [[upstreams]] table gets DefaultUpstream()'s values for the
+// keys it leaves out.
 type Config struct {
 	Server    Server     `toml:"server"`
 	Auth      Auth       `toml:"auth"`
@@ -55,13 +57,15 @@ type Upstream struct {
 	// Name identifies the upstream in logs and metrics. Required, unique.
 	Name string `toml:"name"`
 	// BaseURL is the endpoint, with an optional path prefix: "/v1/..." is
-	// appended to it ("https://host/api" serves "https://host/api/v1/...").
-	// Required; http or https.
+	// appended to it ("https://host/api" serves "https://host/api/v1/..."),
+	// so it must not end in "/v1". Required; http or https, with no query,
+	// fragment or credentials. A trailing slash is removed at load time.
 	BaseURL string `toml:"base_url"`
 	// APIKeyEnv names the environment variable that holds the upstream's own
 	// key. Optional; when set, the variable must be set and non-empty.
 	APIKeyEnv string `toml:"api_key_env"`
-	// APIKey is the key read from APIKeyEnv at load time.
+	// APIKey is the key read from APIKeyEnv at load time. It prints as
+	// "<secret>"; see Secret.
 	APIKey Secret `toml:"-"`
 	// Dialects lists the APIs this upstream serves: "openai", "anthropic".
 	// A request goes to the first upstream that serves its dialect; other
@@ -88,7 +92,8 @@ type Metrics struct {
 	LatencyBuckets []int64 `toml:"latency_buckets"`
 	// Labels are constant labels put on every tollgate_ series (for example
 	// env = "prod", scene = "chat"). Names must be valid Prometheus label
-	// names and must not clash with tollgate's own labels.
+	// names and must not clash with tollgate's own labels (nor with "le" and
+	// "quantile"). Default: none.
 	Labels map[string]string `toml:"labels"`
 	// Models are model names always used as they are in the model label.
 	// Other names are used as seen until MaxModels distinct names exist;

@@ -1,0 +1,345 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestDefault checks Default against the defaults documented in config.go.
+func TestDefault(t *testing.T) {
+	c := Default()
+	want := Config{
+		Server: Server{Listen: ":8080", MaxBodyBytes: 32 * 1024 * 1024, MaxEventBytes: 16 * 1024 * 1024,
+			ReadHeaderTimeoutSeconds: 10, IdleTimeoutSeconds: 120, DrainTimeoutSeconds: 30},
+		Auth: Auth{Mode: "passthrough", RequireKey: true},
+		Metrics: Metrics{LatencyBuckets: []int64{0, 500, 2000, 8000, 32000}, Labels: map[string]string{},
+			Models: []string{}, MaxModels: 100, NativeHistograms: true},
+		SLO: SLO{TTFTMs: 2000, TPOTMs: 100, E2ELMs: 0},
+		Log: Log{Level: "info", Format: "json", AccessLog: true},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
+	}
+	wantUp := Upstream{Dialects: []string{"openai", "anthropic"}, TimeoutSeconds: 600,
+		ConnectTimeoutSeconds: 10, IncludeUsage: true, MaxIdleConns: 256}
+	if u := DefaultUpstream(); !reflect.DeepEqual(u, wantUp) {
+		t.Errorf("DefaultUpstream() = %+v, want %+v", u, wantUp)
+	}
+	// Default has no upstream, so it is not usable on its own.
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "config: at least one [[upstreams]] is required") {
+		t.Errorf("Default().Validate() = %v, want the missing-upstream error", err)
+	}
+	// Each call returns fresh slices and maps.
+	c.Metrics.LatencyBuckets[1] = 7
+	c.Metrics.Labels["x"] = "y"
+	if d := Default(); d.Metrics.LatencyBuckets[1] != 500 || len(d.Metrics.Labels) != 0 {
+		t.Error("Default() shares its slices or maps between calls")
+	}
+}
+
+func TestParseMinimalGetsDefaults(t *testing.T) {
+	c := mustParse(t, minimal, nil)
+	want := Default()
+	up := DefaultUpstream()
+	up.Name, up.BaseURL = "a", "http://127.0.0.1:9000"
+	want.Upstreams = []Upstream{up}
+	if !reflect.DeepEqual(*c, want) {
+		t.Errorf("Parse(minimal) =\n%+v\nwant\n%+v", *c, want)
+	}
+}
+
+// TestUpstreamDefaultsPerTable checks that each [[upstreams]] table gets the
+// default of exactly the keys it leaves out, whichever form the array takes.
+func TestUpstreamDefaultsPerTable(t *testing.T) {
+	docs := map[string]string{
+		"array tables": `
+[[upstreams]]
+name = "set"
+base_url = "http://127.0.0.1:1"
+dialects = ["anthropic"]
+timeout_seconds = 5
+connect_timeout_seconds = 0.5
+include_usage = false
+max_idle_conns = 3
+
+[[upstreams]]
+name = "unset"
+base_url = "http://127.0.0.1:2"
+`,
+		"inline": `
+upstreams = [
+  { name = "set", base_url = "http://127.0.0.1:1", dialects = ["anthropic"], timeout_seconds = 5, connect_timeout_seconds = 0.5, include_usage = false, max_idle_conns = 3 },
+  { name = "unset", base_url = "http://127.0.0.1:2" },
+]
+`,
+	}
+	for name, doc := range docs {
+		t.Run(name, func(t *testing.T) {
+			c := mustParse(t, doc, nil)
+			if len(c.Upstreams) != 2 {
+				t.Fatalf("got %d upstreams, want 2", len(c.Upstreams))
+			}
+			set := Upstream{Name: "set", BaseURL: "http://127.0.0.1:1", Dialects: []string{"anthropic"},
+				TimeoutSeconds: 5, ConnectTimeoutSeconds: 0.5, IncludeUsage: false, MaxIdleConns: 3}
+			if !reflect.DeepEqual(c.Upstreams[0], set) {
+				t.Errorf("upstreams[0] = %+v, want %+v", c.Upstreams[0], set)
+			}
+			unset := DefaultUpstream()
+			unset.Name, unset.BaseURL = "unset", "http://127.0.0.1:2"
+			if !reflect.DeepEqual(c.Upstreams[1], unset) {
+				t.Errorf("upstreams[1] = %+v, want %+v", c.Upstreams[1], unset)
+			}
+		})
+	}
+}
+
+// TestTrueBooleans checks that every boolean whose default is true stays true
+// when its key is absent and becomes false only when the file says false.
+func TestTrueBooleans(t *testing.T) {
+	cases := []struct {
+		table, key string
+		get        func(*Config) bool
+	}{
+		{"[auth]", "require_key", func(c *Config) bool { return c.Auth.RequireKey }},
+		{"[metrics]", "native_histograms", func(c *Config) bool { return c.Metrics.NativeHistograms }},
+		{"[log]", "access_log", func(c *Config) bool { return c.Log.AccessLog }},
+		{"[[upstreams]]", "include_usage", func(c *Config) bool { return c.Upstreams[0].IncludeUsage }},
+	}
+	up := "[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1\"\n"
+	for _, tc := range cases {
+		t.Run(tc.key, func(t *testing.T) {
+			for _, v := range []string{"", "true", "false"} {
+				var doc string
+				switch {
+				case tc.table == "[[upstreams]]" && v != "":
+					doc = up + tc.key + " = " + v + "\n"
+				case tc.table == "[[upstreams]]":
+					doc = up
+				case v != "":
+					doc = up + tc.table + "\n" + tc.key + " = " + v + "\n"
+				default:
+					doc = up + tc.table + "\n" // the table is present, the key is not
+				}
+				got := tc.get(mustParse(t, doc, nil))
+				if want := v != "false"; got != want {
+					t.Errorf("%s %s = %q: got %v, want %v", tc.table, tc.key, v, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestParseFullConfig(t *testing.T) {
+	doc := `
+[server]
+listen = "127.0.0.1:9999"
+max_body_bytes = 1048576
+max_event_bytes = 65536
+read_header_timeout_seconds = 2.5
+idle_timeout_seconds = 30
+drain_timeout_seconds = 5
+
+[auth]
+mode = "passthrough"
+require_key = false
+
+[[upstreams]]
+name = "openai"
+base_url = "https://api.openai.com/"
+api_key_env = "OPENAI_API_KEY"
+dialects = ["openai"]
+timeout_seconds = 120
+connect_timeout_seconds = 3
+include_usage = false
+max_idle_conns = 64
+
+[[upstreams]]
+name = "local-vllm_2"
+base_url = "http://10.0.0.5:8000/proxy"
+dialects = ["openai", "anthropic"]
+
+[metrics]
+latency_buckets = [0, 1000, 4000]
+models = ["gpt-4o", "claude-sonnet-4-5"]
+max_models = 20
+native_histograms = false
+
+[metrics.labels]
+env = "prod"
+scene = "chat"
+
+[slo]
+ttft_ms = 500
+tpot_ms = 50.5
+e2el_ms = 30000
+
+[log]
+level = "debug"
+format = "text"
+access_log = false
+`
+	env := map[string]string{"OPENAI_API_KEY": "sk-test-1"}
+	c := mustParse(t, doc, env)
+	second := DefaultUpstream()
+	second.Name, second.BaseURL = "local-vllm_2", "http://10.0.0.5:8000/proxy"
+	want := Config{
+		Server: Server{Listen: "127.0.0.1:9999", MaxBodyBytes: 1 << 20, MaxEventBytes: 1 << 16,
+			ReadHeaderTimeoutSeconds: 2.5, IdleTimeoutSeconds: 30, DrainTimeoutSeconds: 5},
+		Auth: Auth{Mode: "passthrough", RequireKey: false},
+		Upstreams: []Upstream{{
+			Name: "openai", BaseURL: "https://api.openai.com", APIKeyEnv: "OPENAI_API_KEY",
+			APIKey: "sk-test-1", Dialects: []string{"openai"}, TimeoutSeconds: 120,
+			ConnectTimeoutSeconds: 3, IncludeUsage: false, MaxIdleConns: 64,
+		}, second},
+		Metrics: Metrics{LatencyBuckets: []int64{0, 1000, 4000},
+			Labels: map[string]string{"env": "prod", "scene": "chat"},
+			Models: []string{"gpt-4o", "claude-sonnet-4-5"}, MaxModels: 20, NativeHistograms: false},
+		SLO: SLO{TTFTMs: 500, TPOTMs: 50.5, E2ELMs: 30000},
+		Log: Log{Level: "debug", Format: "text", AccessLog: false},
+	}
+	if !reflect.DeepEqual(*c, want) {
+		t.Fatalf("Parse =\n%+v\nwant\n%+v", *c, want)
+	}
+
+	// Redacted is TOML that parses back to the same configuration.
+	again := mustParse(t, c.Redacted(), env)
+	if !reflect.DeepEqual(again, c) {
+		t.Errorf("Parse(Redacted()) =\n%+v\nwant\n%+v\nRedacted:\n%s", *again, *c, c.Redacted())
+	}
+}
+
+func TestRedactedSummary(t *testing.T) {
+	doc := minimal + `
+[[upstreams]]
+name = "b"
+base_url = "http://127.0.0.1:9001"
+api_key_env = "B_KEY"
+`
+	c := mustParse(t, doc, map[string]string{"B_KEY": "sk-b"})
+	s := c.Redacted()
+	for _, want := range []string{
+		`listen = ':8080'`,
+		`name = 'b'`,
+		`api_key_env = 'B_KEY'`,
+		`upstreams[1] "b": $B_KEY = <secret>`,
+		`upstreams[0] "a": none`,
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("Redacted() lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "sk-b") {
+		t.Errorf("Redacted() reveals the key:\n%s", s)
+	}
+}
+
+func TestEnvSecretResolution(t *testing.T) {
+	doc := `
+[[upstreams]]
+name = "a"
+base_url = "http://127.0.0.1:1"
+api_key_env = "A_KEY"
+
+[[upstreams]]
+name = "b"
+base_url = "http://127.0.0.1:2"
+`
+	var asked []string
+	getenv := func(name string) string {
+		asked = append(asked, name)
+		return map[string]string{"A_KEY": "sk-a", "UNRELATED": "x"}[name]
+	}
+	c, err := Parse([]byte(doc), "gateway.toml", getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Upstreams[0].APIKey.Reveal(); got != "sk-a" {
+		t.Errorf("upstreams[0] key = %q, want sk-a", got)
+	}
+	if got := c.Upstreams[1].APIKey; got != "" {
+		t.Errorf("upstreams[1] has a key without api_key_env")
+	}
+	if !reflect.DeepEqual(asked, []string{"A_KEY"}) {
+		t.Errorf("getenv asked for %q, want only A_KEY", asked)
+	}
+
+	for name, env := range map[string]map[string]string{
+		"unset": {},
+		"empty": {"A_KEY": ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(doc), "gateway.toml", fakeEnv(env))
+			want := `config: gateway.toml:5: upstreams[0].api_key_env: environment variable A_KEY is not set or is empty`
+			if err == nil || err.Error() != want {
+				t.Errorf("err = %v\nwant %s", err, want)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gw.toml")
+	if err := os.WriteFile(path, []byte(minimal), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Upstreams) != 1 || c.Upstreams[0].Name != "a" {
+		t.Errorf("Load = %+v", c)
+	}
+
+	t.Setenv("TOLLGATE_TEST_KEY", "sk-from-env")
+	withEnv := minimal + "api_key_env = \"TOLLGATE_TEST_KEY\"\n"
+	if err := os.WriteFile(path, []byte(withEnv), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := Load(path); err != nil || c.Upstreams[0].APIKey.Reveal() != "sk-from-env" {
+		t.Errorf("Load did not read the key from the process environment: %v", err)
+	}
+
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte(minimal+"base_ur = \"x\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(bad); err == nil || !strings.Contains(err.Error(), bad+":5: upstreams[0].base_ur: unknown key") {
+		t.Errorf("Load(bad) = %v, want the path, line and key", err)
+	}
+
+	missing := filepath.Join(dir, "missing.toml")
+	if _, err := Load(missing); err == nil || !strings.Contains(err.Error(), missing) || !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Load(missing) = %v, want a not-exist error naming the path", err)
+	}
+}
+
+func TestParseByteOrderMark(t *testing.T) {
+	c := mustParse(t, "\xef\xbb\xbf"+minimal, nil)
+	if c.Upstreams[0].Name != "a" {
+		t.Errorf("name = %q", c.Upstreams[0].Name)
+	}
+}
+
+func TestDemoConfig(t *testing.T) {
+	c := DemoConfig("http://127.0.0.1:7777/")
+	if err := c.Validate(); err != nil {
+		t.Fatalf("DemoConfig does not validate: %v", err)
+	}
+	if len(c.Upstreams) != 1 || c.Upstreams[0].Name != "mock" || c.Upstreams[0].BaseURL != "http://127.0.0.1:7777" {
+		t.Errorf("upstreams = %+v", c.Upstreams)
+	}
+	want := Default()
+	want.Upstreams = c.Upstreams
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("DemoConfig differs from Default() outside its upstream")
+	}
+	if u := c.Upstreams[0]; !u.IncludeUsage || len(u.Dialects) != 2 || u.TimeoutSeconds != 600 {
+		t.Errorf("mock upstream lacks the upstream defaults: %+v", u)
+	}
+}

@@ -1,0 +1,52 @@
+package config
+
+import (
+	"strings"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// Serves reports whether the upstream lists dialect d. It is false for
+// llm.DialectNone, which is not a dialect an upstream declares.
+func (u *Upstream) Serves(d llm.Dialect) bool {
+	if d == llm.DialectNone {
+		return false
+	}
+	name := d.String()
+	for _, s := range u.Dialects {
+		if s == name {
+			return true
+		}
+	}
+	return false
+}
+
+// URL returns the upstream address for path, which starts with "/v1/" and may
+// carry a query: base_url "https://host/api" with "/v1/messages" gives
+// "https://host/api/v1/messages".
+func (u *Upstream) URL(path string) string {
+	base := strings.TrimRight(u.BaseURL, "/")
+	if !strings.HasPrefix(path, "/") {
+		return base + "/" + path
+	}
+	return base + path
+}
+
+// UpstreamFor returns the first upstream that serves dialect d, or nil when
+// none does. For llm.DialectNone (paths forwarded unparsed, such as
+// /v1/models) it returns the first upstream, or nil when there is none. The
+// pointer refers into c.Upstreams.
+func (c *Config) UpstreamFor(d llm.Dialect) *Upstream {
+	if d == llm.DialectNone {
+		if len(c.Upstreams) == 0 {
+			return nil
+		}
+		return &c.Upstreams[0]
+	}
+	for i := range c.Upstreams {
+		if c.Upstreams[i].Serves(d) {
+			return &c.Upstreams[i]
+		}
+	}
+	return nil
+}

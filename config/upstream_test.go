@@ -1,0 +1,126 @@
+package config
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+func TestServes(t *testing.T) {
+	both := Upstream{Dialects: []string{"openai", "anthropic"}}
+	oai := Upstream{Dialects: []string{"openai"}}
+	for _, tc := range []struct {
+		u    Upstream
+		d    llm.Dialect
+		want bool
+	}{
+		{both, llm.DialectOpenAI, true},
+		{both, llm.DialectAnthropic, true},
+		{both, llm.DialectNone, false},
+		{oai, llm.DialectOpenAI, true},
+		{oai, llm.DialectAnthropic, false},
+		{Upstream{}, llm.DialectOpenAI, false},
+	} {
+		if got := tc.u.Serves(tc.d); got != tc.want {
+			t.Errorf("%v.Serves(%v) = %v, want %v", tc.u.Dialects, tc.d, got, tc.want)
+		}
+	}
+}
+
+func TestURL(t *testing.T) {
+	for _, tc := range []struct {
+		base, path, want string
+	}{
+		{"https://api.openai.com", "/v1/chat/completions", "https://api.openai.com/v1/chat/completions"},
+		{"https://host/api", "/v1/messages", "https://host/api/v1/messages"},
+		{"https://host/api/", "/v1/messages", "https://host/api/v1/messages"},
+		{"http://127.0.0.1:8000", "/v1/models?limit=5", "http://127.0.0.1:8000/v1/models?limit=5"},
+		{"http://127.0.0.1:8000", "v1/models", "http://127.0.0.1:8000/v1/models"},
+	} {
+		u := Upstream{BaseURL: tc.base}
+		if got := u.URL(tc.path); got != tc.want {
+			t.Errorf("URL(%q) with base %q = %q, want %q", tc.path, tc.base, got, tc.want)
+		}
+	}
+	// Through Parse, a trailing slash in the file is removed once.
+	c := mustParse(t, "[[upstreams]]\nname = \"p\"\nbase_url = \"https://host/api//\"\n", nil)
+	if got, want := c.Upstreams[0].URL("/v1/messages"), "https://host/api/v1/messages"; got != want {
+		t.Errorf("URL = %q, want %q", got, want)
+	}
+	if got, want := c.Upstreams[0].BaseURL, "https://host/api"; got != want {
+		t.Errorf("BaseURL = %q, want %q", got, want)
+	}
+}
+
+func TestUpstreamFor(t *testing.T) {
+	doc := `
+[[upstreams]]
+name = "oai"
+base_url = "https://api.openai.com"
+dialects = ["openai"]
+
+[[upstreams]]
+name = "ant"
+base_url = "https://api.anthropic.com"
+dialects = ["anthropic"]
+
+[[upstreams]]
+name = "both"
+base_url = "http://127.0.0.1:1"
+`
+	c := mustParse(t, doc, nil)
+	for d, want := range map[llm.Dialect]string{
+		llm.DialectOpenAI:    "oai",
+		llm.DialectAnthropic: "ant",
+		llm.DialectNone:      "oai",
+	} {
+		u := c.UpstreamFor(d)
+		if u == nil || u.Name != want {
+			t.Errorf("UpstreamFor(%v) = %+v, want %s", d, u, want)
+		}
+	}
+	if u := c.UpstreamFor(llm.DialectOpenAI); u != &c.Upstreams[0] {
+		t.Error("UpstreamFor does not point into c.Upstreams")
+	}
+
+	only := mustParse(t, "[[upstreams]]\nname = \"o\"\nbase_url = \"http://h\"\ndialects = [\"openai\"]\n", nil)
+	if u := only.UpstreamFor(llm.DialectAnthropic); u != nil {
+		t.Errorf("UpstreamFor(anthropic) = %+v, want nil", u)
+	}
+	var empty Config
+	for _, d := range []llm.Dialect{llm.DialectNone, llm.DialectOpenAI} {
+		if u := empty.UpstreamFor(d); u != nil {
+			t.Errorf("empty config: UpstreamFor(%v) = %+v, want nil", d, u)
+		}
+	}
+}
+
+func TestSLOTargets(t *testing.T) {
+	c := mustParse(t, minimal+"[slo]\nttft_ms = 1500\ntpot_ms = 12.5\ne2el_ms = 0\n", nil)
+	want := llm.SLOTargets{TTFT: 1500 * time.Millisecond, TPOT: 12500 * time.Microsecond, E2E: 0}
+	if got := c.SLOTargets(); got != want {
+		t.Errorf("SLOTargets() = %+v, want %+v", got, want)
+	}
+}
+
+func TestSlogLevel(t *testing.T) {
+	for in, want := range map[string]slog.Level{
+		"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn,
+		"error": slog.LevelError, "bogus": slog.LevelInfo,
+	} {
+		if got := (Log{Level: in}).SlogLevel(); got != want {
+			t.Errorf("SlogLevel(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+func TestSecondsMillis(t *testing.T) {
+	if got := Seconds(2.5); got != 2500*time.Millisecond {
+		t.Errorf("Seconds(2.5) = %v", got)
+	}
+	if got := Millis(0.25); got != 250*time.Microsecond {
+		t.Errorf("Millis(0.25) = %v", got)
+	}
+}
