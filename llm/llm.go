@@ -136,6 +136,11 @@ const (
 	InterruptClientCancel
 	// InterruptIdleTimeout: no event arrived within the idle timeout.
 	InterruptIdleTimeout
+	// InterruptTimeout: the upstream's total timeout ended the stream.
+	InterruptTimeout
+	// InterruptProtocolError: the upstream broke the SSE framing (an event
+	// over the size cap), so the gateway cut the stream.
+	InterruptProtocolError
 )
 
 // String returns the interruption's label value ("" for none).
@@ -149,6 +154,10 @@ func (i Interruption) String() string {
 		return "client_cancel"
 	case InterruptIdleTimeout:
 		return "idle_timeout"
+	case InterruptTimeout:
+		return "timeout"
+	case InterruptProtocolError:
+		return "protocol_error"
 	}
 	return ""
 }

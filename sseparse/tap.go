@@ -1,0 +1,146 @@
+package sseparse
+
+import (
+	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// Tap accumulates the observations of one stream with their timestamps:
+// first and last token-bearing instants, the gaps between token-bearing
+// events (ITL), usage, the terminal marker and errors. The zero Tap decodes
+// nothing until Reset gives it a dialect. A Tap is not safe for concurrent
+// use.
+type Tap struct {
+	// ITL, when non-nil, receives each gap between consecutive token-bearing
+	// events, in seconds, as it is observed. Reset clears it: set it after
+	// Reset for each stream.
+	ITL llm.Observer
+
+	dialect     llm.Dialect
+	obs         Observation
+	first, last time.Time
+	tokenEvents int
+	tokens      int // sum of Observation.Tokens
+	itlCount    int
+	itlSum      time.Duration
+	itlMax      time.Duration
+	usage       usageReport
+	terminal    bool
+	errSeen     bool
+	errType     []byte // decoded type of the first typed error event
+}
+
+// Reset prepares the tap for a new stream in dialect d, keeping its buffers.
+// It sets ITL to nil.
+func (t *Tap) Reset(d llm.Dialect) {
+	*t = Tap{dialect: d, errType: t.errType[:0]}
+}
+
+// Observe decodes ev and records it at instant now, which should come from
+// time.Now (monotonic) when the event was read. It returns the tap's own
+// observation of ev, valid until the next Observe. A nil ev (a boundary that
+// dispatched nothing) records nothing.
+func (t *Tap) Observe(ev *Event, now time.Time) *Observation {
+	o := &t.obs
+	switch t.dialect {
+	case llm.DialectOpenAI:
+		DecodeOpenAI(ev, o)
+	case llm.DialectAnthropic:
+		DecodeAnthropic(ev, o)
+	default:
+		*o = Observation{}
+	}
+	if o.TokenBearing {
+		if t.tokenEvents == 0 {
+			t.first = now
+		} else {
+			gap := now.Sub(t.last)
+			t.itlCount++
+			t.itlSum += gap
+			t.itlMax = max(t.itlMax, gap)
+			if t.ITL != nil {
+				t.ITL.Observe(gap.Seconds())
+			}
+		}
+		t.last = now
+		t.tokenEvents++
+		t.tokens += o.Tokens
+	}
+	if o.usage.has&hasObject != 0 {
+		if t.dialect == llm.DialectOpenAI {
+			t.usage = o.usage // the last usage object wins whole
+		} else {
+			t.usage.mergeFields(&o.usage)
+		}
+	}
+	if o.Terminal {
+		t.terminal = true
+	}
+	if o.Error {
+		t.errSeen = true
+		// The first typed error names the failure; later ones are echoes.
+		if len(t.errType) == 0 {
+			t.errType = jsonscan.AppendUnescape(t.errType[:0], o.ErrorType)
+		}
+	}
+	return o
+}
+
+// FirstToken returns the instant of the first token-bearing event, or the zero
+// time if none was seen.
+func (t *Tap) FirstToken() time.Time { return t.first }
+
+// LastToken returns the instant of the last token-bearing event, or the zero
+// time if none was seen.
+func (t *Tap) LastToken() time.Time { return t.last }
+
+// TokenEvents returns the number of token-bearing events seen.
+func (t *Tap) TokenEvents() int { return t.tokenEvents }
+
+// Usage returns the usage the upstream reported so far, normalised (Input
+// includes cache reads and writes in both dialects). ok is false when no
+// input or output count was reported.
+func (t *Tap) Usage() (u llm.Usage, ok bool) {
+	u = t.usage.normalize(t.dialect)
+	return u, u.HasInput || u.HasOutput
+}
+
+// TerminalSeen reports whether the stream's end marker ([DONE] or
+// message_stop) was seen.
+func (t *Tap) TerminalSeen() bool { return t.terminal }
+
+// ErrorSeen reports whether an error event was seen.
+func (t *Tap) ErrorSeen() bool { return t.errSeen }
+
+// Fill copies the stream's results into r: Timing.FirstToken and
+// Timing.LastToken, TokenEvents, ITLCount, ITLSum, ITLMax, Usage, Estimated,
+// TerminalSeen, and, when an error event was seen, Interruption
+// (InterruptUpstreamErrorEvent) and ErrorType (when the event named one).
+// Other fields are left alone.
+//
+// When the upstream reported no output count, Usage.Output is the number of
+// token-bearing deltas and Estimated is true; Usage.HasOutput stays false
+// (not reported) and a reported Input is kept.
+func (t *Tap) Fill(r *llm.Record) {
+	r.Timing.FirstToken = t.first
+	r.Timing.LastToken = t.last
+	r.TokenEvents = t.tokenEvents
+	r.ITLCount = t.itlCount
+	r.ITLSum = t.itlSum
+	r.ITLMax = t.itlMax
+	u, _ := t.Usage()
+	r.Estimated = !u.HasOutput
+	if r.Estimated {
+		u.Output = int64(t.tokens)
+	}
+	r.Usage = u
+	r.TerminalSeen = t.terminal
+	if t.errSeen {
+		r.Interruption = llm.InterruptUpstreamErrorEvent
+		if len(t.errType) > 0 {
+			r.ErrorType = string(t.errType)
+		}
+	}
+}
