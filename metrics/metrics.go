@@ -1,0 +1,281 @@
+// Package metrics owns tollgate's Prometheus collectors (DESIGN 3.4). Every
+// collector is registered on a registry the caller injects; label values come
+// from closed sets so that no caller input can grow the series count without
+// bound.
+package metrics
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+const namespace = "tollgate"
+
+// Bucket layouts. Explicit buckets let histogram_quantile work on every
+// Prometheus; native buckets (when enabled) add resolution where supported.
+var (
+	// TTFT and E2E: 1 ms to 5 min.
+	latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+		0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300}
+	// TPOT and ITL: 0.25 ms to 2.5 s.
+	tokenBuckets = []float64{0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025,
+		0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5}
+	// Gateway overhead: 10 µs to 1 s.
+	overheadBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+		0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
+)
+
+// Label values used where a dimension is unknown.
+const (
+	labelNone  = "none"
+	labelOther = "other"
+)
+
+// Metrics holds the collectors. The zero value is not usable; use New.
+type Metrics struct {
+	duration     *prometheus.HistogramVec
+	ttft         *prometheus.HistogramVec
+	upstreamTTFT *prometheus.HistogramVec
+	tpot         *prometheus.HistogramVec
+	itl          *prometheus.HistogramVec
+	overhead     *prometheus.HistogramVec
+	tokens       *prometheus.CounterVec
+	requests     *prometheus.CounterVec
+	goodput      *prometheus.CounterVec
+	inflight     *prometheus.GaugeVec
+	interrupts   *prometheus.CounterVec
+
+	buckets llm.Buckets
+	slo     llm.SLOTargets
+	models  *modelSet
+}
+
+// New registers tollgate's collectors on reg, with the constant labels of
+// cfg.Metrics.Labels on every series.
+func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
+	mc := cfg.Metrics
+	if len(mc.Labels) > 0 {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels(mc.Labels), reg)
+	}
+	hist := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		opts := prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets}
+		if mc.NativeHistograms {
+			opts.NativeHistogramBucketFactor = 1.1
+			opts.NativeHistogramMaxBucketNumber = 160
+			opts.NativeHistogramMinResetDuration = time.Hour
+		}
+		return prometheus.NewHistogramVec(opts, labels)
+	}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+	}
+	m := &Metrics{
+		duration: hist("request_duration_seconds",
+			"End-to-end latency: from the request's arrival to its last byte flushed (gen_ai.client.operation.duration).",
+			latencyBuckets, "route", "model", "team", "outcome", "input_bucket"),
+		ttft: hist("time_to_first_token_seconds",
+			"Streamed requests: from arrival to the first token-bearing event flushed to the client (gen_ai.client.operation.time_to_first_chunk).",
+			latencyBuckets, "route", "model", "team", "input_bucket"),
+		upstreamTTFT: hist("upstream_time_to_first_token_seconds",
+			"Streamed requests: from the upstream request written to the first token-bearing event read (gen_ai.server.time_to_first_token).",
+			latencyBuckets, "route", "model", "upstream"),
+		tpot: hist("time_per_output_token_seconds",
+			"Streamed requests with at least 2 output tokens: (last token - first token) / (output tokens - 1), one value per request (gen_ai.server.time_per_output_token).",
+			tokenBuckets, "route", "model", "team"),
+		itl: hist("inter_token_latency_seconds",
+			"Every gap between consecutive token-bearing events of a stream; a chunk may carry several tokens (gen_ai.client.operation.time_per_output_chunk).",
+			tokenBuckets, "route", "model"),
+		overhead: hist("overhead_seconds",
+			"Time the gateway itself adds: arrival to upstream request written, plus each event's read-to-flush time.",
+			overheadBuckets, "route"),
+		tokens: counter("tokens_total",
+			"Tokens by type (input, output, cache_read, cache_write, reasoning); estimated=true when counted from events because the upstream reported no usage.",
+			"route", "model", "team", "type", "estimated"),
+		requests: counter("requests_total", "Requests by status code sent to the client and outcome.",
+			"route", "model", "team", "code", "outcome"),
+		goodput: counter("goodput_requests_total",
+			"Requests by SLO result: met, or the first objective broken (ttft, tpot, e2e), or failed.",
+			"route", "model", "team", "slo"),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_requests",
+			Help: "Exchanges open now."}, []string{"route"}),
+		interrupts: counter("stream_interruptions_total", "Streams that ended early, by cause.", "route", "cause"),
+
+		buckets: llm.NewBuckets(mc.LatencyBuckets),
+		slo:     cfg.SLOTargets(),
+		models:  newModelSet(mc.Models, mc.MaxModels),
+	}
+	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
+		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range []llm.Route{llm.RouteChatCompletions, llm.RouteMessages, llm.RouteOther} {
+		m.inflight.WithLabelValues(r.String())
+	}
+	return m, nil
+}
+
+// Buckets returns the input-size segmentation.
+func (m *Metrics) Buckets() llm.Buckets { return m.buckets }
+
+// SLO returns the goodput objectives.
+func (m *Metrics) SLO() llm.SLOTargets { return m.slo }
+
+// Model returns the label value for a requested model name: the name itself
+// when configured or while fewer than max_models names have been seen,
+// "other" after that, and "none" for an empty name.
+func (m *Metrics) Model(name string) string { return m.models.label(name) }
+
+// Inflight returns the open-exchanges gauge of a route; Inc at the start of an
+// exchange and Dec at its end.
+func (m *Metrics) Inflight(r llm.Route) prometheus.Gauge {
+	return m.inflight.WithLabelValues(r.String())
+}
+
+// ITL returns the inter-token-latency observer of one stream. Resolve it once
+// per request, before the relay starts, so the relay only calls Observe.
+func (m *Metrics) ITL(r llm.Route, modelLabel string) prometheus.Observer {
+	return m.itl.WithLabelValues(r.String(), modelLabel)
+}
+
+// Observe records one finished exchange. model is the label from Model.
+// ITL gaps are not observed here: the relay observes them as they happen.
+func (m *Metrics) Observe(rec *llm.Record, model string) {
+	route := rec.Route.String()
+	team := rec.Team
+	if team == "" {
+		team = labelNone
+	}
+	inputBucket := rec.InputBucket
+	if inputBucket == "" {
+		inputBucket = "unknown"
+	}
+	outcome := rec.Outcome.String()
+
+	if e2e := rec.E2E(); e2e > 0 {
+		m.duration.WithLabelValues(route, model, team, outcome, inputBucket).Observe(e2e.Seconds())
+	}
+	if rec.Stream && !rec.Timing.FirstTokenOut.IsZero() {
+		m.ttft.WithLabelValues(route, model, team, inputBucket).Observe(rec.TTFT().Seconds())
+	}
+	if rec.Stream && !rec.Timing.FirstToken.IsZero() && !rec.Timing.UpSent.IsZero() {
+		up := rec.Upstream
+		if up == "" {
+			up = labelNone
+		}
+		m.upstreamTTFT.WithLabelValues(route, model, up).Observe(rec.UpstreamTTFT().Seconds())
+	}
+	if tpot, ok := rec.TPOT(); ok && rec.Stream {
+		m.tpot.WithLabelValues(route, model, team).Observe(tpot.Seconds())
+	}
+	if !rec.Timing.UpSent.IsZero() {
+		m.overhead.WithLabelValues(route).Observe(rec.Overhead().Seconds())
+	}
+
+	u := rec.Usage
+	if u.HasInput {
+		m.addTokens(route, model, team, "input", "false", u.Input)
+		m.addTokens(route, model, team, "cache_read", "false", u.CacheRead)
+		m.addTokens(route, model, team, "cache_write", "false", u.CacheWrite)
+	}
+	if u.HasOutput || rec.Estimated {
+		est := strconv.FormatBool(rec.Estimated)
+		m.addTokens(route, model, team, "output", est, u.Output)
+		m.addTokens(route, model, team, "reasoning", est, u.Reasoning)
+	}
+
+	m.requests.WithLabelValues(route, model, team, statusCode(rec.Status), outcome).Inc()
+	if rec.Route != llm.RouteOther {
+		m.goodput.WithLabelValues(route, model, team, rec.Goodput.String()).Inc()
+	}
+	if rec.Interruption != llm.InterruptNone {
+		m.interrupts.WithLabelValues(route, rec.Interruption.String()).Inc()
+	}
+}
+
+func (m *Metrics) addTokens(route, model, team, typ, est string, n int64) {
+	if n <= 0 {
+		return
+	}
+	m.tokens.WithLabelValues(route, model, team, typ, est).Add(float64(n))
+}
+
+// statusCodes memoises the label strings of every valid status so the finish
+// path does not format one per request.
+var statusCodes = func() [600]string {
+	var s [600]string
+	for i := 100; i < 600; i++ {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+func statusCode(code int) string {
+	if code >= 100 && code < 600 {
+		return statusCodes[code]
+	}
+	return "000"
+}
+
+// modelSet bounds the model label's cardinality.
+type modelSet struct {
+	mu    sync.RWMutex
+	known map[string]struct{}
+	max   int
+}
+
+func newModelSet(configured []string, max int) *modelSet {
+	s := &modelSet{known: make(map[string]struct{}, len(configured)), max: max}
+	for _, m := range configured {
+		s.known[m] = struct{}{}
+	}
+	if s.max < len(s.known) {
+		s.max = len(s.known)
+	}
+	return s
+}
+
+// maxModelName caps the length of a model name used as a label value.
+const maxModelName = 128
+
+func (s *modelSet) label(name string) string {
+	if name == "" {
+		return labelNone
+	}
+	s.mu.RLock()
+	_, ok := s.known[name]
+	full := len(s.known) >= s.max
+	s.mu.RUnlock()
+	if ok {
+		return name
+	}
+	if full || len(name) > maxModelName || !printable(name) {
+		return labelOther
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.known[name]; ok {
+		return name
+	}
+	if len(s.known) >= s.max {
+		return labelOther
+	}
+	s.known[name] = struct{}{}
+	return name
+}
+
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
