@@ -1,0 +1,117 @@
+// Package mockllm is a fake OpenAI and Anthropic upstream. It speaks both
+// wire formats the way the real APIs do (shapes from
+// /work/shared/reference/wire.md §1, §2 and the transcripts of §7), with a set
+// time to first token, inter-token latency, token counts and faults, so that
+// tests, `gateway demo` and benchmarks have something predictable to proxy.
+//
+// # Routes
+//
+//	POST /v1/chat/completions     OpenAI Chat Completions, streamed or not
+//	POST /v1/messages             Anthropic Messages, streamed or not
+//	POST /v1/messages/count_tokens {"input_tokens": N}
+//	GET  /v1/models               OpenAI list shape
+//	POST /v1/embeddings           a small deterministic embedding list with usage
+//
+// Anything else is a 404 in the OpenAI error shape. A wrong method is a 405,
+// bad JSON, a missing model, a missing or non-positive max_tokens on Messages
+// and a bad X-Mock-* header are a 400, each in the route's dialect. With
+// Options.RequireKey set, a request whose Authorization Bearer token or
+// x-api-key differs gets a 401 in the dialect (the key is never echoed).
+//
+// # Schedule
+//
+// Let t0 be the moment the mock starts its response: the request's arrival,
+// plus the time it waited for a slot when Options.MaxConcurrent is set, plus
+// the stall=<ms> fault if any. At t0 the response headers are written with the
+// events that carry no token:
+//
+//   - OpenAI: the role-only chunk, delta {"role":"assistant","content":""}.
+//   - Anthropic: message_start (usage with the input counts and
+//     output_tokens 1), content_block_start of the first block, and a ping.
+//
+// Token-bearing event k (0-based, counted across reasoning and answer) is
+// written at
+//
+//	t0 + TTFT + k·ITL + jitter_k
+//
+// where jitter_k is drawn uniformly from [-Jitter/2, +Jitter/2] by a PRNG
+// seeded from Options.Seed and the request's sequence number (the first
+// request is 1), so a given Seed and request order give the same offsets.
+// Deadlines are absolute: each wait is a timer to the deadline, never an
+// accumulated sleep, so lateness does not drift into later events. A deadline
+// before t0 is clamped to t0, and a deadline already past is written at once.
+// Each event is flushed as soon as it is written. Events that carry no token
+// and are due at the same moment as the token event before them (the
+// signature_delta and the block stop/start after the last thinking token; the
+// finish chunk, usage chunk and [DONE]; the last content_block_stop,
+// message_delta and message_stop) go out in one write and flush with it, which
+// delays nothing (DESIGN §1). Every wait also watches the request's context:
+// a client that goes away ends the exchange at once and is counted in
+// Stats.Canceled.
+//
+// A non-streamed request gets its whole JSON response at the deadline of its
+// last token event (t0 + TTFT + (E−1)·ITL + jitter), or at t0 + TTFT when it
+// has no token event.
+//
+// # Tokens and text
+//
+// Let N be the answer tokens (Options.OutputTokens, default 16, or the
+// X-Mock-Output-Tokens header), R the reasoning tokens (X-Mock-Reasoning-Tokens,
+// default 0) and T the tokens per chunk (default 1). With a max_tokens or
+// max_completion_tokens M (which, as on the real APIs, includes reasoning),
+// R' = min(R, M) and N' = min(N, M − R'); when N' < N the finish reason is
+// "length" (OpenAI) or "max_tokens" (Anthropic), else "stop" / "end_turn", or
+// "tool_calls" / "tool_use" for a tool call.
+//
+// Answer token i (1-based) is the word " tok<i>", reasoning token i is
+// " think<i>"; so the answer text of N' tokens is Text(N'). Each token event
+// carries T tokens, the last one of a run fewer: ceil(R'/T) reasoning events
+// (OpenAI delta.reasoning_content; Anthropic a thinking block with
+// thinking_delta events, then a signature_delta), then ceil(N'/T) answer
+// events.
+//
+// When the request has a non-empty tools array the answer is one call to the
+// first tool with the arguments {"city": "Bergen"} (ToolArguments), cut into
+// fragments, one per token event: OpenAI sends the tool call's id, type and
+// name (arguments "") as the first token event and the fragments after it;
+// Anthropic opens a tool_use block and sends the fragments as input_json_delta
+// events. The arguments are cut into as many fragments as the untruncated
+// answer has token events (at most one per byte); a max_tokens cut sends only
+// the first ceil(N'/T) events, leaving the arguments unfinished as the real
+// APIs do.
+//
+// # Usage
+//
+// The base input count is InputTokens(body) = ceil(len(body)/4). With
+// X-Mock-Cached-Tokens C, OpenAI reports prompt_tokens = base + C with
+// prompt_tokens_details.cached_tokens = C (cached tokens are part of the
+// prompt), and Anthropic reports input_tokens = base with
+// cache_read_input_tokens = C (they are not), so the normalised input is
+// base + C in both dialects. Output is R' + N' (completion_tokens with
+// completion_tokens_details.reasoning_tokens = R'; Anthropic output_tokens,
+// cumulative in message_delta). OpenAI streams carry "usage":null on every
+// chunk, and the usage-only chunk ("choices":[]) before data: [DONE] only when
+// the request sets stream_options.include_usage and X-Mock-No-Usage is not 1.
+//
+// # Per-request overrides
+//
+// Request headers, all optional, override Options for one request:
+// X-Mock-TTFT-Ms, X-Mock-ITL-Ms, X-Mock-Jitter-Ms (non-negative decimals),
+// X-Mock-Output-Tokens, X-Mock-Tokens-Per-Chunk (positive integers),
+// X-Mock-Cached-Tokens, X-Mock-Reasoning-Tokens (non-negative integers),
+// X-Mock-No-Usage (1/true), and X-Mock-Fault, a ';'-separated list of:
+//
+//	status=<400..599>  answer with that status and a dialect error body
+//	retry-after=<s>    with status: the Retry-After header
+//	type=<s>, code=<s> with status: override error.type (both dialects) and
+//	                   the OpenAI error.code (e.g. insufficient_quota)
+//	disconnect=<n>     after n token events, abort the connection (no terminal marker)
+//	error-event=<n>    after n token events, send the dialect's error event and end the body
+//	malformed=<n>      after n token events, send one event with truncated JSON, then go on
+//	stall=<ms>         wait that long before writing the response headers
+//
+// An n at or past the number of token events fires after the last one, before
+// the finish events. Faults apply to the two generation routes. On a
+// non-streamed request disconnect sends half of the body and aborts, malformed
+// sends a truncated body, and error-event is a 400 (it needs a stream).
+package mockllm

@@ -1,0 +1,352 @@
+package mockllm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// request holds the body fields the mock reads, for both dialects.
+type request struct {
+	Model         string `json:"model"`
+	Stream        bool   `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens           *int64 `json:"max_tokens"`
+	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+	Tools               []struct {
+		Name     string `json:"name"` // Anthropic
+		Function *struct {
+			Name string `json:"name"`
+		} `json:"function"` // OpenAI
+	} `json:"tools"`
+}
+
+// toolName returns the name of the first tool, or "" without tools.
+func (r *request) toolName() string {
+	if len(r.Tools) == 0 {
+		return ""
+	}
+	t := r.Tools[0]
+	name := t.Name
+	if t.Function != nil && t.Function.Name != "" {
+		name = t.Function.Name
+	}
+	if name == "" {
+		name = "tool"
+	}
+	return name
+}
+
+// exchange is one generation request being answered.
+type exchange struct {
+	srv     *Server
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	ctx     context.Context
+	dialect llm.Dialect
+	route   llm.Route
+	reqID   string
+	seq     uint64
+	arrival time.Time
+
+	p         params
+	req       request
+	input     int // base input tokens
+	maxTokens int64
+	plan      plan
+	sched     schedule
+	timer     *time.Timer
+	buf       []byte
+	created   int64
+	model     []byte // the model as a JSON string
+	id        string
+	toolID    string
+	// ended is set when a fault ended the body early (error event).
+	ended bool
+}
+
+// serve validates the request and answers it.
+func (x *exchange) serve(r *http.Request, body []byte) outcome {
+	s := x.srv
+	var err error
+	if x.p, err = s.parseParams(r.Header); err != nil {
+		return s.badRequest(x.w, x.dialect, x.reqID, err.Error())
+	}
+	if e, ok := x.parseBody(body); !ok {
+		writeError(x.w, x.dialect, x.reqID, e, "")
+		return outcomeBadRequest
+	}
+	f := x.p.fault
+	if f.set {
+		s.update(func(st *Stats) { st.Faults++ })
+	}
+	if !x.req.Stream && f.errorEvent >= 0 {
+		return s.badRequest(x.w, x.dialect, x.reqID, "mockllm: fault error-event needs stream: true")
+	}
+
+	if !s.acquire(x.ctx) {
+		return outcomeCanceled
+	}
+	defer s.release()
+	defer func() {
+		if x.timer != nil {
+			x.timer.Stop()
+		}
+	}()
+	if f.stall > 0 && !x.waitUntil(time.Now().Add(f.stall)) {
+		return outcomeCanceled
+	}
+	t0 := time.Now()
+
+	if f.status != 0 {
+		e := defaultError(x.dialect, f.status)
+		if f.errType != "" {
+			e.typ = f.errType
+		}
+		if f.errCode != "" {
+			e.code = f.errCode
+		}
+		writeError(x.w, x.dialect, x.reqID, e, f.retryAfter)
+		x.log(f.status, outcomeCompleted)
+		return outcomeCompleted
+	}
+
+	x.sched = newSchedule(t0, x.p, s.opts.Seed, x.seq)
+	x.created = t0.Unix()
+	x.model = appendJSONString(nil, x.req.Model)
+	n := pad(x.seq)
+	tool := x.req.toolName()
+	if x.dialect == llm.DialectAnthropic {
+		x.id, x.toolID = "msg_mock"+n, "toolu_mock"+n
+		x.plan = newPlan(x.p, x.maxTokens, tool, false)
+	} else {
+		x.id, x.toolID = "chatcmpl-mock"+n, "call_mock"+n
+		x.plan = newPlan(x.p, x.maxTokens, tool, true)
+	}
+
+	var oc outcome
+	switch {
+	case x.req.Stream && x.dialect == llm.DialectAnthropic:
+		oc = x.streamAnthropic()
+	case x.req.Stream:
+		oc = x.streamOpenAI()
+	default:
+		oc = x.whole()
+	}
+	x.log(http.StatusOK, oc)
+	return oc
+}
+
+// parseBody decodes and validates the body, returning the 400 to send when
+// it is not acceptable.
+func (x *exchange) parseBody(body []byte) (apiError, bool) {
+	bad := func(msg string) (apiError, bool) {
+		e := defaultError(x.dialect, http.StatusBadRequest)
+		e.msg = msg
+		return e, false
+	}
+	if err := json.Unmarshal(body, &x.req); err != nil {
+		if x.dialect == llm.DialectAnthropic {
+			return bad("mockllm: invalid JSON body: " + err.Error())
+		}
+		return bad("We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)")
+	}
+	x.input = InputTokens(body)
+	x.maxTokens = -1
+	if x.dialect == llm.DialectAnthropic {
+		if x.req.Model == "" {
+			return bad("model: Field required")
+		}
+		if x.req.MaxTokens == nil {
+			return bad("max_tokens: Field required")
+		}
+		if *x.req.MaxTokens < 1 {
+			return bad("max_tokens: Input should be greater than or equal to 1")
+		}
+		x.maxTokens = *x.req.MaxTokens
+		return apiError{}, true
+	}
+	if x.req.Model == "" {
+		return bad("you must provide a model parameter")
+	}
+	if x.req.StreamOptions != nil && !x.req.Stream {
+		return bad("The 'stream_options' parameter is only allowed when 'stream' is enabled.")
+	}
+	name, limit := "max_tokens", x.req.MaxTokens
+	if x.req.MaxCompletionTokens != nil {
+		name, limit = "max_completion_tokens", x.req.MaxCompletionTokens
+	}
+	if limit != nil {
+		if *limit < 1 {
+			e, _ := bad("Invalid '" + name + "': integer below minimum value. Expected a value >= 1, but got " +
+				strconv.FormatInt(*limit, 10) + " instead.")
+			e.param, e.code = name, "integer_below_min_value"
+			return e, false
+		}
+		x.maxTokens = *limit
+	}
+	return apiError{}, true
+}
+
+// waitUntil waits for t or the client's departure, and reports whether the
+// client is still there.
+func (x *exchange) waitUntil(t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return x.ctx.Err() == nil
+	}
+	if x.timer == nil {
+		x.timer = time.NewTimer(d)
+	} else {
+		x.timer.Reset(d)
+	}
+	select {
+	case <-x.timer.C:
+		return true
+	case <-x.ctx.Done():
+		return false
+	}
+}
+
+// startStream writes the headers of a 200 event stream.
+func (x *exchange) startStream() {
+	setHeaders(x.w.Header(), x.dialect, x.reqID, "text/event-stream")
+	x.w.WriteHeader(http.StatusOK)
+}
+
+// emit writes x.buf as one event (or a few written together) and flushes.
+// It reports false when the client is gone.
+func (x *exchange) emit() bool {
+	_, err := x.w.Write(x.buf)
+	x.buf = x.buf[:0]
+	if err == nil {
+		err = x.rc.Flush()
+	}
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return false
+	}
+	return x.ctx.Err() == nil
+}
+
+// faults fires the stream faults due after n token events; last marks the
+// call after the final token event, where every count at or past n is due.
+// writeError and writeMalformed write the dialect's events. It reports false
+// when the body must end (the error event was sent, or the client is gone).
+func (x *exchange) faults(n int, last bool, writeMalformed, writeErrorEvent func()) bool {
+	f := &x.p.fault
+	due := func(at int) bool { return at == n || (last && at > n) }
+	if f.malformed >= 0 && due(f.malformed) {
+		writeMalformed()
+		if !x.emit() {
+			return false
+		}
+	}
+	if f.errorEvent >= 0 && due(f.errorEvent) {
+		writeErrorEvent()
+		x.ended = true
+		x.emit()
+		return false
+	}
+	if f.disconnect >= 0 && due(f.disconnect) {
+		_ = x.rc.Flush()
+		x.log(http.StatusOK, outcomeAborted)
+		panic(http.ErrAbortHandler)
+	}
+	return true
+}
+
+// whole answers a non-streamed request at the deadline of its last token
+// event.
+func (x *exchange) whole() outcome {
+	var at time.Time
+	for k := range x.plan.events() {
+		at = x.sched.deadline(k)
+	}
+	if x.plan.events() == 0 {
+		at = x.sched.t0.Add(x.sched.ttft)
+	}
+	if !x.waitUntil(at) {
+		return outcomeCanceled
+	}
+	var body []byte
+	if x.dialect == llm.DialectAnthropic {
+		body = x.anthropicMessage()
+	} else {
+		body = x.openAICompletion()
+	}
+	f := &x.p.fault
+	if f.malformed >= 0 {
+		body = body[:len(body)/2]
+	}
+	h := x.w.Header()
+	setHeaders(h, x.dialect, x.reqID, "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	x.w.WriteHeader(http.StatusOK)
+	if f.disconnect >= 0 {
+		_, _ = x.w.Write(body[:len(body)/2])
+		_ = x.rc.Flush()
+		x.log(http.StatusOK, outcomeAborted)
+		panic(http.ErrAbortHandler)
+	}
+	if _, err := x.w.Write(body); err != nil {
+		return outcomeCanceled
+	}
+	return outcomeCompleted
+}
+
+// log writes the request's Debug record.
+func (x *exchange) log(status int, oc outcome) {
+	lg := x.srv.log
+	if !lg.Enabled(x.ctx, slog.LevelDebug) {
+		return
+	}
+	names := [...]string{"completed", "canceled", "aborted", "bad_request"}
+	lg.LogAttrs(x.ctx, slog.LevelDebug, "mockllm: request",
+		slog.String("request_id", x.reqID),
+		slog.String("route", x.route.String()),
+		slog.String("model", x.req.Model),
+		slog.Bool("stream", x.req.Stream),
+		slog.Int("status", status),
+		slog.String("outcome", names[oc]),
+		slog.Int("output_tokens", x.plan.output()),
+		slog.Duration("elapsed", time.Since(x.arrival)))
+}
+
+// appendJSONString appends s as a JSON string. Bodies come from
+// encoding/json, so s is valid UTF-8; only quotes, backslashes and control
+// characters need escaping.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
