@@ -1,0 +1,328 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/sseparse"
+)
+
+// statusClientClosed is the status recorded (never sent) for a caller that
+// went away before the answer, after nginx's 499.
+const statusClientClosed = 499
+
+// errorCaptureLimit bounds the copy of an upstream error body kept to read
+// its error type.
+const errorCaptureLimit = 64 << 10
+
+// exchange is one request's state on its way through the gateway.
+type exchange struct {
+	g          *Gateway
+	w          http.ResponseWriter
+	r          *http.Request
+	rec        llm.Record
+	modelLabel string
+	up         *upstream
+	info       requestInfo
+	captured   []byte // bounded copy of a non-relayed body
+	// terminalOut is set once the terminal marker has been flushed to the
+	// caller.
+	terminalOut bool
+
+	// Moments the transport's goroutines report, as nanoseconds since
+	// rec.Timing.In (0 = not yet); atomic because the HTTP/1 write loop may
+	// still be running when RoundTrip returns.
+	upSent, upFirstByte atomic.Int64
+}
+
+// dialectHandler serves POST /v1/chat/completions and POST /v1/messages.
+func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ex := &exchange{g: g, w: w, r: r}
+		ex.rec.Timing.In = g.now()
+		ex.rec.Route, ex.rec.Dialect = route, d
+		ex.rec.RequestID = requestIDFrom(r.Context())
+		inflight := g.metrics.Inflight(route)
+		inflight.Inc()
+		defer inflight.Dec()
+		defer ex.finish()
+		ex.serve()
+	}
+}
+
+// forwardHandler serves every other /v1/* path: the request goes to the
+// upstream unchanged and only its end-to-end latency is measured.
+func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
+	ex := &exchange{g: g, w: w, r: r}
+	ex.rec.Timing.In = g.now()
+	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
+	ex.rec.RequestID = requestIDFrom(r.Context())
+	inflight := g.metrics.Inflight(llm.RouteOther)
+	inflight.Inc()
+	defer inflight.Dec()
+	defer ex.finish()
+	ex.serve()
+}
+
+// fail answers the caller with e and records the outcome.
+func (ex *exchange) fail(e *apiError, o llm.Outcome) {
+	ex.rec.Outcome = o
+	ex.rec.Status = e.Status
+	d := ex.rec.Dialect
+	if d == llm.DialectNone {
+		d = guessDialect(ex.r)
+	}
+	writeError(ex.w, d, ex.rec.RequestID, e)
+	ex.rec.Timing.End = ex.g.now()
+}
+
+// clientGone records that the caller left before an answer was sent.
+func (ex *exchange) clientGone() {
+	ex.rec.Outcome = llm.OutcomeClientCancel
+	ex.rec.Status = statusClientClosed
+	ex.rec.Timing.End = ex.g.now()
+}
+
+func (ex *exchange) serve() {
+	g, r := ex.g, ex.r
+	cfg := g.cfg
+
+	key, hasKey, malformed := callerKey(r.Header)
+	ex.rec.KeyID = keyID(key)
+	switch {
+	case malformed:
+		ex.fail(errUnauthorized("malformed Authorization header: expected \"Bearer <key>\""), llm.OutcomeBadRequest)
+		return
+	case !hasKey && cfg.Auth.RequireKey:
+		ex.fail(errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""),
+			llm.OutcomeBadRequest)
+		return
+	}
+
+	d := ex.rec.Dialect
+	if d == llm.DialectNone {
+		ex.up = g.upstreamFor(guessDialect(r))
+		if ex.up == nil && len(g.upstreams) > 0 {
+			ex.up = g.upstreams[0]
+		}
+	} else {
+		ex.up = g.upstreamFor(d)
+	}
+	if ex.up == nil {
+		ex.fail(errNoUpstream(d), llm.OutcomeBadRequest)
+		return
+	}
+	ex.rec.Upstream = ex.up.cfg.Name
+
+	body, aerr := readBody(r, cfg.Server.MaxBodyBytes)
+	if aerr != nil {
+		if r.Context().Err() != nil {
+			ex.clientGone()
+			return
+		}
+		ex.fail(aerr, llm.OutcomeBadRequest)
+		return
+	}
+
+	if d != llm.DialectNone {
+		info, aerr := inspectRequest(d, body)
+		if aerr != nil {
+			ex.fail(aerr, llm.OutcomeBadRequest)
+			return
+		}
+		ex.info = info
+		ex.rec.Model = info.Model
+		ex.rec.Stream = info.Stream
+		if d == llm.DialectOpenAI && info.Stream && ex.up.cfg.IncludeUsage && !info.IncludeUsage {
+			if nb, ok := addIncludeUsage(body); ok {
+				body = nb
+				ex.info.suppressUsage = true
+			}
+		}
+	}
+	ex.modelLabel = g.metrics.Model(ex.rec.Model)
+
+	ex.roundTrip(body, key, hasKey)
+}
+
+// readBody reads the whole request body, at most limit bytes. The body is
+// read before the upstream request starts: streaming the inbound body into
+// the outbound request truncates streams under load (golang/go#40747,
+// DESIGN 1), and the dialect handler needs the bytes anyway.
+func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+	if r.ContentLength > limit {
+		return nil, errTooLarge(limit)
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, errBadRequest("could not read the request body", "")
+	}
+	if int64(buf.Len()) > limit {
+		return nil, errTooLarge(limit)
+	}
+	return buf.Bytes(), nil
+}
+
+func (ex *exchange) since(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return ex.rec.Timing.In.Add(time.Duration(ns))
+}
+
+// roundTrip sends the request upstream and relays the answer.
+func (ex *exchange) roundTrip(body []byte, key string, hasKey bool) {
+	g, r, up := ex.g, ex.r, ex.up
+	// The upstream request lives in the caller's context: a caller that
+	// hangs up cancels it (DESIGN 1).
+	ctx, cancel := context.WithTimeout(r.Context(), up.timeout)
+	defer cancel()
+	in := ex.rec.Timing.In
+	trace := &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			ex.upSent.CompareAndSwap(0, int64(max(g.now().Sub(in), 1)))
+		},
+		GotFirstResponseByte: func() {
+			ex.upFirstByte.CompareAndSwap(0, int64(max(g.now().Sub(in), 1)))
+		},
+	}
+	target := up.cfg.URL(r.URL.Path)
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), r.Method, target, bytes.NewReader(body))
+	if err != nil {
+		g.log.Error("building upstream request", "request_id", ex.rec.RequestID, "upstream", up.cfg.Name, "err", err)
+		ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
+		return
+	}
+	if len(body) == 0 && r.ContentLength == 0 {
+		req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
+	}
+	req.Header = upstreamRequestHeaders(r.Header)
+	req.Header.Set(requestIDHeader, ex.rec.RequestID)
+	if !hasKey {
+		if k := up.cfg.APIKey.Reveal(); k != "" {
+			setUpstreamKey(req.Header, ex.rec.Dialect, r, k)
+		}
+	}
+	_ = key // passthrough: the caller's own credential headers are already in req.Header
+
+	resp, err := up.transport.RoundTrip(req)
+	ex.rec.Timing.UpSent = ex.since(ex.upSent.Load())
+	ex.rec.Timing.UpFirstByte = ex.since(ex.upFirstByte.Load())
+	if err != nil {
+		ex.upstreamFailed(ctx, err)
+		return
+	}
+	defer resp.Body.Close()
+
+	ex.rec.Status = resp.StatusCode
+	h := ex.w.Header()
+	copyResponseHeaders(h, resp.Header)
+
+	switch {
+	case resp.StatusCode >= 400:
+		ex.rec.Outcome = llm.OutcomeUpstreamError
+		ex.copyBody(ctx, resp.Body, errorCaptureLimit, false)
+		ex.rec.ErrorType = sseparse.ErrorTypeFromBody(ex.captured)
+	case isEventStream(resp.Header.Get("Content-Type")):
+		h.Set("X-Accel-Buffering", "no")
+		if h.Get("Cache-Control") == "" {
+			h.Set("Cache-Control", "no-cache")
+		}
+		if ex.rec.Dialect == llm.DialectNone {
+			ex.copyBody(ctx, resp.Body, 0, true)
+		} else {
+			ex.rec.Stream = true
+			ex.relay(ctx, cancel, resp.Body)
+		}
+	default:
+		limit := 0
+		if ex.rec.Dialect != llm.DialectNone {
+			limit = g.cfg.Server.MaxEventBytes
+		}
+		ex.copyBody(ctx, resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
+		if ex.rec.Outcome == llm.OutcomeOK && ex.rec.Dialect != llm.DialectNone {
+			ex.usageFromBody()
+		}
+	}
+}
+
+// setUpstreamKey puts the upstream's own key in the header its API expects.
+func setUpstreamKey(h http.Header, d llm.Dialect, r *http.Request, key string) {
+	if d == llm.DialectNone {
+		d = guessDialect(r)
+	}
+	if d == llm.DialectAnthropic {
+		h.Set("X-Api-Key", key)
+		return
+	}
+	h.Set("Authorization", "Bearer "+key)
+}
+
+// upstreamFailed answers a request whose upstream round trip returned no
+// response.
+func (ex *exchange) upstreamFailed(ctx context.Context, err error) {
+	r := ex.r
+	if r.Context().Err() != nil {
+		ex.clientGone()
+		return
+	}
+	var ne net.Error
+	var oe *net.OpError
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		ex.g.log.Warn("upstream timed out", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", err)
+		ex.fail(errUpstreamTimeout(), llm.OutcomeUpstreamTimeout)
+	case errors.As(err, &oe) && oe.Op == "dial":
+		ex.g.log.Warn("upstream unreachable", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", err)
+		ex.fail(errUpstreamUnreachable(), llm.OutcomeUpstreamUnreachable)
+	default:
+		ex.g.log.Warn("upstream request failed", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", err)
+		ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
+	}
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream,
+// parameters allowed.
+func isEventStream(ct string) bool {
+	if ct == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream")
+	}
+	return mt == "text/event-stream"
+}
+
+// usageFromBody reads the usage of a non-streamed answer from the bounded
+// copy of its body.
+func (ex *exchange) usageFromBody() {
+	var u llm.Usage
+	var ok bool
+	switch ex.rec.Dialect {
+	case llm.DialectOpenAI:
+		u, ok = sseparse.UsageFromOpenAIBody(ex.captured)
+	case llm.DialectAnthropic:
+		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+	}
+	if ok {
+		ex.rec.Usage = u
+	}
+}

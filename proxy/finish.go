@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// finish completes the record and hands it to the sinks, once per request,
+// after the last byte has been written.
+func (ex *exchange) finish() {
+	g, rec := ex.g, &ex.rec
+	if rec.Timing.End.IsZero() {
+		rec.Timing.End = g.now()
+	}
+	if rec.Status == 0 {
+		rec.Status = statusClientClosed
+	}
+	input := int64(-1)
+	if rec.Usage.HasInput {
+		input = rec.Usage.Input
+	}
+	rec.InputBucket = g.metrics.Buckets().Label(input)
+	rec.Goodput = g.metrics.SLO().Classify(rec)
+	if ex.modelLabel == "" {
+		ex.modelLabel = g.metrics.Model(rec.Model)
+	}
+	g.metrics.Observe(rec, ex.modelLabel)
+	if g.accessLog != nil {
+		logRecord(g.accessLog, rec)
+	}
+	if g.onRecord != nil {
+		g.onRecord(rec)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// logRecord writes the access-log line of one request. It never carries the
+// caller's key, only its hash id.
+func logRecord(l *slog.Logger, rec *llm.Record) {
+	attrs := make([]slog.Attr, 0, 32)
+	attrs = append(attrs,
+		slog.String("request_id", rec.RequestID),
+		slog.String("key_id", rec.KeyID),
+		slog.String("route", rec.Route.String()),
+		slog.String("model", rec.Model),
+		slog.String("upstream", rec.Upstream),
+		slog.Bool("stream", rec.Stream),
+		slog.Int("status", rec.Status),
+		slog.String("outcome", rec.Outcome.String()),
+		slog.Float64("e2e_ms", ms(rec.E2E())),
+		slog.Float64("overhead_ms", ms(rec.Overhead())),
+		slog.Int64("bytes_out", rec.BytesOut),
+	)
+	if rec.Team != "" {
+		attrs = append(attrs, slog.String("team", rec.Team))
+	}
+	if rec.Stream {
+		attrs = append(attrs,
+			slog.Float64("ttft_ms", ms(rec.TTFT())),
+			slog.Float64("upstream_ttft_ms", ms(rec.UpstreamTTFT())),
+			slog.Int("token_events", rec.TokenEvents),
+			slog.Bool("terminal_seen", rec.TerminalSeen),
+		)
+		if tpot, ok := rec.TPOT(); ok {
+			attrs = append(attrs, slog.Float64("tpot_ms", ms(tpot)))
+		}
+		if rec.ITLCount > 0 {
+			attrs = append(attrs,
+				slog.Float64("itl_mean_ms", ms(rec.ITLSum/time.Duration(rec.ITLCount))),
+				slog.Float64("itl_max_ms", ms(rec.ITLMax)))
+		}
+	}
+	if rec.Usage.HasInput || rec.Usage.HasOutput || rec.Estimated {
+		attrs = append(attrs,
+			slog.Int64("input_tokens", rec.Usage.Input),
+			slog.Int64("output_tokens", rec.Usage.Output),
+			slog.Int64("cache_read_tokens", rec.Usage.CacheRead),
+			slog.Int64("cache_write_tokens", rec.Usage.CacheWrite),
+			slog.Int64("reasoning_tokens", rec.Usage.Reasoning),
+			slog.Bool("tokens_estimated", rec.Estimated),
+		)
+	}
+	attrs = append(attrs, slog.String("input_bucket", rec.InputBucket), slog.String("goodput", rec.Goodput.String()))
+	if rec.Interruption != llm.InterruptNone {
+		attrs = append(attrs, slog.String("interruption", rec.Interruption.String()))
+	}
+	if rec.ErrorType != "" {
+		attrs = append(attrs, slog.String("error_type", rec.ErrorType))
+	}
+	l.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}

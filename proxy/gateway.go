@@ -1,0 +1,185 @@
+// Package proxy is tollgate's request path: the router and its middleware,
+// the OpenAI and Anthropic dialect handlers, the upstream client and the
+// relay that forwards every SSE event the moment it is complete while a tee'd
+// parser timestamps its tokens (DESIGN 1).
+package proxy
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
+)
+
+// Options configures a Gateway.
+type Options struct {
+	// Config is the loaded, validated configuration. Required.
+	Config *config.Config
+	// Metrics receives one observation per request. Required.
+	Metrics *metrics.Metrics
+	// Gatherer serves GET /metrics. If nil, /metrics answers 404.
+	Gatherer prometheus.Gatherer
+	// Logger receives operational logs. If nil, slog.Default() is used.
+	Logger *slog.Logger
+	// AccessLog receives one line per request. If nil, access logging is off.
+	AccessLog *slog.Logger
+	// OnRecord, if set, is called with every finished record after the
+	// metrics and the access log; it must not keep the pointer. Used by demo
+	// and tests.
+	OnRecord func(*llm.Record)
+	// Transport overrides the upstream transport (tests). If nil, each
+	// upstream gets a pooled transport sized from its config.
+	Transport http.RoundTripper
+	// Now is the clock (tests). If nil, time.Now.
+	Now func() time.Time
+}
+
+// Gateway serves the proxy's routes. Create it with New.
+type Gateway struct {
+	cfg       *config.Config
+	metrics   *metrics.Metrics
+	gatherer  prometheus.Gatherer
+	log       *slog.Logger
+	accessLog *slog.Logger
+	onRecord  func(*llm.Record)
+	now       func() time.Time
+
+	upstreams []*upstream
+	draining  atomic.Bool
+	bufPool   sync.Pool // *[]byte relay buffers
+}
+
+// upstream is a configured upstream with its transport.
+type upstream struct {
+	cfg       *config.Upstream
+	transport http.RoundTripper
+	timeout   time.Duration
+}
+
+// New builds a Gateway from opts.
+func New(opts Options) (*Gateway, error) {
+	if opts.Config == nil || opts.Metrics == nil {
+		return nil, errors.New("proxy: Options.Config and Options.Metrics are required")
+	}
+	g := &Gateway{
+		cfg:       opts.Config,
+		metrics:   opts.Metrics,
+		gatherer:  opts.Gatherer,
+		log:       opts.Logger,
+		accessLog: opts.AccessLog,
+		onRecord:  opts.OnRecord,
+		now:       opts.Now,
+	}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	g.bufPool.New = func() any {
+		b := make([]byte, relayBufSize)
+		return &b
+	}
+	for i := range g.cfg.Upstreams {
+		u := &g.cfg.Upstreams[i]
+		t := opts.Transport
+		if t == nil {
+			t = newTransport(u)
+		}
+		g.upstreams = append(g.upstreams, &upstream{cfg: u, transport: t, timeout: config.Seconds(u.TimeoutSeconds)})
+	}
+	return g, nil
+}
+
+// newTransport sizes a transport for one upstream. http.DefaultTransport
+// keeps two idle connections per host, which under load makes a proxy
+// reconnect constantly (DESIGN 1, traps); there is no overall client timeout,
+// since it would cap the length of a stream.
+func newTransport(u *config.Upstream) *http.Transport {
+	return &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   config.Seconds(u.ConnectTimeoutSeconds),
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          u.MaxIdleConns,
+		MaxIdleConnsPerHost:   u.MaxIdleConns,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   config.Seconds(u.ConnectTimeoutSeconds),
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// Handler returns the gateway's router.
+func (g *Gateway) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Use(g.requestID, g.recoverer)
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	r.Get("/readyz", g.readyz)
+	if g.gatherer != nil {
+		r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g.gatherer, promhttp.HandlerOpts{
+			ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelError), MaxRequestsInFlight: 8,
+		}))
+	}
+	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))
+	r.Post("/v1/messages", g.dialectHandler(llm.RouteMessages, llm.DialectAnthropic))
+	r.HandleFunc("/v1/*", g.forwardHandler)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, guessDialect(r), requestIDFrom(r.Context()), errNotFound(r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		e := &apiError{Status: http.StatusMethodNotAllowed, Kind: "invalid_request_error", Code: "method_not_allowed",
+			AnthropicKind: "invalid_request_error", Msg: "method " + r.Method + " is not allowed on " + r.URL.Path}
+		writeError(w, guessDialect(r), requestIDFrom(r.Context()), e)
+	})
+	return r
+}
+
+// Drain marks the gateway as shutting down: /readyz answers 503 from now on,
+// so a load balancer stops sending new requests while open streams finish.
+func (g *Gateway) Drain() { g.draining.Store(true) }
+
+func (g *Gateway) readyz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if g.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("draining\n"))
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// upstreamFor returns the first upstream serving dialect d, or nil.
+func (g *Gateway) upstreamFor(d llm.Dialect) *upstream {
+	for _, u := range g.upstreams {
+		if u.cfg.Serves(d) {
+			return u
+		}
+	}
+	return nil
+}
+
+// guessDialect picks the error dialect for a request outside the two dialect
+// routes: Anthropic when the path or headers say so, OpenAI otherwise.
+func guessDialect(r *http.Request) llm.Dialect {
+	if r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != "" ||
+		len(r.URL.Path) >= len("/v1/messages") && r.URL.Path[:len("/v1/messages")] == "/v1/messages" {
+		return llm.DialectAnthropic
+	}
+	return llm.DialectOpenAI
+}

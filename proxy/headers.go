@@ -1,0 +1,132 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"strings"
+)
+
+// hopHeaders are the hop-by-hop headers of RFC 9110 §7.6.1 (and the older
+// RFC 2616 list that net/http/httputil also strips). They describe one
+// connection, not the message, so a proxy never forwards them.
+var hopHeaders = []string{
+	"Connection",
+	"Proxy-Connection",
+	"Keep-Alive",
+	"Proxy-Authenticate",
+	"Proxy-Authorization",
+	"Te",
+	"Trailer",
+	"Transfer-Encoding",
+	"Upgrade",
+}
+
+// removeHopHeaders deletes the hop-by-hop headers from h, including every
+// header named in its Connection header, as net/http/httputil does.
+func removeHopHeaders(h http.Header) {
+	for _, f := range h["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = canonical(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+func canonical(s string) string { return http.CanonicalHeaderKey(strings.TrimSpace(s)) }
+
+// upstreamRequestHeaders builds the headers sent upstream from the caller's.
+//
+// Besides hop-by-hop headers it drops:
+//   - Forwarded and X-Forwarded-*: the caller may not speak for a proxy it is
+//     not, and LLM providers do not need the caller's address.
+//   - Accept-Encoding: the gateway must read the bytes it relays, so it lets
+//     the transport negotiate compression (and undo it) itself.
+//   - Content-Length: set again from the body actually sent.
+//
+// A missing User-Agent stays missing instead of becoming Go's default.
+func upstreamRequestHeaders(in http.Header) http.Header {
+	out := in.Clone()
+	removeHopHeaders(out)
+	for k := range out {
+		if k == "Forwarded" || strings.HasPrefix(k, "X-Forwarded-") {
+			delete(out, k)
+		}
+	}
+	out.Del("Accept-Encoding")
+	out.Del("Content-Length")
+	if _, ok := out["User-Agent"]; !ok {
+		out["User-Agent"] = []string{""}
+	}
+	return out
+}
+
+// copyResponseHeaders copies the upstream's response headers to the client,
+// less hop-by-hop headers and Content-Length (the server sets it again, or
+// uses chunked encoding, for the bytes actually written).
+func copyResponseHeaders(dst, src http.Header) {
+	for k, vv := range src {
+		if isHopHeader(k) || k == "Content-Length" {
+			continue
+		}
+		dst[k] = append(dst[k][:0:0], vv...)
+	}
+	for _, f := range src["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = canonical(sf); sf != "" {
+				dst.Del(sf)
+			}
+		}
+	}
+}
+
+func isHopHeader(k string) bool {
+	for _, h := range hopHeaders {
+		if k == h {
+			return true
+		}
+	}
+	return false
+}
+
+// callerKey returns the credential the caller presented: the bearer token of
+// Authorization, else x-api-key. ok is false when neither is present.
+// malformed is true when an Authorization header is present but is not a
+// well-formed bearer credential.
+func callerKey(h http.Header) (key string, ok, malformed bool) {
+	if a := h.Get("Authorization"); a != "" {
+		scheme, tok, found := strings.Cut(a, " ")
+		tok = strings.TrimSpace(tok)
+		if !found || !strings.EqualFold(scheme, "Bearer") || tok == "" || !printableASCII(tok) {
+			return "", false, true
+		}
+		return tok, true, false
+	}
+	if k := strings.TrimSpace(h.Get("X-Api-Key")); k != "" {
+		return k, true, false
+	}
+	return "", false, false
+}
+
+// keyID identifies a key in logs and metrics without revealing it: the first
+// 12 hex digits of its SHA-256. It is "anonymous" for no key.
+func keyID(key string) string {
+	if key == "" {
+		return "anonymous"
+	}
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:6])
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// requestInfo is what the gateway reads from a dialect request body.
+type requestInfo struct {
+	Model  string
+	Stream bool
+	// MaxTokens is max_completion_tokens (preferred) or max_tokens; -1 when
+	// the request sets neither.
+	MaxTokens int64
+	// IncludeUsage reports whether the caller itself asked for streamed usage
+	// (OpenAI stream_options.include_usage: true).
+	IncludeUsage bool
+
+	// suppressUsage is set when the gateway added include_usage on the
+	// caller's behalf, so the usage-only chunk is kept from the caller.
+	suppressUsage bool
+}
+
+// requestFields are the few fields of a request body the gateway reads. The
+// rest of the body goes upstream as the caller sent it.
+type requestFields struct {
+	Model               json.RawMessage `json:"model"`
+	Stream              json.RawMessage `json:"stream"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	StreamOptions       *struct {
+		IncludeUsage json.RawMessage `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+var jsonNull = []byte("null")
+
+// inspectRequest validates a dialect request body and picks out the fields
+// the gateway needs. Errors are phrased for the caller.
+func inspectRequest(d llm.Dialect, body []byte) (requestInfo, *apiError) {
+	info := requestInfo{MaxTokens: -1}
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return info, errBadRequest("the request body is empty: expected a JSON object", "")
+	}
+	if trimmed[0] != '{' {
+		return info, errBadRequest("the request body must be a JSON object", "")
+	}
+	var f requestFields
+	if err := json.Unmarshal(trimmed, &f); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return info, errBadRequest("the request body is not valid JSON: "+se.Error(), "")
+		}
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return info, errBadRequest("invalid type for "+quoteField(te.Field)+": expected "+te.Type.String(), te.Field)
+		}
+		return info, errBadRequest("the request body is not valid JSON", "")
+	}
+	if len(f.Model) == 0 || bytes.Equal(f.Model, jsonNull) {
+		return info, errBadRequest("missing required field \"model\"", "model")
+	}
+	if err := json.Unmarshal(f.Model, &info.Model); err != nil || info.Model == "" {
+		return info, errBadRequest("\"model\" must be a non-empty string", "model")
+	}
+	if len(f.Stream) > 0 && !bytes.Equal(f.Stream, jsonNull) {
+		if err := json.Unmarshal(f.Stream, &info.Stream); err != nil {
+			return info, errBadRequest("\"stream\" must be a boolean", "stream")
+		}
+	}
+	for _, raw := range [][]byte{f.MaxCompletionTokens, f.MaxTokens} {
+		if len(raw) == 0 || bytes.Equal(raw, jsonNull) {
+			continue
+		}
+		var n int64
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return info, errBadRequest("max tokens must be an integer", "max_tokens")
+		}
+		info.MaxTokens = n
+		break
+	}
+	if d == llm.DialectOpenAI && f.StreamOptions != nil && len(f.StreamOptions.IncludeUsage) > 0 {
+		var on bool
+		if json.Unmarshal(f.StreamOptions.IncludeUsage, &on) == nil {
+			info.IncludeUsage = on
+		}
+	}
+	return info, nil
+}
+
+func quoteField(f string) string {
+	if f == "" {
+		return "a field"
+	}
+	return "\"" + f + "\""
+}
+
+// includeUsageMember is what the gateway adds to an OpenAI streaming request
+// so the upstream reports usage (DESIGN 3.3).
+const includeUsageMember = `"include_usage":true`
+
+// addIncludeUsage returns body with stream_options.include_usage set to true,
+// editing the bytes minimally: every other byte stays as the caller sent it.
+// ok is false when the body cannot be edited safely (then it goes upstream
+// unchanged and the stream's tokens are counted from its events).
+func addIncludeUsage(body []byte) (out []byte, ok bool) {
+	obj, ok := jsonscan.Value(body)
+	if !ok || jsonscan.KindOf(obj) != jsonscan.KindObject {
+		return body, false
+	}
+	var opts []byte
+	members := 0
+	top := jsonscan.Object(obj)
+	for top.Next() {
+		members++
+		if top.KeyIs("stream_options") {
+			opts = top.Value() // the last one wins, as in encoding/json
+		}
+	}
+	if top.Err() != nil {
+		return body, false
+	}
+	// offset of a sub-slice of body within body.
+	offset := func(s []byte) int { return cap(body) - cap(s) }
+	splice := func(at, cut int, insert string) []byte {
+		out := make([]byte, 0, len(body)+len(insert))
+		out = append(out, body[:at]...)
+		out = append(out, insert...)
+		return append(out, body[at+cut:]...)
+	}
+	switch jsonscan.KindOf(opts) {
+	case jsonscan.KindInvalid: // no stream_options: add one before the closing brace
+		sep := ","
+		if members == 0 {
+			sep = ""
+		}
+		return splice(offset(obj)+len(obj)-1, 0, sep+`"stream_options":{`+includeUsageMember+`}`), true
+	case jsonscan.KindNull:
+		return splice(offset(opts), len(opts), "{"+includeUsageMember+"}"), true
+	case jsonscan.KindObject:
+		var cur []byte
+		n := 0
+		it := jsonscan.Object(opts)
+		for it.Next() {
+			n++
+			if it.KeyIs("include_usage") {
+				cur = it.Value()
+			}
+		}
+		if it.Err() != nil {
+			return body, false
+		}
+		if cur != nil {
+			return splice(offset(cur), len(cur), "true"), true
+		}
+		sep := ","
+		if n == 0 {
+			sep = ""
+		}
+		return splice(offset(opts)+1, 0, includeUsageMember+sep), true
+	}
+	return body, false
+}

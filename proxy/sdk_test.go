@@ -1,0 +1,238 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
+
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
+)
+
+// openAIResult is the comparable part of an OpenAI answer.
+type openAIResult struct {
+	Content      string
+	FinishReason string
+	ToolName     string
+	ToolArgs     map[string]any
+	Prompt       int64
+	Completion   int64
+}
+
+func openAIParams(tools bool) openai.ChatCompletionNewParams {
+	p := openai.ChatCompletionNewParams{
+		Model:    "gpt-test",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("What is the weather in Bergen?")},
+	}
+	if tools {
+		p.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+			Name: "get_weather",
+			Parameters: shared.FunctionParameters{"type": "object",
+				"properties": map[string]any{"city": map[string]any{"type": "string"}}},
+		})}
+	}
+	return p
+}
+
+func fromOpenAIMessage(t *testing.T, c *openai.ChatCompletion) openAIResult {
+	t.Helper()
+	if len(c.Choices) != 1 {
+		t.Fatalf("%d choices", len(c.Choices))
+	}
+	ch := c.Choices[0]
+	r := openAIResult{Content: ch.Message.Content, FinishReason: ch.FinishReason,
+		Prompt: c.Usage.PromptTokens, Completion: c.Usage.CompletionTokens}
+	if len(ch.Message.ToolCalls) > 0 {
+		tc := ch.Message.ToolCalls[0]
+		r.ToolName = tc.Function.Name
+		if err := json.Unmarshal([]byte(tc.Function.Arguments), &r.ToolArgs); err != nil {
+			t.Fatalf("tool arguments %q: %v", tc.Function.Arguments, err)
+		}
+	}
+	return r
+}
+
+// openAIRun asks base once non-streamed and once streamed, and returns both
+// results (the streamed one accumulated by the SDK).
+func openAIRun(t *testing.T, base string, tools, askUsage bool) (plain, streamed openAIResult) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("sk-test-openai"),
+		option.WithMaxRetries(0))
+	p := openAIParams(tools)
+	c, err := client.Chat.Completions.New(ctx, p)
+	if err != nil {
+		t.Fatalf("non-streamed: %v", err)
+	}
+	plain = fromOpenAIMessage(t, c)
+
+	if askUsage {
+		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	}
+	stream := client.Chat.Completions.NewStreaming(ctx, p)
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		chunk := stream.Current()
+		if !askUsage && len(chunk.Choices) == 0 {
+			t.Errorf("caller that did not ask for usage received a chunk without choices: %s", chunk.RawJSON())
+		}
+		acc.AddChunk(chunk)
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	_ = stream.Close()
+	streamed = fromOpenAIMessage(t, &acc.ChatCompletion)
+	return plain, streamed
+}
+
+func TestOpenAISDKThroughGateway(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 12, TokensPerChunk: 2}))
+	defer mock.Close()
+	tg := newTestGateway(t, mock.URL, nil)
+
+	for _, tc := range []struct {
+		name            string
+		tools, askUsage bool
+	}{{"text", false, false}, {"text with usage", false, true}, {"tool call", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			directPlain, directStream := openAIRun(t, mock.URL, tc.tools, tc.askUsage)
+			gwPlain, gwStream := openAIRun(t, tg.URL, tc.tools, tc.askUsage)
+			if !reflect.DeepEqual(gwPlain, directPlain) {
+				t.Errorf("non-streamed through the gateway %+v, direct %+v", gwPlain, directPlain)
+			}
+			if !reflect.DeepEqual(gwStream, directStream) {
+				t.Errorf("streamed through the gateway %+v, direct %+v", gwStream, directStream)
+			}
+			// The accumulated stream equals the non-streamed answer (usage
+			// only when asked for; the mock derives prompt tokens from the
+			// body's length, which "stream":true changes).
+			want := gwPlain
+			want.Prompt = gwStream.Prompt
+			if !tc.askUsage {
+				want.Completion = 0
+			}
+			if !reflect.DeepEqual(gwStream, want) {
+				t.Errorf("streamed %+v, non-streamed %+v", gwStream, want)
+			}
+			if tc.tools && (gwStream.ToolName != "get_weather" || gwStream.ToolArgs["city"] != "Bergen") {
+				t.Errorf("tool call lost: %+v", gwStream)
+			}
+			// The gateway saw exact usage for both requests, even where the
+			// caller did not ask for it.
+			for i := range 2 {
+				rec := tg.record(t)
+				if rec.Outcome != llm.OutcomeOK || rec.Usage.Output != 12 || rec.Estimated || !rec.Usage.HasInput {
+					t.Errorf("record %+v; want ok, 12 output tokens, not estimated", rec)
+				}
+				if i == 0 && rec.Usage.Input != gwPlain.Prompt || i == 1 && tc.askUsage && rec.Usage.Input != gwStream.Prompt {
+					t.Errorf("record %d input tokens %d; the upstream said %d / %d", i, rec.Usage.Input, gwPlain.Prompt, gwStream.Prompt)
+				}
+			}
+		})
+	}
+}
+
+// anthropicResult is the comparable part of an Anthropic answer.
+type anthropicResult struct {
+	Blocks     []string // "text:..." or "tool_use:name:{json}"
+	StopReason string
+	Input      int64
+	Output     int64
+}
+
+func fromAnthropicMessage(t *testing.T, m *anthropic.Message) anthropicResult {
+	t.Helper()
+	r := anthropicResult{StopReason: string(m.StopReason), Input: m.Usage.InputTokens, Output: m.Usage.OutputTokens}
+	for _, b := range m.Content {
+		switch b.Type {
+		case "text":
+			r.Blocks = append(r.Blocks, "text:"+b.Text)
+		case "tool_use":
+			var args map[string]any
+			if err := json.Unmarshal(b.Input, &args); err != nil {
+				t.Fatalf("tool input %s: %v", b.Input, err)
+			}
+			norm, _ := json.Marshal(args)
+			r.Blocks = append(r.Blocks, "tool_use:"+b.Name+":"+string(norm))
+		default:
+			r.Blocks = append(r.Blocks, b.Type)
+		}
+	}
+	return r
+}
+
+func anthropicRun(t *testing.T, base string, tools bool) (plain, streamed anthropicResult) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client := anthropic.NewClient(aoption.WithBaseURL(base), aoption.WithAPIKey("sk-ant-test"), aoption.WithMaxRetries(0))
+	p := anthropic.MessageNewParams{
+		Model:     "claude-test",
+		MaxTokens: 1024,
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("What is the weather in Bergen?"))},
+	}
+	if tools {
+		p.Tools = []anthropic.ToolUnionParam{anthropic.ToolUnionParamOfTool(anthropic.ToolInputSchemaParam{
+			Properties: map[string]any{"city": map[string]any{"type": "string"}}}, "get_weather")}
+	}
+	m, err := client.Messages.New(ctx, p)
+	if err != nil {
+		t.Fatalf("non-streamed: %v", err)
+	}
+	plain = fromAnthropicMessage(t, m)
+	stream := client.Messages.NewStreaming(ctx, p)
+	var acc anthropic.Message
+	for stream.Next() {
+		if err := acc.Accumulate(stream.Current()); err != nil {
+			t.Fatalf("accumulate: %v", err)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	_ = stream.Close()
+	streamed = fromAnthropicMessage(t, &acc)
+	return plain, streamed
+}
+
+func TestAnthropicSDKThroughGateway(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 10}))
+	defer mock.Close()
+	tg := newTestGateway(t, mock.URL, nil)
+	for _, tools := range []bool{false, true} {
+		name := map[bool]string{false: "text", true: "tool call"}[tools]
+		t.Run(name, func(t *testing.T) {
+			directPlain, directStream := anthropicRun(t, mock.URL, tools)
+			gwPlain, gwStream := anthropicRun(t, tg.URL, tools)
+			if !reflect.DeepEqual(gwPlain, directPlain) || !reflect.DeepEqual(gwStream, directStream) {
+				t.Errorf("through the gateway %+v / %+v; direct %+v / %+v", gwPlain, gwStream, directPlain, directStream)
+			}
+			want := gwPlain
+			want.Input = gwStream.Input // the mock's prompt count follows the body length
+			if !reflect.DeepEqual(gwStream, want) {
+				t.Errorf("streamed %+v, non-streamed %+v", gwStream, gwPlain)
+			}
+			if len(gwStream.Blocks) == 0 {
+				t.Fatal("no content")
+			}
+			for _, want := range []anthropicResult{gwPlain, gwStream} {
+				rec := tg.record(t)
+				if rec.Outcome != llm.OutcomeOK || rec.Usage.Output != want.Output || rec.Estimated ||
+					rec.Usage.Input != want.Input {
+					t.Errorf("record %+v; want ok with usage %d/%d", rec, want.Input, want.Output)
+				}
+			}
+		})
+	}
+}
