@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
+)
+
+func runDemo(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("demo",
+		"Starts the fake upstream and the gateway on loopback (no keys, no Redis), sends a short\n"+
+			"mixed burst through the gateway (OpenAI and Anthropic, streamed and not), prints TTFT,\n"+
+			"TPOT, ITL and E2E P50/P95/P99 as the gateway measured them, then keeps serving so you\n"+
+			"can point an SDK or curl at it and watch /metrics, until interrupted or -duration.", stderr)
+	var mf mockFlags
+	mf.register(fs, 150*time.Millisecond, 10*time.Millisecond, 6*time.Millisecond, 32)
+	listen := fs.String("listen", "127.0.0.1:8080", "gateway address (a free port is used if it is taken)")
+	requests := fs.Int("requests", 40, "requests in the burst")
+	concurrency := fs.Int("concurrency", 8, "requests in flight at once during the burst")
+	duration := fs.Duration("duration", 0, "after the burst, serve this long, then stop (0 = until interrupted)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *requests < 1 || *concurrency < 1 {
+		fmt.Fprintln(stderr, "-requests and -concurrency must be at least 1")
+		return errUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	ops := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	// The fake upstream.
+	mockLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("listening for the fake upstream: %w", err)
+	}
+	mock := &http.Server{Handler: mockllm.New(mf.options(nil)), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = mock.Serve(mockLn) }()
+	defer mock.Close()
+
+	// The gateway, on the embedded demo config.
+	cfg := config.DemoConfig("http://" + mockLn.Addr().String())
+	cfg.Auth.RequireKey = false
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s is taken (%v); using a free port\n", *listen, err)
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return err
+		}
+	}
+	var col collector
+	gw, err := startGateway(&cfg, ln, ops, nil, col.add)
+	if err != nil {
+		return err
+	}
+	base := "http://" + gw.addr
+	fmt.Fprintf(stdout, "tollgate demo: gateway on %s, fake upstream on http://%s (TTFT %s, ITL %s±%s, %d tokens)\n",
+		base, mockLn.Addr(), mf.ttft, mf.itl, mf.jitter/2, mf.tokens)
+	fmt.Fprintf(stdout, "sending %d requests (%d at a time): OpenAI and Anthropic, streamed and not...\n\n",
+		*requests, *concurrency)
+
+	started := time.Now()
+	failures := sendBurst(ctx, base, *requests, *concurrency)
+	if ctx.Err() != nil {
+		return gw.shutdown(5 * time.Second)
+	}
+	fmt.Fprintf(stdout, "burst done in %s\n\n", time.Since(started).Round(time.Millisecond))
+	printDemoTable(stdout, col.snapshot(), gw)
+	if failures > 0 {
+		fmt.Fprintf(stdout, "\n%d requests failed on the client side\n", failures)
+	}
+	fmt.Fprintf(stdout, "\nMetrics:   %s/metrics\n", base)
+	fmt.Fprintf(stdout, "OpenAI:    base_url %s/v1   e.g. curl -s %s/v1/chat/completions -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n", base, base)
+	fmt.Fprintf(stdout, "Anthropic: base_url %s\n", base)
+	if *duration > 0 {
+		fmt.Fprintf(stdout, "serving for %s more (Ctrl-C stops sooner)\n", *duration)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *duration)
+		defer cancel()
+	} else {
+		fmt.Fprintln(stdout, "serving until interrupted (Ctrl-C)")
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-gw.done:
+		return err
+	}
+	return gw.shutdown(5 * time.Second)
+}
+
+// collector keeps the demo's finished records.
+type collector struct {
+	mu   sync.Mutex
+	recs []llm.Record
+}
+
+func (c *collector) add(r *llm.Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.recs) < 100000 {
+		c.recs = append(c.recs, *r)
+	}
+}
+
+func (c *collector) snapshot() []llm.Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]llm.Record(nil), c.recs...)
+}
+
+// demoPrompt returns a prompt of roughly words words, so the burst spans
+// several input-size buckets.
+func demoPrompt(words int) string {
+	return strings.TrimSpace(strings.Repeat("tell me about gateways ", words/4+1))
+}
+
+// sendBurst sends n requests, c at a time, cycling through the four kinds
+// (OpenAI and Anthropic, streamed and not). It returns how many failed.
+func sendBurst(ctx context.Context, base string, n, c int) int {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c}}
+	defer client.CloseIdleConnections()
+	var mu sync.Mutex
+	failures := 0
+	sem := make(chan struct{}, c)
+	var wg sync.WaitGroup
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := sendOne(ctx, client, base, i); err != nil {
+				mu.Lock()
+				failures++
+				mu.Unlock()
+			}
+		}(i)
+	}
+	wg.Wait()
+	return failures
+}
+
+func sendOne(ctx context.Context, client *http.Client, base string, i int) error {
+	stream := i%2 == 0
+	prompt := demoPrompt([]int{40, 400, 1600, 4000}[i/4%4])
+	var url, body string
+	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer demo-key"}}
+	if i/2%2 == 0 {
+		url = base + "/v1/chat/completions"
+		body = fmt.Sprintf(`{"model":"demo-gpt","stream":%t,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
+	} else {
+		url = base + "/v1/messages"
+		h.Set("Anthropic-Version", "2023-06-01")
+		body = fmt.Sprintf(`{"model":"demo-claude","max_tokens":1024,"stream":%t,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewBufferString(body))
+	if err != nil {
+		return err
+	}
+	req.Header = h
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// printDemoTable prints the gateway's figures for the burst. TTFT, TPOT and
+// E2E are exact per-request values from the records; ITL, observed per gap,
+// comes from the gateway's own histogram (interpolated within buckets, as
+// histogram_quantile does).
+func printDemoTable(w io.Writer, recs []llm.Record, gw *runningGateway) {
+	var ttft, tpot, e2e, over []float64
+	outcomes := map[string]int{}
+	var in, out int64
+	for i := range recs {
+		r := &recs[i]
+		outcomes[r.Outcome.String()]++
+		in += r.Usage.Input
+		out += r.Usage.Output
+		e2e = append(e2e, ms(r.E2E()))
+		over = append(over, ms(r.Overhead()))
+		if r.Stream && r.Outcome == llm.OutcomeOK {
+			ttft = append(ttft, ms(r.TTFT()))
+			if d, ok := r.TPOT(); ok {
+				tpot = append(tpot, ms(d))
+			}
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "figure (ms)\tcount\tP50\tP95\tP99\t")
+	row := func(name string, v []float64) {
+		sort.Float64s(v)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t\n", name, len(v), pct(v, 50), pct(v, 95), pct(v, 99))
+	}
+	row("TTFT", ttft)
+	row("TPOT", tpot)
+	if n, q := histQuantiles(gw, "tollgate_inter_token_latency_seconds", 0.5, 0.95, 0.99); n > 0 {
+		fmt.Fprintf(tw, "ITL (per gap)\t%d\t%.2f\t%.2f\t%.2f\t\n", n, q[0]*1000, q[1]*1000, q[2]*1000)
+	}
+	row("E2E", e2e)
+	row("overhead", over)
+	_ = tw.Flush()
+	keys := make([]string, 0, len(outcomes))
+	for k := range outcomes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, outcomes[k]))
+	}
+	fmt.Fprintf(w, "\nrequests: %d (%s); tokens: %d input, %d output\n", len(recs), strings.Join(parts, " "), in, out)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// pct is the nearest-rank percentile of sorted values.
+func pct(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// histQuantiles merges every series of a histogram family and returns its
+// sample count and the quantiles qs, interpolated linearly within the
+// explicit buckets.
+func histQuantiles(gw *runningGateway, name string, qs ...float64) (uint64, []float64) {
+	mfs, err := gw.registry.Gather()
+	if err != nil {
+		return 0, nil
+	}
+	var count uint64
+	var upper []float64
+	var cum []uint64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			count += h.GetSampleCount()
+			mergeBuckets(&upper, &cum, h.GetBucket())
+		}
+	}
+	out := make([]float64, len(qs))
+	if count == 0 {
+		return 0, out
+	}
+	for i, q := range qs {
+		rank := q * float64(count)
+		lo, prev := 0.0, uint64(0)
+		out[i] = math.NaN()
+		for j, ub := range upper {
+			if float64(cum[j]) >= rank {
+				frac := 0.0
+				if cum[j] > prev {
+					frac = (rank - float64(prev)) / float64(cum[j]-prev)
+				}
+				out[i] = lo + (ub-lo)*frac
+				break
+			}
+			lo, prev = ub, cum[j]
+		}
+	}
+	return count, out
+}
+
+func mergeBuckets(upper *[]float64, cum *[]uint64, bs []*dto.Bucket) {
+	if *upper == nil {
+		for _, b := range bs {
+			*upper = append(*upper, b.GetUpperBound())
+			*cum = append(*cum, 0)
+		}
+	}
+	for j, b := range bs {
+		if j < len(*cum) {
+			(*cum)[j] += b.GetCumulativeCount()
+		}
+	}
+}

@@ -1,0 +1,161 @@
+// Command gateway is tollgate, an LLM API gateway: it forwards OpenAI and
+// Anthropic API traffic to an upstream and measures what callers feel.
+//
+//	gateway serve -config gateway.toml   run the gateway
+//	gateway demo                         fake upstream + gateway + traffic, then the figures
+//	gateway mock-upstream                the fake upstream alone
+//	gateway check-config -config FILE    validate a config file
+//	gateway version                      print the version
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+
+	"github.com/tollgate-llm/tollgate/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"serve", "run the gateway with a config file", runServe},
+		{"demo", "start a fake upstream and the gateway on loopback, send traffic, print the figures", runDemo},
+		{"mock-upstream", "serve the fake OpenAI/Anthropic upstream alone", runMock},
+		{"check-config", "validate a config file and print the effective settings", runCheckConfig},
+		{"version", "print the version", runVersion},
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// errUsage marks a command-line mistake; the usage has been printed.
+var errUsage = errors.New("usage")
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			err := c.run(args[1:], stdout, stderr)
+			switch {
+			case err == nil, errors.Is(err, flag.ErrHelp):
+				return 0
+			case errors.Is(err, errUsage):
+				return 2
+			default:
+				fmt.Fprintln(stderr, "gateway "+c.name+": "+err.Error())
+				return 1
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "gateway: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "tollgate — an LLM API gateway that measures TTFT, TPOT, ITL and end-to-end latency.")
+	fmt.Fprintln(w, "\nUsage: gateway <command> [flags]\n\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun 'gateway <command> -h' for a command's flags.")
+}
+
+// newFlagSet returns a flag set whose -h prints a description first.
+func newFlagSet(name, description string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: gateway %s [flags]\n\n%s\n\nFlags:\n", name, description)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args, mapping a bad flag to errUsage.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}
+
+func runVersion(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("version", "Prints tollgate's version and the Go version it was built with.", stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		v = bi.Main.Version
+	}
+	fmt.Fprintf(stdout, "tollgate %s (%s, %s/%s)\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return nil
+}
+
+func runCheckConfig(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("check-config",
+		"Loads a config file strictly (unknown keys and wrong types are errors), applies defaults,\n"+
+			"resolves api_key_env variables and validates every setting. Prints the effective\n"+
+			"configuration (secrets redacted) and exits 0, or lists every problem and exits 1.", stderr)
+	path := fs.String("config", "gateway.toml", "config file to check")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: ok\n\n%s", *path, cfg.Redacted())
+	return nil
+}
+
+// newLoggers builds the operational logger (stderr) and the access log
+// (stdout, one line per request) from the [log] table.
+func newLoggers(lc config.Log, stdout, stderr io.Writer) (ops, access *slog.Logger) {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(lc.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	mk := func(w io.Writer) *slog.Logger {
+		if lc.Format == "text" {
+			return slog.New(slog.NewTextHandler(w, opts))
+		}
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	ops = mk(stderr)
+	if lc.AccessLog {
+		access = mk(stdout)
+	}
+	return ops, access
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestUsageAndHelp(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(nil, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "Commands:") {
+		t.Errorf("no args: exit %d, stderr %q", code, errOut.String())
+	}
+	for _, c := range commands() {
+		errOut.Reset()
+		if code := run([]string{c.name, "-h"}, &out, &errOut); code != 0 {
+			t.Errorf("%s -h: exit %d", c.name, code)
+		}
+		if !strings.Contains(errOut.String(), "Usage: gateway "+c.name) || len(errOut.String()) < 80 {
+			t.Errorf("%s -h says too little: %q", c.name, errOut.String())
+		}
+	}
+	errOut.Reset()
+	if code := run([]string{"nope"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `unknown command "nope"`) {
+		t.Errorf("unknown command: exit %d, %q", code, errOut.String())
+	}
+	if code := run([]string{"serve", "-bogus"}, &out, &errOut); code != 2 {
+		t.Errorf("bad flag: exit %d", code)
+	}
+	out.Reset()
+	if code := run([]string{"version"}, &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "tollgate ") {
+		t.Errorf("version: exit %d, %q", code, out.String())
+	}
+}
+
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.toml")
+	bad := filepath.Join(dir, "bad.toml")
+	os.WriteFile(good, []byte("[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9000\"\n"), 0o600)
+	os.WriteFile(bad, []byte("[[upstreams]]\nname = \"a\"\nbase_ur = \"http://x\"\n"), 0o600)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"check-config", "-config", good}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "ok") {
+		t.Errorf("good config: exit %d, %q %q", code, out.String(), errOut.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"check-config", "-config", bad}, &out, &errOut); code != 1 ||
+		!strings.Contains(errOut.String(), "bad.toml:3") || !strings.Contains(errOut.String(), "base_ur") {
+		t.Errorf("bad config: exit %d, %q", code, errOut.String())
+	}
+	// The shipped example config passes.
+	errOut.Reset()
+	if code := run([]string{"check-config", "-config", "../../gateway.toml"}, &out, &errOut); code != 0 {
+		t.Errorf("gateway.toml: exit %d, %q", code, errOut.String())
+	}
+}
+
+// TestGracefulShutdown: an open stream finishes within the drain timeout;
+// one that would outlast it is cancelled, and shutdown returns.
+func TestGracefulShutdown(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{ITL: 10 * time.Millisecond, OutputTokens: 30}))
+	defer mock.Close()
+
+	for _, tc := range []struct {
+		name    string
+		drain   time.Duration
+		tokens  string
+		wantAll bool
+		outcome llm.Outcome
+	}{
+		{"stream finishes during drain", 5 * time.Second, "30", true, llm.OutcomeOK},
+		{"stream cancelled at drain timeout", 200 * time.Millisecond, "100000", false, llm.OutcomeClientCancel},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.DemoConfig(mock.URL)
+			cfg.Auth.RequireKey = false
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs := make(chan llm.Record, 4)
+			gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, func(r *llm.Record) { recs <- *r })
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, _ := http.NewRequest(http.MethodPost, "http://"+gw.addr+"/v1/chat/completions",
+				strings.NewReader(`{"model":"m","stream":true}`))
+			req.Header.Set("X-Mock-Output-Tokens", tc.tokens)
+			client := &http.Client{Transport: &http.Transport{}}
+			defer client.CloseIdleConnections()
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(resp.Body)
+			if _, err := br.ReadString('\n'); err != nil { // the stream is open
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var shutdownErr error
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				shutdownErr = gw.shutdown(tc.drain)
+			}()
+			rest, _ := io.ReadAll(br)
+			resp.Body.Close()
+			wg.Wait()
+			if shutdownErr != nil {
+				t.Errorf("shutdown: %v", shutdownErr)
+			}
+			if done := strings.Contains(string(rest), "[DONE]"); done != tc.wantAll {
+				t.Errorf("stream complete = %v, want %v", done, tc.wantAll)
+			}
+			select {
+			case rec := <-recs:
+				if rec.Outcome != tc.outcome {
+					t.Errorf("outcome %s, want %s", rec.Outcome, tc.outcome)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("no record")
+			}
+			// No new connections after shutdown.
+			if c, err := net.DialTimeout("tcp", gw.addr, time.Second); err == nil {
+				c.Close()
+				t.Error("the listener still accepts connections")
+			}
+		})
+	}
+}
+
+func TestDemo(t *testing.T) {
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"demo", "-listen", "127.0.0.1:0", "-requests", "8", "-concurrency", "4",
+			"-ttft", "20ms", "-itl", "2ms", "-tokens", "8", "-duration", "10ms"}, &out, &errOut)
+	}()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("demo exit %d: %s", code, errOut.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("demo did not stop by itself")
+	}
+	s := out.String()
+	for _, want := range []string{"TTFT", "TPOT", "ITL (per gap)", "E2E", "requests: 8 (ok=8)", "/metrics"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, s)
+		}
+	}
+}

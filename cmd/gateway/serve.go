@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/proxy"
+)
+
+func runServe(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve",
+		"Runs the gateway: POST /v1/chat/completions and POST /v1/messages are relayed to the\n"+
+			"configured upstream and measured; other /v1/* paths are forwarded; GET /metrics,\n"+
+			"/healthz and /readyz are served. SIGINT or SIGTERM stops accepting requests, lets open\n"+
+			"streams finish for up to server.drain_timeout_seconds, then cancels them.", stderr)
+	path := fs.String("config", "gateway.toml", "config file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	ops, access := newLoggers(cfg.Log, stdout, stderr)
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %q: %w", cfg.Server.Listen, err)
+	}
+	gw, err := startGateway(cfg, ln, ops, access, nil)
+	if err != nil {
+		return err
+	}
+	ops.Info("tollgate serving", "addr", ln.Addr().String(), "config", *path, "version", version)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	select {
+	case <-ctx.Done():
+	case err := <-gw.done:
+		return err
+	}
+	stop()
+	return gw.shutdown(config.Seconds(cfg.Server.DrainTimeoutSeconds))
+}
+
+// runningGateway is a gateway serving on a listener.
+type runningGateway struct {
+	gw       *proxy.Gateway
+	srv      *http.Server
+	registry *prometheus.Registry
+	metrics  *metrics.Metrics
+	log      *slog.Logger
+	cancel   context.CancelFunc // cancels every request's base context
+	done     chan error         // Serve's result
+	addr     string
+}
+
+// startGateway builds the registry, metrics and proxy for cfg and serves them
+// on ln in the background.
+func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger, onRecord func(*llm.Record)) (*runningGateway, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.New(reg, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("registering metrics: %w", err)
+	}
+	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
+		OnRecord: onRecord})
+	if err != nil {
+		return nil, err
+	}
+	baseCtx, cancel := context.WithCancel(context.Background())
+	srv := &http.Server{
+		Handler:           gw.Handler(),
+		ReadHeaderTimeout: config.Seconds(cfg.Server.ReadHeaderTimeoutSeconds),
+		IdleTimeout:       config.Seconds(cfg.Server.IdleTimeoutSeconds),
+		BaseContext:       func(net.Listener) context.Context { return baseCtx },
+		ErrorLog:          slog.NewLogLogger(ops.Handler(), slog.LevelWarn),
+	}
+	rg := &runningGateway{gw: gw, srv: srv, registry: reg, metrics: m, log: ops, cancel: cancel,
+		done: make(chan error, 1), addr: ln.Addr().String()}
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		rg.done <- err
+	}()
+	return rg, nil
+}
+
+// shutdown stops accepting, lets open exchanges finish for up to drain,
+// then cancels those still open and closes their connections.
+func (rg *runningGateway) shutdown(drain time.Duration) error {
+	rg.gw.Drain()
+	rg.log.Info("shutting down: draining open requests", "drain_timeout", drain.String())
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	err := rg.srv.Shutdown(ctx)
+	if err != nil {
+		rg.log.Warn("drain timeout reached: cancelling open streams")
+		rg.cancel()
+		// Give the cancelled handlers a moment to record what they relayed.
+		grace, gcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer gcancel()
+		if err = rg.srv.Shutdown(grace); err != nil {
+			err = rg.srv.Close()
+		}
+	}
+	rg.cancel()
+	if serveErr := <-rg.done; serveErr != nil {
+		return serveErr
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	rg.log.Info("stopped")
+	return nil
+}
