@@ -1,0 +1,39 @@
+# tollgate developer targets. `make test` is what CI runs (through .ci/run).
+GO ?= go
+PKGS := ./...
+FUZZTIME ?= 20s
+
+.PHONY: all build test bench fuzz lint demo clean
+
+all: lint test
+
+build:
+	$(GO) build -o bin/gateway ./cmd/gateway
+
+## test: every test, with the race detector (the README's test command).
+test:
+	$(GO) test -race -count=1 $(PKGS)
+
+## bench: the hot-path benchmarks quoted in the notes.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## fuzz: run each fuzz target for FUZZTIME (new corpus entries land in testdata/fuzz).
+fuzz:
+	@set -e; for pkg in ./sseparse ./internal/jsonscan; do \
+	  for t in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+## lint: gofmt, go vet and staticcheck.
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
+
+demo:
+	$(GO) run ./cmd/gateway demo
+
+clean:
+	rm -rf bin
