@@ -447,11 +447,6 @@ func refErrorType(e map[string]any) string {
 	return ""
 }
 
-type usageFields struct {
-	u            llm.Usage
-	hasReasoning bool
-}
-
 // refUsage reads the named integer fields of a usage map into u.
 func refUsage(m map[string]any, fields map[string]*int64, flags map[string]*bool) {
 	for k, dst := range fields {
