@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -105,20 +106,23 @@ func (e *apiError) body(d llm.Dialect, requestID string) []byte {
 		}
 		v = openAIErrorBody{Error: oe}
 	}
-	b, err := json.Marshal(v)
-	if err != nil { // cannot happen for these types
-		return []byte(`{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}`)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // messages quote things like "Bearer <key>"; keep them readable
+	if err := enc.Encode(v); err != nil { // cannot happen for these types
+		return []byte(`{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}` + "\n")
 	}
-	return append(b, '\n')
+	return buf.Bytes()
 }
 
-// writeError sends e to the client in dialect d.
-func writeError(w http.ResponseWriter, d llm.Dialect, requestID string, e *apiError) {
+// writeError sends e to the client in dialect d and returns the bytes written.
+func writeError(w http.ResponseWriter, d llm.Dialect, requestID string, e *apiError) int {
 	b := e.body(d, requestID)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(e.Status)
-	_, _ = w.Write(b)
+	n, _ := w.Write(b)
+	return n
 }

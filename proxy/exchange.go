@@ -82,7 +82,7 @@ func (ex *exchange) fail(e *apiError, o llm.Outcome) {
 	if d == llm.DialectNone {
 		d = guessDialect(ex.r)
 	}
-	writeError(ex.w, d, ex.rec.RequestID, e)
+	ex.rec.BytesOut += int64(writeError(ex.w, d, ex.rec.RequestID, e))
 	ex.rec.Timing.End = ex.g.now()
 }
 
