@@ -108,7 +108,7 @@ func (e *apiError) body(d llm.Dialect, requestID string) []byte {
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // messages quote things like "Bearer <key>"; keep them readable
+	enc.SetEscapeHTML(false)              // messages quote things like "Bearer <key>"; keep them readable
 	if err := enc.Encode(v); err != nil { // cannot happen for these types
 		return []byte(`{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}` + "\n")
 	}
