@@ -38,6 +38,10 @@ type exchange struct {
 	// terminalOut is set once the terminal marker has been flushed to the
 	// caller.
 	terminalOut bool
+	// promptEstimate is the prompt size in tokens guessed from the body
+	// (about 4 bytes a token), -1 when unknown. It only places a request
+	// whose upstream reported no usage in an input-size bucket.
+	promptEstimate int64
 
 	// Moments the transport's goroutines report, as nanoseconds since
 	// rec.Timing.In (0 = not yet); atomic because the HTTP/1 write loop may
@@ -48,7 +52,7 @@ type exchange struct {
 // dialectHandler serves POST /v1/chat/completions and POST /v1/messages.
 func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ex := &exchange{g: g, w: w, r: r}
+		ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
 		ex.rec.Timing.In = g.now()
 		ex.rec.Route, ex.rec.Dialect = route, d
 		ex.rec.RequestID = requestIDFrom(r.Context())
@@ -63,7 +67,7 @@ func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFun
 // forwardHandler serves every other /v1/* path: the request goes to the
 // upstream unchanged and only its end-to-end latency is measured.
 func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
-	ex := &exchange{g: g, w: w, r: r}
+	ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
 	ex.rec.Timing.In = g.now()
 	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
 	ex.rec.RequestID = requestIDFrom(r.Context())
@@ -135,6 +139,7 @@ func (ex *exchange) serve() {
 	}
 
 	if d != llm.DialectNone {
+		ex.promptEstimate = int64(len(body)+3) / 4
 		info, aerr := inspectRequest(d, body)
 		if aerr != nil {
 			ex.fail(aerr, llm.OutcomeBadRequest)

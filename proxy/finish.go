@@ -18,7 +18,7 @@ func (ex *exchange) finish() {
 	if rec.Status == 0 {
 		rec.Status = statusClientClosed
 	}
-	input := int64(-1)
+	input := ex.promptEstimate
 	if rec.Usage.HasInput {
 		input = rec.Usage.Input
 	}

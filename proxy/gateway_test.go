@@ -119,6 +119,10 @@ func TestNoUsageIsEstimated(t *testing.T) {
 	if !rec.Estimated || rec.Usage.Output != 9 || rec.Outcome != llm.OutcomeOK {
 		t.Fatalf("record usage %+v estimated %v outcome %s; want 9 estimated output tokens", rec.Usage, rec.Estimated, rec.Outcome)
 	}
+	// No usage at all: the input bucket comes from the body's size.
+	if rec.Usage.HasInput || rec.InputBucket != "0-500" {
+		t.Errorf("input bucket %q (input reported %v); want the estimate's 0-500", rec.InputBucket, rec.Usage.HasInput)
+	}
 }
 
 // TestClientCancelStopsUpstream: a client that leaves mid-stream cancels the
