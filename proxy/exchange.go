@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -36,8 +37,12 @@ type exchange struct {
 	info       requestInfo
 	captured   []byte // bounded copy of a non-relayed body
 	// terminalOut is set once the terminal marker has been flushed to the
-	// caller.
+	// caller; lastFlush is the time of the last flush.
 	terminalOut bool
+	lastFlush   time.Time
+	// headersSent is set once the response status is written: after that
+	// an error can no longer be reported as a status.
+	headersSent bool
 	// promptEstimate is the prompt size in tokens guessed from the body
 	// (about 4 bytes a token), -1 when unknown. It only places a request
 	// whose upstream reported no usage in an input-size bucket.
@@ -60,6 +65,7 @@ func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFun
 		inflight.Inc()
 		defer inflight.Dec()
 		defer ex.finish()
+		defer ex.abortOnPanic()
 		ex.serve()
 	}
 }
@@ -75,7 +81,24 @@ func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
 	inflight.Inc()
 	defer inflight.Dec()
 	defer ex.finish()
+	defer ex.abortOnPanic()
 	ex.serve()
+}
+
+// abortOnPanic turns a panic after the response has started into
+// http.ErrAbortHandler, so the connection is cut (the caller sees a broken
+// response) instead of the recoverer writing an error body into a stream.
+func (ex *exchange) abortOnPanic() {
+	p := recover()
+	if p == nil {
+		return
+	}
+	if ex.headersSent && p != http.ErrAbortHandler {
+		ex.g.log.Error("panic after the response started; aborting the connection",
+			"request_id", ex.rec.RequestID, "panic", p, "stack", string(debug.Stack()))
+		panic(http.ErrAbortHandler)
+	}
+	panic(p)
 }
 
 // fail answers the caller with e and records the outcome.
@@ -86,6 +109,7 @@ func (ex *exchange) fail(e *apiError, o llm.Outcome) {
 	if d == llm.DialectNone {
 		d = guessDialect(ex.r)
 	}
+	ex.headersSent = true
 	ex.rec.BytesOut += int64(writeError(ex.w, d, ex.rec.RequestID, e))
 	ex.rec.Timing.End = ex.g.now()
 }
@@ -157,7 +181,7 @@ func (ex *exchange) serve() {
 	}
 	ex.modelLabel = g.metrics.Model(ex.rec.Model)
 
-	ex.roundTrip(body, key, hasKey)
+	ex.roundTrip(body, hasKey)
 }
 
 // readBody reads the whole request body, at most limit bytes. The body is
@@ -190,7 +214,7 @@ func (ex *exchange) since(ns int64) time.Time {
 }
 
 // roundTrip sends the request upstream and relays the answer.
-func (ex *exchange) roundTrip(body []byte, key string, hasKey bool) {
+func (ex *exchange) roundTrip(body []byte, hasKey bool) {
 	g, r, up := ex.g, ex.r, ex.up
 	// The upstream request lives in the caller's context: a caller that
 	// hangs up cancels it (DESIGN 1).
@@ -225,7 +249,6 @@ func (ex *exchange) roundTrip(body []byte, key string, hasKey bool) {
 			setUpstreamKey(req.Header, ex.rec.Dialect, r, k)
 		}
 	}
-	_ = key // passthrough: the caller's own credential headers are already in req.Header
 
 	resp, err := up.transport.RoundTrip(req)
 	ex.rec.Timing.UpSent = ex.since(ex.upSent.Load())

@@ -58,6 +58,7 @@ type Gateway struct {
 	upstreams []*upstream
 	draining  atomic.Bool
 	bufPool   sync.Pool // *[]byte relay buffers
+	states    sync.Pool // *streamState
 }
 
 // upstream is a configured upstream with its transport.

@@ -47,6 +47,8 @@ func canonical(s string) string { return http.CanonicalHeaderKey(strings.TrimSpa
 //   - Accept-Encoding: the gateway must read the bytes it relays, so it lets
 //     the transport negotiate compression (and undo it) itself.
 //   - Content-Length: set again from the body actually sent.
+//   - Expect: the body is already read, and an upstream that never sends
+//     100 Continue would delay the request by the transport's wait.
 //
 // A missing User-Agent stays missing instead of becoming Go's default.
 func upstreamRequestHeaders(in http.Header) http.Header {
@@ -59,6 +61,7 @@ func upstreamRequestHeaders(in http.Header) http.Header {
 	}
 	out.Del("Accept-Encoding")
 	out.Del("Content-Length")
+	out.Del("Expect")
 	if _, ok := out["User-Agent"]; !ok {
 		out["User-Agent"] = []string{""}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
@@ -17,17 +16,16 @@ import (
 // the stream instead of going back to the pool.
 const relayBufSize = 32 << 10
 
-// streamState is the per-stream parser state, pooled so that a stream costs
-// no allocation for its framer and tap.
+// streamState is the per-stream parser state, pooled (per Gateway, since the
+// framer carries the gateway's max_event_bytes) so that a stream costs no
+// allocation for its framer and tap.
 type streamState struct {
 	fr  *sseparse.Framer
 	tap sseparse.Tap
 }
 
-var streamStates sync.Pool
-
 func (g *Gateway) getStreamState() *streamState {
-	if s, ok := streamStates.Get().(*streamState); ok {
+	if s, ok := g.states.Get().(*streamState); ok {
 		s.fr.Reset()
 		return s
 	}
@@ -36,12 +34,18 @@ func (g *Gateway) getStreamState() *streamState {
 
 func (g *Gateway) putStreamState(s *streamState) {
 	s.tap.ITL = nil
-	streamStates.Put(s)
+	g.states.Put(s)
 }
 
 // errEventTooLarge marks a stream cut because one event outgrew
 // max_event_bytes.
 var errEventTooLarge = errors.New("proxy: upstream event exceeds max_event_bytes")
+
+// terminalGrace is how long the relay keeps reading after the terminal
+// marker has reached the caller, waiting for the upstream's end of body (so
+// the connection can be reused) before it stops: a caller such as curl reads
+// until the gateway ends the response.
+const terminalGrace = time.Second
 
 // relay forwards an SSE body event by event. Each read from the upstream is
 // split into complete events by the framer; every complete event is written
@@ -59,15 +63,11 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 	st.tap.ITL = g.metrics.ITL(ex.rec.Route, ex.modelLabel)
 
 	bp := g.bufPool.Get().(*[]byte)
+	defer g.bufPool.Put(bp) // a stream that grew a larger buffer drops that one, not this
 	buf := *bp
-	defer func() {
-		if cap(buf) == relayBufSize {
-			*bp = buf
-			g.bufPool.Put(bp)
-		}
-	}()
 
 	rc := http.NewResponseController(ex.w)
+	ex.headersSent = true
 	ex.w.WriteHeader(ex.rec.Status)
 	// Send the headers now: a caller waiting for a slow first token should
 	// see the stream open.
@@ -79,10 +79,51 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 	maxEvent := g.cfg.Server.MaxEventBytes
 	suppress := ex.info.suppressUsage
 	var (
-		start, pos, end int // unwritten bytes are buf[start:end]; the framer has consumed up to pos
-		firstOut        bool
+		// buf[start:end] is not yet written; the framer has consumed
+		// buf[:pos]; buf[start:writeEnd] holds complete events to write.
+		start, pos, end, writeEnd int
+		firstOut                  bool
+		// lfPending: the last block ended with a CR at the end of a read,
+		// so an LF opening the next read is the rest of that CRLF (the
+		// framer swallows it) and belongs to that block. prevWithheld: that
+		// block was the withheld usage chunk.
+		lfPending, prevWithheld bool
+		stopTimer               *time.Timer
 	)
+	defer func() {
+		if stopTimer != nil {
+			stopTimer.Stop()
+		}
+	}()
 	ex.terminalOut = false
+
+	// flush writes the complete events of this read and flushes once.
+	flush := func(readAt time.Time, events int, firstInBatch, wrote bool) error {
+		if writeEnd > start {
+			if err := ex.write(buf[start:writeEnd]); err != nil {
+				return err
+			}
+			start, wrote = writeEnd, true
+		}
+		if !wrote {
+			return nil
+		}
+		if err := rc.Flush(); err != nil {
+			return err
+		}
+		done := g.now()
+		ex.lastFlush = done
+		if firstInBatch {
+			ex.rec.Timing.FirstTokenOut = done
+		}
+		ex.rec.RelayOverhead += time.Duration(events) * done.Sub(readAt)
+		if !ex.terminalOut && st.tap.TerminalSeen() {
+			ex.terminalOut = true
+			stopTimer = time.AfterFunc(terminalGrace, cancel)
+		}
+		return nil
+	}
+
 	for {
 		if end == len(buf) {
 			if start > 0 { // move the pending event to the front
@@ -103,56 +144,67 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 		now := g.now()
 		end += n
 
-		writeEnd := start // end of the complete events not yet written
-		events := 0
-		firstInBatch := false
+		writeEnd = start
+		if lfPending && pos < end {
+			lfPending = false
+			if buf[pos] == '\n' {
+				if prevWithheld {
+					start = pos + 1
+				}
+				writeEnd = pos + 1
+			}
+		}
+		events, firstInBatch, wrote := 0, false, false
 		for pos < end {
+			blockStart := writeEnd
 			c, boundary, ferr := st.fr.Push(buf[pos:end])
+			pos += c
 			if ferr != nil {
+				// Deliver the complete events before the oversized one.
+				if err := flush(now, events, firstInBatch, wrote); err != nil {
+					ex.streamEnded(ctx, cancel, st, nil, err)
+					return
+				}
 				ex.streamEnded(ctx, cancel, st, errEventTooLarge, nil)
 				return
 			}
-			blockStart := writeEnd
-			pos += c
 			if !boundary {
 				break
 			}
+			withheld := false
 			if ev := st.fr.Event(); ev != nil {
 				obs := st.tap.Observe(ev, now)
-				if suppress && obs.UsageOnly {
-					// Write what came before the withheld chunk, skip it.
-					if blockStart > start {
-						if werr := ex.write(buf[start:blockStart]); werr != nil {
-							ex.streamEnded(ctx, cancel, st, nil, werr)
-							return
-						}
-					}
-					start, writeEnd = pos, pos
-					continue
-				}
-				if obs.TokenBearing && !firstOut {
+				switch {
+				case suppress && obs.UsageOnly:
+					withheld = true
+				case obs.TokenBearing && !firstOut:
 					firstOut, firstInBatch = true, true
+					events++
+				default:
+					events++
 				}
-				events++
+			}
+			if withheld {
+				// Write what came before the withheld chunk, skip it.
+				if blockStart > start {
+					if err := ex.write(buf[start:blockStart]); err != nil {
+						ex.streamEnded(ctx, cancel, st, nil, err)
+						return
+					}
+					wrote = true
+				}
+				start = pos
 			}
 			writeEnd = pos
+			prevWithheld = withheld
+			lfPending = pos == end && buf[pos-1] == '\r'
 		}
-		if writeEnd > start {
-			if werr := ex.write(buf[start:writeEnd]); werr != nil {
-				ex.streamEnded(ctx, cancel, st, nil, werr)
-				return
-			}
-			if werr := rc.Flush(); werr != nil {
-				ex.streamEnded(ctx, cancel, st, nil, werr)
-				return
-			}
-			start = writeEnd
-			ex.terminalOut = st.tap.TerminalSeen()
-			done := g.now()
-			if firstInBatch {
-				ex.rec.Timing.FirstTokenOut = done
-			}
-			ex.rec.RelayOverhead += time.Duration(events) * done.Sub(now)
+		if err := flush(now, events, firstInBatch, wrote); err != nil {
+			ex.streamEnded(ctx, cancel, st, nil, err)
+			return
+		}
+		if start == end { // nothing pending: offer the next read the whole buffer
+			start, pos, end = 0, 0, 0
 		}
 		if rerr != nil {
 			if rerr == io.EOF {
@@ -186,16 +238,23 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 	ex.rec.Timing.End = ex.g.now()
 	st.tap.Fill(&ex.rec)
 	errorEvent := ex.rec.Interruption == llm.InterruptUpstreamErrorEvent
+	clientGone := writeErr != nil || ex.r.Context().Err() != nil
+	if clientGone {
+		// Stop the upstream now rather than when the handler returns.
+		cancel()
+	}
 	switch {
-	case (writeErr != nil || ex.r.Context().Err() != nil) && ex.terminalOut && !errorEvent:
-		// The caller left after it had the whole answer (SDKs stop reading
-		// at [DONE] and close the connection): a success.
-		cancel()
+	case ex.terminalOut:
+		// The caller has the whole answer, up to its terminal marker. What
+		// happened after (a caller that hangs up at [DONE] as the SDKs do,
+		// an upstream that holds the body open) does not change that; the
+		// exchange ended with the last flush.
+		ex.rec.Timing.End = ex.lastFlush
 		ex.rec.Outcome = llm.OutcomeOK
-	case writeErr != nil || ex.r.Context().Err() != nil:
-		// The caller left: stop the upstream now rather than when the
-		// handler returns.
-		cancel()
+		if errorEvent { // e.g. vLLM: an error event, then [DONE]
+			ex.rec.Outcome = llm.OutcomeUpstreamError
+		}
+	case clientGone:
 		ex.rec.Outcome = llm.OutcomeClientCancel
 		ex.rec.Interruption = llm.InterruptClientCancel
 	case errors.Is(readErr, errEventTooLarge):
@@ -211,7 +270,7 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 		ex.rec.Interruption = llm.InterruptTimeout
 	case errorEvent:
 		ex.rec.Outcome = llm.OutcomeUpstreamError
-	case readErr != nil || !ex.rec.TerminalSeen:
+	default:
 		// The body broke or ended without [DONE] / message_stop: a
 		// truncated stream, never a success (STYLE 12).
 		ex.rec.Outcome = llm.OutcomeUpstreamError
@@ -220,8 +279,6 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 			ex.g.log.Warn("upstream stream broke", "request_id", ex.rec.RequestID,
 				"upstream", ex.up.cfg.Name, "err", readErr)
 		}
-	default:
-		ex.rec.Outcome = llm.OutcomeOK
 	}
 }
 
@@ -236,6 +293,7 @@ func (ex *exchange) copyBody(ctx context.Context, body io.Reader, capture int, f
 	defer g.bufPool.Put(bp)
 	buf := *bp
 	rc := http.NewResponseController(ex.w)
+	ex.headersSent = true
 	ex.w.WriteHeader(ex.rec.Status)
 	var readErr, writeErr error
 	for {
