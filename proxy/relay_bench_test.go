@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -212,4 +213,86 @@ func BenchmarkStreamLoopback(b *testing.B) {
 			tr.CloseIdleConnections()
 		}
 	}
+}
+
+// heldStreams opens n streams to url whose upstream pauses after the first
+// token, waits until every one has its first token, and returns the heap and
+// stack in use at that moment (after a GC), then releases them.
+func heldStreams(b *testing.B, url string, n int) uint64 {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	defer client.CloseIdleConnections()
+	ready := make(chan error, n)
+	for range n {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions",
+				strings.NewReader(`{"model":"m","stream":true}`))
+			req.Header.Set("X-Mock-ITL-Ms", "60000")
+			resp, err := client.Do(req)
+			if err != nil {
+				ready <- err
+				return
+			}
+			defer resp.Body.Close()
+			buf := make([]byte, 4096)
+			for {
+				k, err := resp.Body.Read(buf)
+				if err != nil {
+					ready <- err
+					return
+				}
+				if strings.Contains(string(buf[:k]), " tok1") {
+					break
+				}
+			}
+			ready <- nil
+			_, _ = io.Copy(io.Discard, resp.Body) // until cancel
+		}()
+	}
+	for range n {
+		if err := <-ready; err != nil {
+			b.Fatal(err)
+		}
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse + ms.StackInuse
+}
+
+// BenchmarkHeldStreamMemory reports the gateway's memory per open stream:
+// the heap and stacks with 200 streams held open through the gateway, less
+// the same with 200 held open directly (client and fake upstream live in the
+// same process), divided by 200.
+func BenchmarkHeldStreamMemory(b *testing.B) {
+	const n = 200
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 2}))
+	defer mock.Close()
+	cfg := config.DemoConfig(mock.URL)
+	cfg.Auth.RequireKey = false
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	gw := httptest.NewServer(g.Handler())
+	defer gw.Close()
+	defer g.upstreams[0].transport.(*http.Transport).CloseIdleConnections()
+	var per float64
+	for b.Loop() {
+		runtime.GC()
+		direct := heldStreams(b, mock.URL, n)
+		runtime.GC()
+		via := heldStreams(b, gw.URL, n)
+		per = (float64(via) - float64(direct)) / n
+	}
+	b.ReportMetric(per, "bytes/stream")
 }
