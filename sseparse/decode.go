@@ -128,112 +128,179 @@ func DecodeOpenAI(ev *Event, o *Observation) {
 		o.Terminal = true
 		return
 	}
-	noChoices := true
-	it := jsonscan.Object(ev.Data)
-	for it.Next() {
-		switch {
-		case it.KeyIs("choices"):
-			o.Tokens, noChoices = 0, true
-			switch it.Kind() {
-			case jsonscan.KindArray:
-				ch := it.Enter()
-				for ch.Next() {
-					noChoices = false
-					if openAIChoiceBearing(&ch) {
-						o.Tokens++
-					}
-				}
-			case jsonscan.KindNull:
-			default:
-				noChoices = false
-			}
-		case it.KeyIs("usage"):
-			o.usage = usageReport{}
-			if it.Kind() == jsonscan.KindObject {
-				u := it.Enter()
-				o.usage = openAIUsage(&u)
-			}
-		case it.KeyIs("error"):
-			o.Error, o.ErrorType = false, nil
-			switch it.Kind() {
-			case jsonscan.KindObject:
-				e := it.Enter()
-				o.Error, o.ErrorType = true, errorTypeOf(ev.Data, &e)
-			case jsonscan.KindString:
-				o.Error = true
-			}
-		}
-	}
-	if it.Err() != nil {
+	if !decodeOpenAIChunk(ev.Data, o) {
 		*o = Observation{} // what was gathered may rest on a broken chunk
 		return
 	}
 	o.TokenBearing = o.Tokens > 0
-	o.UsageOnly = noChoices && o.usage.has&hasObject != 0
 }
 
-// openAIChoiceBearing reports whether the current element of choices carries
-// output in its delta. Like the helpers below it walks its value to the end
-// (no early return), so that the parent resumes without scanning it again.
-func openAIChoiceBearing(ch *jsonscan.Iter) bool {
-	if ch.Kind() != jsonscan.KindObject {
+// decodeOpenAIChunk reads the chunk b into o and reports whether b is one
+// well-formed JSON object.
+//
+// This runs for every token the relay forwards, so the chunk is walked once
+// by position (jsonscan.Member, Element, Skip) down to the deltas: that takes
+// about a third less time than a walk with Iters, whose state goes through
+// memory at every member. Values read rarely (error, tool calls) are read
+// with Iters over their spans once Skip has validated them; usage, once per
+// stream but most of its chunk, gets a walk of its own.
+func decodeOpenAIChunk(b []byte, o *Observation) bool {
+	i := jsonscan.SkipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
 		return false
 	}
-	bearing := false
-	c := ch.Enter()
-	for c.Next() {
-		if c.KeyIs("delta") {
-			bearing = false
-			if c.Kind() == jsonscan.KindObject {
-				d := c.Enter()
-				bearing = openAIDeltaBearing(&d)
-			}
+	i++
+	noChoices := true
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok {
+			return false
 		}
-	}
-	return bearing
-}
-
-func openAIDeltaBearing(d *jsonscan.Iter) bool {
-	bearing := false
-	for d.Next() {
+		if !more {
+			o.UsageOnly = noChoices && o.usage.has&hasObject != 0
+			return jsonscan.SkipWS(b, v) == len(b)
+		}
 		switch {
-		case d.KeyIs("content"), d.KeyIs("refusal"), d.KeyIs("reasoning"), d.KeyIs("reasoning_content"):
-			if jsonscan.NonEmptyString(d.Value()) {
-				bearing = true
+		case jsonscan.KeyEq(key, esc, "choices"):
+			if b[v] == '[' {
+				var n int
+				i, n, o.Tokens, ok = openAIChoices(b, v)
+				noChoices = n == 0
+			} else {
+				i, ok = jsonscan.Skip(b, v, 1)
+				o.Tokens, noChoices = 0, b[v] == 'n' // null
 			}
-		case d.KeyIs("tool_calls"):
-			if d.Kind() != jsonscan.KindArray {
-				continue
+		case jsonscan.KeyEq(key, esc, "usage"):
+			o.usage = usageReport{}
+			if b[v] == '{' {
+				i, o.usage, ok = openAIUsage(b, v, 2)
+			} else {
+				i, ok = jsonscan.Skip(b, v, 1)
 			}
-			calls := d.Enter()
-			for calls.Next() {
-				if calls.Kind() != jsonscan.KindObject {
-					continue
+		case jsonscan.KeyEq(key, esc, "error"):
+			o.Error, o.ErrorType = false, nil
+			if i, ok = jsonscan.Skip(b, v, 1); ok {
+				switch b[v] {
+				case '{':
+					e := jsonscan.Object(b[v:i])
+					o.Error, o.ErrorType = true, errorTypeOf(b[v:i], &e)
+				case '"':
+					o.Error = true
 				}
-				call := calls.Enter()
-				for call.Next() {
-					if call.KeyIs("function") && functionBearing(&call) {
-						bearing = true
-					}
-				}
 			}
-		case d.KeyIs("function_call"):
-			if functionBearing(d) {
-				bearing = true
+		default:
+			i, ok = jsonscan.Skip(b, v, 1)
+		}
+		if !ok {
+			return false
+		}
+	}
+}
+
+// openAIChoices walks the choices array that starts at b[i] and returns the
+// index past it, the number of its elements, and how many of them carry
+// output in their delta.
+func openAIChoices(b []byte, i int) (end, n, tokens int, ok bool) {
+	i++
+	for first := true; ; first = false {
+		v, more, ok := jsonscan.Element(b, i, first)
+		if !ok || !more {
+			return v, n, tokens, ok
+		}
+		n++
+		if b[v] == '{' {
+			var bearing bool
+			if i, bearing, ok = openAIChoice(b, v); bearing {
+				tokens++
+			}
+		} else {
+			i, ok = jsonscan.Skip(b, v, 2)
+		}
+		if !ok {
+			return 0, 0, 0, false
+		}
+	}
+}
+
+// openAIChoice walks the choice object that starts at b[i] and reports
+// whether its delta (the last one, should it repeat) carries output.
+func openAIChoice(b []byte, i int) (end int, bearing, ok bool) {
+	i++
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok || !more {
+			return v, bearing, ok
+		}
+		isDelta := jsonscan.KeyEq(key, esc, "delta")
+		if isDelta && b[v] == '{' {
+			i, bearing, ok = openAIDelta(b, v)
+		} else {
+			if isDelta {
+				bearing = false
+			}
+			i, ok = jsonscan.Skip(b, v, 3)
+		}
+		if !ok {
+			return 0, false, false
+		}
+	}
+}
+
+// openAIDelta walks the delta object that starts at b[i] and reports whether
+// it carries output.
+func openAIDelta(b []byte, i int) (end int, bearing, ok bool) {
+	i++
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok || !more {
+			return v, bearing, ok
+		}
+		if i, ok = jsonscan.Skip(b, v, 4); !ok {
+			return 0, false, false
+		}
+		switch val := b[v:i]; {
+		case jsonscan.KeyEq(key, esc, "content"), jsonscan.KeyEq(key, esc, "refusal"),
+			jsonscan.KeyEq(key, esc, "reasoning"), jsonscan.KeyEq(key, esc, "reasoning_content"):
+			bearing = bearing || jsonscan.NonEmptyString(val)
+		case jsonscan.KeyEq(key, esc, "tool_calls"):
+			bearing = bearing || toolCallsBearing(val)
+		case jsonscan.KeyEq(key, esc, "function_call"):
+			if jsonscan.KindOf(val) == jsonscan.KindObject {
+				fn := jsonscan.Object(val)
+				bearing = functionBearing(&fn) || bearing
+			}
+		}
+	}
+}
+
+// toolCallsBearing reports whether a delta's tool_calls value v, already
+// validated, has a call whose function carries a name or arguments.
+func toolCallsBearing(v []byte) bool {
+	bearing := false
+	calls := jsonscan.Array(v)
+	for calls.Next() {
+		if calls.Kind() != jsonscan.KindObject {
+			continue
+		}
+		call := calls.Enter()
+		for call.Next() {
+			if call.KeyIs("function") && call.Kind() == jsonscan.KindObject {
+				fn := call.Enter()
+				if functionBearing(&fn) {
+					bearing = true
+				}
 			}
 		}
 	}
 	return bearing
 }
 
-// functionBearing reports whether the current value, a tool call's function
-// or the deprecated function_call, has a non-empty name or arguments fragment.
-func functionBearing(parent *jsonscan.Iter) bool {
-	if parent.Kind() != jsonscan.KindObject {
-		return false
-	}
+// functionBearing reports whether the object fn walks, a tool call's function
+// or the deprecated function_call, has a non-empty name or arguments
+// fragment. It walks fn to its end, so that a parent resumes without
+// scanning the object again.
+func functionBearing(fn *jsonscan.Iter) bool {
 	bearing := false
-	fn := parent.Enter()
 	for fn.Next() {
 		if (fn.KeyIs("name") || fn.KeyIs("arguments")) && jsonscan.NonEmptyString(fn.Value()) {
 			bearing = true
@@ -242,38 +309,59 @@ func functionBearing(parent *jsonscan.Iter) bool {
 	return bearing
 }
 
-// openAIUsage reads a usage object (wire.md 1.4).
-func openAIUsage(it *jsonscan.Iter) (u usageReport) {
-	for it.Next() {
-		switch {
-		case it.KeyIs("prompt_tokens"):
-			u.setInt(&u.input, hasInput, it.Value())
-		case it.KeyIs("completion_tokens"):
-			u.setInt(&u.output, hasOutput, it.Value())
-		case it.KeyIs("prompt_tokens_details") && it.Kind() == jsonscan.KindObject:
-			d := it.Enter()
-			for d.Next() {
-				switch {
-				case d.KeyIs("cached_tokens"):
-					u.setInt(&u.cacheRead, hasCacheRead, d.Value())
-				case d.KeyIs("cache_write_tokens"):
-					u.setInt(&u.cacheWrite, hasCacheWrite, d.Value())
-				}
-			}
-		case it.KeyIs("completion_tokens_details") && it.Kind() == jsonscan.KindObject:
-			d := it.Enter()
-			for d.Next() {
-				if d.KeyIs("reasoning_tokens") {
-					u.setInt(&u.reasoning, hasReasoning, d.Value())
-				}
+// openAIUsage reads the usage object that starts at b[i] (wire.md 1.4),
+// nested depth levels deep (2 for a chunk's usage), and returns the index
+// just past it. ok is false, with an empty report, when it is malformed.
+func openAIUsage(b []byte, i, depth int) (end int, u usageReport, ok bool) {
+	i++
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok {
+			return 0, usageReport{}, false
+		}
+		if !more {
+			u.has |= hasObject
+			return v, u, true
+		}
+		promptDetails := jsonscan.KeyEq(key, esc, "prompt_tokens_details")
+		if (promptDetails || jsonscan.KeyEq(key, esc, "completion_tokens_details")) && b[v] == '{' {
+			i, ok = openAIUsageDetails(b, v, depth+1, promptDetails, &u)
+		} else if i, ok = jsonscan.Skip(b, v, depth); ok {
+			switch val := b[v:i]; {
+			case jsonscan.KeyEq(key, esc, "prompt_tokens"):
+				u.setInt(&u.input, hasInput, val)
+			case jsonscan.KeyEq(key, esc, "completion_tokens"):
+				u.setInt(&u.output, hasOutput, val)
 			}
 		}
+		if !ok {
+			return 0, usageReport{}, false
+		}
 	}
-	if it.Err() != nil {
-		return usageReport{}
+}
+
+// openAIUsageDetails reads into u the prompt_tokens_details (prompt) or
+// completion_tokens_details object that starts at b[i], nested depth levels
+// deep, and returns the index just past it.
+func openAIUsageDetails(b []byte, i, depth int, prompt bool, u *usageReport) (end int, ok bool) {
+	i++
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok || !more {
+			return v, ok
+		}
+		if i, ok = jsonscan.Skip(b, v, depth); !ok {
+			return 0, false
+		}
+		switch val := b[v:i]; {
+		case prompt && jsonscan.KeyEq(key, esc, "cached_tokens"):
+			u.setInt(&u.cacheRead, hasCacheRead, val)
+		case prompt && jsonscan.KeyEq(key, esc, "cache_write_tokens"):
+			u.setInt(&u.cacheWrite, hasCacheWrite, val)
+		case !prompt && jsonscan.KeyEq(key, esc, "reasoning_tokens"):
+			u.setInt(&u.reasoning, hasReasoning, val)
+		}
 	}
-	u.has |= hasObject
-	return u
 }
 
 // anthropicUsage reads a Usage or MessageDeltaUsage object (wire.md 2.4).
@@ -412,51 +500,7 @@ func DecodeAnthropic(ev *Event, o *Observation) {
 	case akError:
 		o.Error = true
 	}
-	it := jsonscan.Object(ev.Data)
-	for it.Next() {
-		switch kind {
-		case akError:
-			if it.KeyIs("error") {
-				o.ErrorType = nil
-				if it.Kind() == jsonscan.KindObject {
-					e := it.Enter()
-					o.ErrorType = errorTypeOf(ev.Data, &e)
-				}
-			}
-		case akMessageStart:
-			if it.KeyIs("message") && it.Kind() == jsonscan.KindObject {
-				o.usage = usageReport{}
-				m := it.Enter()
-				for m.Next() {
-					if m.KeyIs("usage") {
-						o.usage = usageReport{}
-						if m.Kind() == jsonscan.KindObject {
-							u := m.Enter()
-							o.usage = anthropicUsage(&u)
-							o.usage.has &^= hasOutput
-						}
-					}
-				}
-			}
-		case akContentBlockDelta:
-			if it.KeyIs("delta") {
-				o.TokenBearing = false
-				if it.Kind() == jsonscan.KindObject {
-					d := it.Enter()
-					o.TokenBearing = anthropicDeltaBearing(&d)
-				}
-			}
-		case akMessageDelta:
-			if it.KeyIs("usage") {
-				o.usage = usageReport{}
-				if it.Kind() == jsonscan.KindObject {
-					u := it.Enter()
-					o.usage = anthropicUsage(&u)
-				}
-			}
-		}
-	}
-	if it.Err() != nil {
+	if !decodeAnthropicEvent(ev.Data, kind, o) {
 		*o = Observation{Error: o.Error} // the event name alone still says "error"
 		return
 	}
@@ -465,34 +509,122 @@ func DecodeAnthropic(ev *Event, o *Observation) {
 	}
 }
 
-// anthropicDeltaBearing reports whether a content_block_delta's delta carries
-// output (wire.md 2.3): signature_delta and citations_delta do not.
-func anthropicDeltaBearing(it *jsonscan.Iter) bool {
-	var typ, text, partial, thinking []byte
-	for it.Next() {
+// decodeAnthropicEvent reads the data b of an event of the given kind into o
+// and reports whether b is one well-formed JSON object. Like
+// decodeOpenAIChunk it walks b once by position, down to the delta of a
+// content_block_delta (the event of every token); the members read once per
+// stream are read with Iters over their spans.
+func decodeAnthropicEvent(b []byte, kind anthropicKind, o *Observation) bool {
+	i := jsonscan.SkipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i++
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok {
+			return false
+		}
+		if !more {
+			return jsonscan.SkipWS(b, v) == len(b)
+		}
 		switch {
-		case it.KeyIs("type"):
-			typ = it.Value()
-		case it.KeyIs("text"):
-			text = it.Value()
-		case it.KeyIs("partial_json"):
-			partial = it.Value()
-		case it.KeyIs("thinking"):
-			thinking = it.Value()
+		case kind == akContentBlockDelta && jsonscan.KeyEq(key, esc, "delta"):
+			o.TokenBearing = false
+			if b[v] == '{' {
+				i, o.TokenBearing, ok = anthropicDelta(b, v)
+			} else {
+				i, ok = jsonscan.Skip(b, v, 1)
+			}
+		case kind == akError && jsonscan.KeyEq(key, esc, "error"):
+			o.ErrorType = nil
+			if i, ok = jsonscan.Skip(b, v, 1); ok && b[v] == '{' {
+				e := jsonscan.Object(b[v:i])
+				o.ErrorType = errorTypeOf(b[v:i], &e)
+			}
+		case kind == akMessageStart && jsonscan.KeyEq(key, esc, "message") && b[v] == '{':
+			o.usage = usageReport{}
+			i, ok = anthropicMessage(b, v, &o.usage)
+		case kind == akMessageDelta && jsonscan.KeyEq(key, esc, "usage"):
+			o.usage = usageReport{}
+			if i, ok = jsonscan.Skip(b, v, 1); ok && b[v] == '{' {
+				u := jsonscan.Object(b[v:i])
+				o.usage = anthropicUsage(&u)
+			}
+		default:
+			i, ok = jsonscan.Skip(b, v, 1)
+		}
+		if !ok {
+			return false
+		}
+	}
+}
+
+// anthropicMessage walks the message object of a message_start that starts
+// at b[i] and reads its usage into u: the input fields only, as its initial
+// output_tokens is never counted (wire.md 2.4).
+func anthropicMessage(b []byte, i int, u *usageReport) (end int, ok bool) {
+	i++
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok || !more {
+			return v, ok
+		}
+		if i, ok = jsonscan.Skip(b, v, 2); !ok {
+			return 0, false
+		}
+		if jsonscan.KeyEq(key, esc, "usage") {
+			*u = usageReport{}
+			if b[v] == '{' {
+				it := jsonscan.Object(b[v:i])
+				*u = anthropicUsage(&it)
+				u.has &^= hasOutput
+			}
+		}
+	}
+}
+
+// anthropicDelta walks the delta object of a content_block_delta that starts
+// at b[i] and reports whether it carries output (wire.md 2.3):
+// signature_delta and citations_delta do not.
+func anthropicDelta(b []byte, i int) (end int, bearing, ok bool) {
+	var typ, text, partial, thinking []byte
+	i++
+	for first := true; ; first = false {
+		key, esc, v, more, ok := jsonscan.Member(b, i, first)
+		if !ok {
+			return 0, false, false
+		}
+		if !more {
+			end = v
+			break
+		}
+		if i, ok = jsonscan.Skip(b, v, 2); !ok {
+			return 0, false, false
+		}
+		switch val := b[v:i]; {
+		case jsonscan.KeyEq(key, esc, "type"):
+			typ = val
+		case jsonscan.KeyEq(key, esc, "text"):
+			text = val
+		case jsonscan.KeyEq(key, esc, "partial_json"):
+			partial = val
+		case jsonscan.KeyEq(key, esc, "thinking"):
+			thinking = val
 		}
 	}
 	s, ok := jsonscan.String(typ)
 	switch {
 	case !ok:
-		return false
+		return end, false, true
 	case jsonscan.Equal(s, "text_delta"):
-		return jsonscan.NonEmptyString(text)
+		return end, jsonscan.NonEmptyString(text), true
 	case jsonscan.Equal(s, "input_json_delta"):
-		return jsonscan.NonEmptyString(partial)
+		return end, jsonscan.NonEmptyString(partial), true
 	case jsonscan.Equal(s, "thinking_delta"):
-		return jsonscan.NonEmptyString(thinking)
+		return end, jsonscan.NonEmptyString(thinking), true
 	}
-	return false
+	return end, false, true
 }
 
 // UsageFromOpenAIBody returns the usage of a non-streamed Chat Completions
@@ -517,11 +649,11 @@ func usageFromBody(body []byte, d llm.Dialect) (llm.Usage, bool) {
 		if !it.KeyIs("usage") || it.Kind() != jsonscan.KindObject {
 			continue
 		}
-		child := it.Enter()
 		if d == llm.DialectAnthropic {
+			child := it.Enter()
 			u = anthropicUsage(&child)
 		} else {
-			u = openAIUsage(&child)
+			_, u, _ = openAIUsage(body, it.Offset(), 2)
 		}
 	}
 	out := u.normalize(d)

@@ -588,6 +588,16 @@ func refAnthropic(typ string, data []byte) obsView {
 	return v
 }
 
+// sameObservation reports whether two observations are identical, ErrorType
+// compared by content and position (it must alias the same bytes).
+func sameObservation(a, b *Observation) bool {
+	if len(a.ErrorType) != len(b.ErrorType) || len(a.ErrorType) > 0 && &a.ErrorType[0] != &b.ErrorType[0] {
+		return false
+	}
+	return a.TokenBearing == b.TokenBearing && a.Tokens == b.Tokens && a.UsageOnly == b.UsageOnly &&
+		a.Error == b.Error && a.Terminal == b.Terminal && a.usage == b.usage
+}
+
 func checkInvariants(t *testing.T, o *Observation, data []byte) {
 	t.Helper()
 	if (o.Tokens > 0) != o.TokenBearing || o.Tokens < 0 {
@@ -621,10 +631,31 @@ func FuzzDecodeOpenAI(f *testing.F) {
 	f.Add([]byte(`{"error":"x","choices":{}}`))
 	f.Add([]byte(`{"ch\u006fices":[{"delta":{"function_call":{"arguments":"\""}}}]}`))
 	f.Add([]byte(`[DONE]`))
+	// Shapes a one-pass walk could get wrong: whitespace everywhere,
+	// escaped and repeated keys, non-object values where objects are read.
+	f.Add([]byte(" { \"choices\" : [ { \"delta\" : { \"content\" : \"x\" } } ] ,\n\"usage\" : { \"prompt_tokens\" : 3 } } "))
+	f.Add([]byte(`{"\u0063hoices":[{"d\u0065lta":{"c\u006fntent":"x"}}],"\u0075sage":{"prompt_t\u006fkens":1}}`))
+	f.Add([]byte(`{"choices":[{"delta":{"content":"a"}}],"choices":null,"usage":{"completion_tokens":2},"usage":null}`))
+	f.Add([]byte(`{"choices":[{"delta":{"content":"a"},"delta":{"content":""}},{"delta":null},7,[]],"choices":[]}`))
+	f.Add([]byte(`{"choices":"x","usage":{"prompt_tokens_details":null,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"cached_tokens":5,"reasoning_tokens":6}}}`))
+	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[1,{"function":null},{"function":{"arguments":""}},{"function":{"name":"f"}}],"function_call":"x"}}]}`))
+	f.Add([]byte(`{"error":{"type":"","code":"c"},"error":{"code":429}}`))
+	f.Add([]byte(`{"error":{"type":"t"},"error":null,"choices":[{"delta":{"content":"a"}}]}`))
+	f.Add([]byte(`{"choices":[{"delta":{"content":"a"}}]} x`))
+	f.Add([]byte(`{"choices":[{"delta":{"content":"a"}},]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var o Observation
 		DecodeOpenAI(&Event{Data: data}, &o)
 		checkInvariants(t, &o, data)
+		var ref Observation
+		refIterOpenAI(&Event{Data: data}, &ref)
+		if !sameObservation(&o, &ref) {
+			t.Fatalf("decoder %+v\nIter reference %+v", o, ref)
+		}
+		gotU, gotOK := UsageFromOpenAIBody(data)
+		if wantU, wantOK := refIterUsageFromBody(data, llm.DialectOpenAI); gotU != wantU || gotOK != wantOK {
+			t.Fatalf("UsageFromOpenAIBody = %+v, %v; Iter reference %+v, %v", gotU, gotOK, wantU, wantOK)
+		}
 		if !comparable(data) && !bytes.HasPrefix(data, doneMarker) {
 			if !json.Valid(data) && (o.TokenBearing || o.Error || o.Terminal || o.UsageOnly) {
 				t.Fatalf("malformed chunk produced %+v", view(&o, llm.DialectOpenAI))
@@ -655,10 +686,24 @@ func FuzzDecodeAnthropic(f *testing.F) {
 	f.Add("error", []byte(`{"error":{"code":"x"}}`))
 	f.Add("", []byte(`{"type":"\u0065rror","error":{"type":"t"}}`))
 	f.Add("message_stop", []byte(`{`))
+	f.Add("content_block_delta", []byte(" { \"delta\" : { \"type\" : \"text_delta\" , \"text\" : \"x\" } } "))
+	f.Add("content_block_delta", []byte(`{"d\u0065lta":{"typ\u0065":"te\u0078t_delta","t\u0065xt":"x"}}`))
+	f.Add("content_block_delta", []byte(`{"delta":{"type":"text_delta","text":"x"},"delta":{"type":"text_delta","text":""}}`))
+	f.Add("content_block_delta", []byte(`{"delta":{"type":"text_delta","text":"x","type":"signature_delta"}}`))
+	f.Add("content_block_delta", []byte(`{"delta":{"type":"thinking_delta","thinking":"x"},"delta":null}`))
+	f.Add("message_start", []byte(`{"message":{"usage":{"input_tokens":3,"output_tokens":1},"usage":null},"message":{"usage":{"cache_read_input_tokens":2}}}`))
+	f.Add("message_delta", []byte(`{"usage":{"output_tokens":3},"usage":{"input_tokens":1}} `))
+	f.Add("error", []byte(`{"error":{"type":"overloaded_error"},"error":"x"}`))
+	f.Add("content_block_delta", []byte(`{"delta":{"type":"text_delta","text":"x"}`))
 	f.Fuzz(func(t *testing.T, typ string, data []byte) {
 		var o Observation
 		DecodeAnthropic(&Event{Type: []byte(typ), Data: data}, &o)
 		checkInvariants(t, &o, data)
+		var ref Observation
+		refIterAnthropic(&Event{Type: []byte(typ), Data: data}, &ref)
+		if !sameObservation(&o, &ref) {
+			t.Fatalf("decoder %+v\nIter reference %+v", o, ref)
+		}
 		if o.UsageOnly {
 			t.Fatal("UsageOnly is an OpenAI notion")
 		}

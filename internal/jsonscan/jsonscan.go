@@ -1,5 +1,6 @@
 // Package jsonscan walks JSON held in a []byte without allocating: it finds
-// the span of each value, iterates an object's members or an array's elements,
+// the span of each value, iterates an object's members or an array's elements
+// ([Iter], or by position with [Member], [Element] and [Skip] on hot paths),
 // and reads the few scalar shapes the gateway's decoders need (integers,
 // strings, emptiness of a string).
 //
@@ -27,6 +28,7 @@ package jsonscan
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -270,11 +272,10 @@ func Get(obj []byte, key string) (v []byte, ok bool) {
 type Iter struct {
 	b      []byte
 	parent *Iter // for a child made by Enter: the iterator to resume
-	i      int   // where to read next while no value is current
+	open   int   // index of the opening bracket in b
 	start  int   // first byte of the current value
-	end    int   // just past the current value; -1 until it is known
+	end    int   // just past the current value; -1 while unknown or none
 	key    []byte
-	open   int // for a child: index of its opening bracket in b
 	depth  int // nesting of this container: 1 for Object(b) and Array(b)
 	keyEsc bool
 	obj    bool
@@ -301,10 +302,10 @@ func Array(b []byte) Iter { return newIter(b, '[') }
 
 func newIter(b []byte, open byte) Iter {
 	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != open {
+	if !at(b, i, open) {
 		return Iter{}
 	}
-	return Iter{b: b, i: i + 1, end: -1, depth: 1, obj: open == '{', state: iterFirst}
+	return Iter{b: b, open: i, end: -1, depth: 1, obj: open == '{', state: iterFirst}
 }
 
 // Enter returns an iterator over the current value when it is an object or an
@@ -321,7 +322,7 @@ func (it *Iter) Enter() Iter {
 	if c != '{' && c != '[' {
 		return Iter{}
 	}
-	return Iter{b: it.b, parent: it, i: s + 1, end: -1, open: s, depth: it.depth + 1, obj: c == '{', state: iterFirst}
+	return Iter{b: it.b, parent: it, open: s, end: -1, depth: it.depth + 1, obj: c == '{', state: iterFirst}
 }
 
 // Kind returns the kind of the current value from its first byte, without
@@ -335,52 +336,108 @@ func (it *Iter) Kind() Kind {
 
 // Next advances to the next member or element and reports whether there is
 // one. It returns false at the end of the container and on malformed input.
+//
+// The body is the fast path for the usual step in compact JSON: a comma
+// after the current value, then a key without escapes, a colon and the next
+// value, with no whitespace. A string value is stepped over inline, any
+// other costs one call. Every other step (the first, the last, whitespace,
+// escapes) goes to nextSlow, which handles all cases; splitting them keeps
+// the fast path short and free of the calls that make the compiler spill
+// registers.
 func (it *Iter) Next() bool {
 	b := it.b
 	var i int
 	switch it.state {
-	case iterFirst:
-		i = it.i
 	case iterAfter:
-		if it.end < 0 && !it.skipCurrent() {
-			return false
+		if i = it.end; i < 0 {
+			s := it.start
+			if b[s] != '"' {
+				var ok bool
+				if i, ok = skipValue(it.b, s, MaxDepth-it.depth); !ok {
+					return it.fail()
+				}
+				b = it.b
+			} else if i = plainRun(b, s+1); at(b, i, '"') {
+				i++
+			} else {
+				return it.nextSlow()
+			}
+			it.end = i
 		}
-		i = it.end
+		if !at(b, i, ',') {
+			return it.nextSlow()
+		}
+		i++
+	case iterFirst:
+		i = it.open + 1
 	default:
 		return false
 	}
+	// A key (in an object) or a value (in an array) starts at b[i].
+	if !it.obj {
+		if i >= len(b) || b[i] <= ' ' || b[i] == ']' {
+			return it.nextSlow()
+		}
+		it.start, it.end, it.state = i, -1, iterAfter
+		return true
+	}
+	if !at(b, i, '"') {
+		return it.nextSlow()
+	}
+	end := plainRun(b, i+1)
+	// end < 0 cannot be; saying so lets the compiler drop three bounds checks.
+	if end < 0 || end >= len(b)-2 || b[end] != '"' || b[end+1] != ':' || b[end+2] <= ' ' {
+		return it.nextSlow()
+	}
+	// Slicing it.b, not the local b, lets escape analysis see a
+	// self-assignment, so iterators stay on the stack.
+	it.key, it.keyEsc = it.b[i+1:end], false
+	it.start, it.end, it.state = end+2, -1, iterAfter
+	return true
+}
+
+// nextSlow is Next for every case.
+func (it *Iter) nextSlow() bool {
+	b := it.b
 	closer := byte(']')
 	if it.obj {
 		closer = '}'
 	}
-	i = skipWS(b, i)
-	if i >= len(b) {
-		return it.fail()
-	}
-	switch {
-	case b[i] == closer:
-		// A closer right after a comma ("[1,]") cannot get here: the comma
-		// branch below goes straight on to read a value, which fails.
-		return it.close(i + 1)
-	case it.state == iterAfter:
-		if b[i] != ',' {
+	var i int
+	switch it.state {
+	case iterFirst:
+		if i = skipWS(b, it.open+1); at(b, i, closer) {
+			return it.close(i + 1)
+		}
+	case iterAfter:
+		if i = it.end; i < 0 {
+			ok := true
+			if i, ok = skipValue(b, it.start, MaxDepth-it.depth); !ok {
+				return it.fail()
+			}
+		}
+		if i = skipWS(b, i); at(b, i, closer) {
+			return it.close(i + 1)
+		}
+		if !at(b, i, ',') {
 			return it.fail()
 		}
+		// A closer right after the comma ("[1,]") fails below, where a
+		// key or a value must start.
 		i = skipWS(b, i+1)
+	default:
+		return false
 	}
 	if it.obj {
-		if i >= len(b) || b[i] != '"' {
+		if !at(b, i, '"') {
 			return it.fail()
 		}
 		end, esc, ok := skipString(b, i)
 		if !ok {
 			return it.fail()
 		}
-		// Slicing it.b, not the local b, lets escape analysis see a
-		// self-assignment, so iterators stay on the stack.
 		it.key, it.keyEsc = it.b[i+1:end-1], esc
-		i = skipWS(b, end)
-		if i >= len(b) || b[i] != ':' {
+		if i = skipWS(b, end); !at(b, i, ':') {
 			return it.fail()
 		}
 		i = skipWS(b, i+1)
@@ -393,8 +450,13 @@ func (it *Iter) Next() bool {
 	return true
 }
 
-// skipCurrent scans to the end of the current value.
+// skipCurrent scans to the end of the current value. It reports false when
+// there is no current value, and fails the iteration when the value is
+// malformed.
 func (it *Iter) skipCurrent() bool {
+	if it.state != iterAfter {
+		return false
+	}
 	end, ok := skipValue(it.b, it.start, MaxDepth-it.depth)
 	if !ok {
 		return it.fail()
@@ -414,13 +476,13 @@ func (it *Iter) close(end int) bool {
 	} else if skipWS(it.b, end) != len(it.b) {
 		return it.fail()
 	}
-	it.state = iterDone
+	it.state, it.end = iterDone, -1
 	it.key = nil
 	return false
 }
 
 func (it *Iter) fail() bool {
-	it.state = iterBad
+	it.state, it.end = iterBad, -1
 	it.key = nil
 	return false
 }
@@ -434,6 +496,8 @@ func (it *Iter) Key() []byte { return it.key }
 // (see [Equal]).
 func (it *Iter) KeyIs(lit string) bool {
 	if !it.keyEsc {
+		// Inlined: with a constant lit the comparison compiles to a
+		// length test and a few word compares.
 		return string(it.key) == lit
 	}
 	return Equal(it.key, lit)
@@ -443,7 +507,9 @@ func (it *Iter) KeyIs(lit string) bool {
 // returns nil when there is no current value or the value is malformed (the
 // iteration then ends with ErrSyntax).
 func (it *Iter) Value() []byte {
-	if it.state != iterAfter || (it.end < 0 && !it.skipCurrent()) {
+	// end >= 0 only while a value is current (close and fail reset it), so
+	// one test serves both; it keeps Value small enough to be inlined.
+	if it.end < 0 && !it.skipCurrent() {
 		return nil
 	}
 	return it.b[it.start:it.end]
@@ -488,26 +554,27 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
+// at reports whether b[i] is c, and false when i is out of range. The
+// unsigned test lets the compiler drop the bounds check on b[i].
+func at(b []byte, i int, c byte) bool {
+	return uint(i) < uint(len(b)) && b[i] == c
+}
+
 // skipValue returns the index just past the value starting exactly at b[i],
 // which may nest arrays and objects at most budget levels deep.
 func skipValue(b []byte, i, budget int) (int, bool) {
 	if i >= len(b) {
 		return 0, false
 	}
-	switch c := b[i]; c {
+	switch b[i] {
 	case '"':
-		end, _, ok := skipString(b, i)
+		if j := plainRun(b, i+1); at(b, j, '"') {
+			return j + 1, true
+		}
+		end, _, ok := finishString(b, i+1)
 		return end, ok
 	case '{', '[':
 		return skipContainer(b, i, budget)
-	default:
-		return skipScalar(b, i)
-	}
-}
-
-// skipScalar steps over a number or a literal starting at b[i].
-func skipScalar(b []byte, i int) (int, bool) {
-	switch b[i] {
 	case 't':
 		return skipLiteral(b, i, "true")
 	case 'f':
@@ -527,7 +594,7 @@ func skipLiteral(b []byte, i int, lit string) (int, bool) {
 
 // skipNumber steps over -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
 func skipNumber(b []byte, i int) (int, bool) {
-	if i < len(b) && b[i] == '-' {
+	if at(b, i, '-') {
 		i++
 	}
 	if i >= len(b) {
@@ -541,7 +608,7 @@ func skipNumber(b []byte, i int) (int, bool) {
 	default:
 		return 0, false
 	}
-	if i < len(b) && b[i] == '.' {
+	if at(b, i, '.') {
 		j := skipDigits(b, i+1)
 		if j == i+1 {
 			return 0, false
@@ -580,14 +647,39 @@ var strPlain = func() (t [256]bool) {
 
 // skipString steps over the string starting at the quote b[i]. esc reports
 // whether the contents hold at least one escape.
+//
+// The hot paths (Iter.Next, Member, skipValue, skipContainer) spell this out
+// so that plainRun is inlined there: most strings in a chunk are short keys
+// and values without escapes, and for them a call costs as much as the scan.
 func skipString(b []byte, i int) (end int, esc, ok bool) {
-	j := i + 1
-	for {
-		// Eight bytes at a time while none of them needs a look: most of a
-		// chunk's bytes are plain string contents.
-		for j+8 <= len(b) && !hasSpecial(binary.LittleEndian.Uint64(b[j:])) {
-			j += 8
+	if j := plainRun(b, i+1); at(b, j, '"') {
+		return j + 1, false, true
+	}
+	return finishString(b, i+1)
+}
+
+// plainRun returns the index of the first quote, backslash or control byte
+// at or after j, testing eight bytes at a time: the word that holds one gives
+// its position straight from its mask (see specialMask). It stops at the
+// first of the last fewer than eight bytes when it reaches them, so its
+// result is only a candidate: the caller checks for the closing quote there
+// and otherwise calls finishString.
+func plainRun(b []byte, j int) int {
+	// Spelled j >= 0 && j < len(b)-7 rather than j+8 <= len(b) so that the
+	// compiler proves the load in bounds and drops its checks.
+	for ; j >= 0 && j < len(b)-7; j += 8 {
+		if m := specialMask(binary.LittleEndian.Uint64(b[j:])); m != 0 {
+			return j + bits.TrailingZeros64(m)>>3
 		}
+	}
+	return j
+}
+
+// finishString steps over the rest of a string from b[j], where j lies within
+// its contents and the bytes before j are known to be plain. It decodes
+// escapes and handles the last bytes of b that plainRun leaves.
+func finishString(b []byte, j int) (end int, esc, ok bool) {
+	for {
 		for j < len(b) && strPlain[b[j]] {
 			j++
 		}
@@ -607,18 +699,24 @@ func skipString(b []byte, i int) (end int, esc, ok bool) {
 		default: // control character
 			return 0, false, false
 		}
+		j = plainRun(b, j)
 	}
 }
 
-// hasSpecial reports whether any of the eight bytes in x is a quote, a
-// backslash or a control character, with the usual SWAR tests: (v-0x01…) &^ v
-// & 0x80… is non-zero exactly when some byte of v is zero, and (x-0x20…) &^ x
-// & 0x80… exactly when some byte of x is below 0x20.
-func hasSpecial(x uint64) bool {
+// specialMask sets the high bit of the first byte of x (in memory order)
+// that is a quote, a backslash or a control character, and is zero when there
+// is none. It uses the usual SWAR test: (v-c…) &^ v & 0x80… marks the bytes of
+// v below c. XOR with 0x02 swaps 0x20 and 0x22 and keeps 0x00-0x1f in place,
+// so the bytes of y below 0x21 are exactly the control characters and '"';
+// the bytes of x^'\\' below 0x01 are the backslashes. XOR with an ASCII byte
+// keeps every high bit, so one &^ x serves both tests. A borrow can mark
+// bytes above the first marked one, never below it: only the lowest set bit
+// is exact, and it is all plainRun uses.
+func specialMask(x uint64) uint64 {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	q := x ^ (lo * '"')
+	y := x ^ (lo * 0x02) // swaps 0x20 and 0x22: below 0x21 is control or '"'
 	bs := x ^ (lo * '\\')
-	return ((x-lo*0x20)&^x|(q-lo)&^q|(bs-lo)&^bs)&hi != 0
+	return ((y - lo*0x21) | (bs - lo)) &^ x & hi
 }
 
 // unescape decodes the escape at the start of s (s[0] == '\\'). It returns the
@@ -695,97 +793,106 @@ func hasBackslash(s []byte) bool {
 // skipContainer steps over the array or object starting at b[i], nested at
 // most budget levels deep, iteratively: a bit per level records whether that
 // level is an object, so depth costs no recursion and no allocation.
+//
+// It is written as a small state machine with gotos rather than one loop
+// around a state variable: after each value the next byte must be a comma or
+// the closer, and after a comma a member or an element must follow, so every
+// step goes straight to the one check that can come next. Compact JSON is
+// the common case, so each step tests for the byte it expects before it
+// looks for whitespace.
 func skipContainer(b []byte, i, budget int) (int, bool) {
-	var objs [MaxDepth / 64]uint64
-	depth := 0
-	push := func(c byte) bool {
-		if depth >= budget {
-			return false
-		}
-		if c == '{' {
-			objs[depth/64] |= 1 << (depth % 64)
-		} else {
-			objs[depth/64] &^= 1 << (depth % 64)
-		}
-		depth++
-		return true
-	}
-	inObj := func() bool { return objs[(depth-1)/64]&(1<<((depth-1)%64)) != 0 }
-
-	const (
-		stFirst = iota // just opened: a value or the closer
-		stElem         // after a comma: a value
-		stAfter        // after a value: a comma or the closer
+	var (
+		objs   [MaxDepth / 64]uint64
+		depth  uint
+		closer byte
+		ok     = true
 	)
-	if !push(b[i]) {
+open: // b[i] is '{' or '['
+	if int(depth) >= budget {
 		return 0, false
 	}
-	i++
-	state := stFirst
-	for {
-		i = skipWS(b, i)
-		if i >= len(b) {
+	// depth < budget <= MaxDepth, so the mask only spares a bounds check.
+	if b[i] == '{' {
+		closer = '}'
+		objs[depth/64&(uint(len(objs))-1)] |= 1 << (depth % 64)
+	} else {
+		closer = ']'
+		objs[depth/64&(uint(len(objs))-1)] &^= 1 << (depth % 64)
+	}
+	depth++
+	if i = skipWS(b, i+1); at(b, i, closer) {
+		goto closed
+	}
+member: // a member or an element starts at b[i], maybe after whitespace
+	if closer == '}' {
+		if !at(b, i, '"') {
+			if i = skipWS(b, i); !at(b, i, '"') {
+				return 0, false
+			}
+		}
+		if j := plainRun(b, i+1); at(b, j, '"') {
+			i = j + 1
+		} else if i, _, ok = finishString(b, j); !ok {
 			return 0, false
 		}
-		c := b[i]
-		closer := byte(']')
-		if inObj() {
-			closer = '}'
+		if !at(b, i, ':') {
+			if i = skipWS(b, i); !at(b, i, ':') {
+				return 0, false
+			}
 		}
-		if c == closer && state != stElem {
-			depth--
-			i++
-			if depth == 0 {
-				return i, true
-			}
-			state = stAfter
-			continue
-		}
-		if state == stAfter {
-			if c != ',' {
-				return 0, false
-			}
-			i++
-			state = stElem
-			continue
-		}
-		if inObj() {
-			if c != '"' {
-				return 0, false
-			}
-			end, _, ok := skipString(b, i)
-			if !ok {
-				return 0, false
-			}
-			i = skipWS(b, end)
-			if i >= len(b) || b[i] != ':' {
-				return 0, false
-			}
-			i = skipWS(b, i+1)
-			if i >= len(b) {
-				return 0, false
-			}
-			c = b[i]
-		}
-		switch c {
-		case '{', '[':
-			if !push(c) {
-				return 0, false
-			}
-			i++
-			state = stFirst
-		case '"':
-			end, _, ok := skipString(b, i)
-			if !ok {
-				return 0, false
-			}
-			i, state = end, stAfter
-		default:
-			end, ok := skipScalar(b, i)
-			if !ok {
-				return 0, false
-			}
-			i, state = end, stAfter
-		}
+		i++
 	}
+value: // a value starts at b[i], maybe after whitespace
+	if i >= len(b) {
+		return 0, false
+	}
+	switch b[i] {
+	case '"':
+		if j := plainRun(b, i+1); at(b, j, '"') {
+			i = j + 1
+		} else {
+			i, _, ok = finishString(b, j)
+		}
+	case '{', '[':
+		goto open
+	case 'n':
+		i, ok = skipLiteral(b, i, "null")
+	case 't':
+		i, ok = skipLiteral(b, i, "true")
+	case 'f':
+		i, ok = skipLiteral(b, i, "false")
+	case ' ', '\t', '\n', '\r':
+		i = skipWS(b, i)
+		goto value
+	default:
+		i, ok = skipNumber(b, i)
+	}
+	if !ok {
+		return 0, false
+	}
+after: // a value ended just before b[i]: a comma or the closer follows
+	if at(b, i, ',') {
+		i++
+		goto member
+	}
+	if i = skipWS(b, i); i >= len(b) {
+		return 0, false
+	}
+	if b[i] == ',' {
+		i++
+		goto member
+	}
+	if b[i] != closer {
+		return 0, false
+	}
+closed: // b[i] is the closer of the innermost open container
+	i++
+	if depth--; depth == 0 {
+		return i, true
+	}
+	closer = ']'
+	if objs[(depth-1)/64&(uint(len(objs))-1)]&(1<<((depth-1)%64)) != 0 {
+		closer = '}'
+	}
+	goto after
 }

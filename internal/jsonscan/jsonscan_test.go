@@ -450,6 +450,12 @@ func FuzzJSONScan(f *testing.F) {
 		Int(b)
 		Equal(b, "type")
 		AppendUnescape(nil, b)
+		// Walking by position accepts exactly what Value accepts, and
+		// sees the same structure.
+		posOut, posOK := walkDoc(b)
+		if posOK != ok {
+			t.Fatalf("walk by position ok = %v, Value ok = %v", posOK, ok)
+		}
 		if ok {
 			check(t, v, 0)
 			if KindOf(v) == KindObject || KindOf(v) == KindArray {
@@ -458,8 +464,108 @@ func FuzzJSONScan(f *testing.F) {
 					t.Fatalf("walk with Enter gives %q, want %q", got, canonicalJSON(t, v))
 				}
 			}
+			if !bytes.Equal(posOut, canonicalJSON(t, v)) {
+				t.Fatalf("walk by position gives %q, want %q", posOut, canonicalJSON(t, v))
+			}
 		}
 	})
+}
+
+// walkDoc walks the document b by position (Member, Element, Skip),
+// descending into every container, and rebuilds it in compact form.
+func walkDoc(b []byte) ([]byte, bool) {
+	i := SkipWS(b, 0)
+	if i >= len(b) {
+		return nil, false
+	}
+	var out []byte
+	end, ok := walkPos(b, i, 0, &out)
+	if !ok || SkipWS(b, end) != len(b) {
+		return nil, false
+	}
+	return out, true
+}
+
+// walkPos appends the value at b[i], held at nesting depth, to out.
+func walkPos(b []byte, i, depth int, out *[]byte) (int, bool) {
+	c := b[i]
+	if c != '{' && c != '[' {
+		end, ok := Skip(b, i, depth)
+		if ok {
+			*out = append(*out, b[i:end]...)
+		}
+		return end, ok
+	}
+	if depth+1 > MaxDepth {
+		return 0, false
+	}
+	*out = append(*out, c)
+	i++
+	for first := true; ; first = false {
+		var (
+			key        []byte
+			v          int
+			more, ok   bool
+			_, isArray = c == '[', c == '['
+		)
+		if isArray {
+			v, more, ok = Element(b, i, first)
+		} else {
+			key, _, v, more, ok = Member(b, i, first)
+		}
+		if !ok {
+			return 0, false
+		}
+		if !more {
+			*out = append(*out, b[v-1])
+			return v, true
+		}
+		if !first {
+			*out = append(*out, ',')
+		}
+		if !isArray {
+			*out = append(append(append(*out, '"'), key...), '"', ':')
+		}
+		if i, ok = walkPos(b, v, depth+1, out); !ok {
+			return 0, false
+		}
+	}
+}
+
+func TestWalkByPosition(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{`{}`, `{}`},
+		{` { } `, `{}`},
+		{`[]`, `[]`},
+		{`[ ]`, `[]`},
+		{`{"a":1,"b":[2,{"c":"d"}],"e":null}`, `{"a":1,"b":[2,{"c":"d"}],"e":null}`},
+		{"{ \"a\" : 1 ,\n\t\"b\" : [ 2 , 3 ] }", `{"a":1,"b":[2,3]}`},
+		{`{"\u0061":"x\n"}`, `{"\u0061":"x\n"}`},
+		{`{,}`, ``},
+		{`{"a":1,}`, ``},
+		{`{"a" 1}`, ``},
+		{`{"a":}`, ``},
+		{`{"a":1 "b":2}`, ``},
+		{`{"a":1]`, ``},
+		{`[1,]`, ``},
+		{`[,1]`, ``},
+		{`[1 2]`, ``},
+		{`[1}`, ``},
+		{`{"a":1}x`, ``},
+		{`{"a"`, ``},
+	} {
+		got, ok := walkDoc([]byte(tt.in))
+		if ok != (tt.want != "") || string(got) != tt.want {
+			t.Errorf("walkDoc(%q) = %q, %v; want %q", tt.in, got, ok, tt.want)
+		}
+	}
+	key, esc, v, more, ok := Member([]byte(`{"t\u0079pe":"x"}`), 1, true)
+	if !ok || !more || !esc || v != 13 || !KeyEq(key, esc, "type") || KeyEq(key, esc, "typ") {
+		t.Errorf("Member on an escaped key = %q, %v, %d, %v, %v", key, esc, v, more, ok)
+	}
+	if _, ok := Skip([]byte(strings.Repeat("[", MaxDepth)+strings.Repeat("]", MaxDepth)), 0, 1); ok {
+		t.Error("Skip ignored the depth of the value's holder")
+	}
 }
 
 // check walks a valid value and compares each part with encoding/json.
