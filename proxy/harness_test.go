@@ -166,3 +166,33 @@ func (u *rawUpstream) request() ([]byte, http.Header) {
 	defer u.mu.Unlock()
 	return u.lastBody, u.lastHeader
 }
+
+// bareGateway builds a Gateway (no server, no access log) in front of
+// upstreamURL; edit may change the config first.
+func bareGateway(tb testing.TB, upstreamURL string, edit func(*config.Config)) *Gateway {
+	tb.Helper()
+	cfg := config.DemoConfig(upstreamURL)
+	cfg.Auth.RequireKey = false
+	if edit != nil {
+		edit(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		tb.Fatal(err)
+	}
+	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		for _, u := range g.upstreams {
+			if tr, ok := u.transport.(*http.Transport); ok {
+				tr.CloseIdleConnections()
+			}
+		}
+	})
+	return g
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -13,11 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
-	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/mockllm"
 )
 
@@ -76,19 +72,7 @@ type relayHarness struct {
 
 func newRelayHarness(tb testing.TB, events int, native bool) *relayHarness {
 	tb.Helper()
-	cfg := config.DemoConfig("http://127.0.0.1:1")
-	cfg.Metrics.NativeHistograms = native
-	if err := cfg.Validate(); err != nil {
-		tb.Fatal(err)
-	}
-	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	g := bareGateway(tb, "http://127.0.0.1:1", func(c *config.Config) { c.Metrics.NativeHistograms = native })
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	return &relayHarness{g: g, req: req, w: &discardWriter{h: http.Header{}}, src: openAIStream(events)}
 }
@@ -170,19 +154,7 @@ func BenchmarkStreamLoopback(b *testing.B) {
 	const tokens = 64
 	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: tokens}))
 	defer mock.Close()
-	cfg := config.DemoConfig(mock.URL)
-	cfg.Auth.RequireKey = false
-	if err := cfg.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	g := bareGateway(b, mock.URL, nil)
 	gw := httptest.NewServer(g.Handler())
 	defer gw.Close()
 	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hello"}]}`
@@ -207,11 +179,6 @@ func BenchmarkStreamLoopback(b *testing.B) {
 			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-ms/1000req")
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*(tokens+3)), "ns/event")
 		})
-	}
-	for _, u := range g.upstreams {
-		if tr, ok := u.transport.(*http.Transport); ok {
-			tr.CloseIdleConnections()
-		}
 	}
 }
 
@@ -270,22 +237,9 @@ func BenchmarkHeldStreamMemory(b *testing.B) {
 	const n = 200
 	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 2}))
 	defer mock.Close()
-	cfg := config.DemoConfig(mock.URL)
-	cfg.Auth.RequireKey = false
-	if err := cfg.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	g := bareGateway(b, mock.URL, nil)
 	gw := httptest.NewServer(g.Handler())
 	defer gw.Close()
-	defer g.upstreams[0].transport.(*http.Transport).CloseIdleConnections()
 	var per float64
 	for b.Loop() {
 		runtime.GC()

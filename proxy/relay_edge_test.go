@@ -10,18 +10,14 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
-	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
@@ -72,22 +68,11 @@ func (s *scriptReader) Read(p []byte) (int, error) {
 
 func edgeGateway(t *testing.T, maxEvent int) *Gateway {
 	t.Helper()
-	cfg := config.DemoConfig("http://127.0.0.1:1")
-	if maxEvent > 0 {
-		cfg.Server.MaxEventBytes = maxEvent
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g
+	return bareGateway(t, "http://127.0.0.1:1", func(c *config.Config) {
+		if maxEvent > 0 {
+			c.Server.MaxEventBytes = maxEvent
+		}
+	})
 }
 
 // runRelay relays body through a fresh exchange and returns it.
