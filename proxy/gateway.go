@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,7 +180,7 @@ func (g *Gateway) upstreamFor(d llm.Dialect) *upstream {
 // routes: Anthropic when the path or headers say so, OpenAI otherwise.
 func guessDialect(r *http.Request) llm.Dialect {
 	if r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != "" ||
-		len(r.URL.Path) >= len("/v1/messages") && r.URL.Path[:len("/v1/messages")] == "/v1/messages" {
+		strings.HasPrefix(r.URL.Path, "/v1/messages") {
 		return llm.DialectAnthropic
 	}
 	return llm.DialectOpenAI
