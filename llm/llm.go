@@ -96,6 +96,9 @@ const (
 	OutcomeUpstreamUnreachable
 	OutcomeRejected
 	OutcomeBadRequest
+	// OutcomeShutdown: the gateway cancelled the exchange because it was
+	// shutting down and the drain timeout ran out.
+	OutcomeShutdown
 )
 
 var outcomeNames = [...]string{
@@ -106,6 +109,7 @@ var outcomeNames = [...]string{
 	OutcomeUpstreamUnreachable: "upstream_unreachable",
 	OutcomeRejected:            "rejected",
 	OutcomeBadRequest:          "bad_request",
+	OutcomeShutdown:            "gateway_shutdown",
 }
 
 // String returns the outcome's label value.
@@ -119,7 +123,7 @@ func (o Outcome) String() string {
 // Outcomes lists every outcome, for pre-creating metric series.
 func Outcomes() []Outcome {
 	return []Outcome{OutcomeOK, OutcomeClientCancel, OutcomeUpstreamTimeout,
-		OutcomeUpstreamError, OutcomeUpstreamUnreachable, OutcomeRejected, OutcomeBadRequest}
+		OutcomeUpstreamError, OutcomeUpstreamUnreachable, OutcomeRejected, OutcomeBadRequest, OutcomeShutdown}
 }
 
 // Interruption is the closed set of reasons a started stream ended early.
@@ -141,6 +145,8 @@ const (
 	// InterruptProtocolError: the upstream broke the SSE framing (an event
 	// over the size cap), so the gateway cut the stream.
 	InterruptProtocolError
+	// InterruptShutdown: the gateway's drain timeout ended the stream.
+	InterruptShutdown
 )
 
 // String returns the interruption's label value ("" for none).
@@ -158,6 +164,8 @@ func (i Interruption) String() string {
 		return "timeout"
 	case InterruptProtocolError:
 		return "protocol_error"
+	case InterruptShutdown:
+		return "shutdown"
 	}
 	return ""
 }
@@ -288,15 +296,15 @@ type SLOTargets struct {
 
 // Classify returns whether the record meets the targets, and if not which
 // objective it broke first (in the order TTFT, TPOT, E2E). A request that did
-// not succeed is SLOFailed. Non-streamed requests have no TTFT or TPOT.
+// not succeed is SLOFailed. TTFT and TPOT apply only to streams that produced
+// tokens; a target is met when the figure is at or under it (as vLLM counts
+// goodput).
 func (t SLOTargets) Classify(r *Record) SLO {
 	if r.Outcome != OutcomeOK {
 		return SLOFailed
 	}
-	if t.TTFT > 0 && r.Stream {
-		if ttft := r.TTFT(); ttft == 0 || ttft > t.TTFT {
-			return SLOTTFT
-		}
+	if t.TTFT > 0 && r.Stream && !r.Timing.FirstTokenOut.IsZero() && r.TTFT() > t.TTFT {
+		return SLOTTFT
 	}
 	if t.TPOT > 0 {
 		if tpot, ok := r.TPOT(); ok && tpot > t.TPOT {

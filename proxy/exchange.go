@@ -114,9 +114,24 @@ func (ex *exchange) fail(e *apiError, o llm.Outcome) {
 	ex.rec.Timing.End = ex.g.now()
 }
 
-// clientGone records that the caller left before an answer was sent.
+// ErrShutdown is the cause a server gives the requests' base context when it
+// cancels open exchanges at the end of its drain timeout, so they are
+// recorded as cut by the gateway, not by their callers.
+var ErrShutdown = errors.New("proxy: gateway shutting down")
+
+// cancelledBy tells who ended an exchange whose caller's context is done or
+// whose caller could not be written to.
+func (ex *exchange) cancelledBy() (llm.Outcome, llm.Interruption) {
+	if errors.Is(context.Cause(ex.r.Context()), ErrShutdown) {
+		return llm.OutcomeShutdown, llm.InterruptShutdown
+	}
+	return llm.OutcomeClientCancel, llm.InterruptClientCancel
+}
+
+// clientGone records that the caller left (or the gateway cancelled the
+// exchange) before an answer was sent.
 func (ex *exchange) clientGone() {
-	ex.rec.Outcome = llm.OutcomeClientCancel
+	ex.rec.Outcome, _ = ex.cancelledBy()
 	ex.rec.Status = statusClientClosed
 	ex.rec.Timing.End = ex.g.now()
 }
@@ -280,12 +295,17 @@ func (ex *exchange) roundTrip(body []byte, hasKey bool) {
 			ex.relay(ctx, cancel, resp.Body)
 		}
 	default:
+		ex.rec.Stream = false // answered in one piece, whatever was asked
 		limit := 0
 		if ex.rec.Dialect != llm.DialectNone {
 			limit = g.cfg.Server.MaxEventBytes
 		}
 		ex.copyBody(ctx, resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
 		if ex.rec.Outcome == llm.OutcomeOK && ex.rec.Dialect != llm.DialectNone {
+			if len(ex.captured) >= limit {
+				g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
+					"upstream", ex.up.cfg.Name, "limit_bytes", limit)
+			}
 			ex.usageFromBody()
 		}
 	}

@@ -59,9 +59,13 @@ func logRecord(l *slog.Logger, rec *llm.Record) {
 		attrs = append(attrs, slog.String("team", rec.Team))
 	}
 	if rec.Stream {
+		if !rec.Timing.FirstTokenOut.IsZero() {
+			attrs = append(attrs, slog.Float64("ttft_ms", ms(rec.TTFT())))
+		}
+		if !rec.Timing.FirstToken.IsZero() && !rec.Timing.UpSent.IsZero() {
+			attrs = append(attrs, slog.Float64("upstream_ttft_ms", ms(rec.UpstreamTTFT())))
+		}
 		attrs = append(attrs,
-			slog.Float64("ttft_ms", ms(rec.TTFT())),
-			slog.Float64("upstream_ttft_ms", ms(rec.UpstreamTTFT())),
 			slog.Int("token_events", rec.TokenEvents),
 			slog.Bool("terminal_seen", rec.TerminalSeen),
 		)
@@ -74,12 +78,16 @@ func logRecord(l *slog.Logger, rec *llm.Record) {
 				slog.Float64("itl_max_ms", ms(rec.ITLMax)))
 		}
 	}
-	if rec.Usage.HasInput || rec.Usage.HasOutput || rec.Estimated {
+	if rec.Usage.HasInput {
 		attrs = append(attrs,
 			slog.Int64("input_tokens", rec.Usage.Input),
-			slog.Int64("output_tokens", rec.Usage.Output),
 			slog.Int64("cache_read_tokens", rec.Usage.CacheRead),
 			slog.Int64("cache_write_tokens", rec.Usage.CacheWrite),
+		)
+	}
+	if rec.Usage.HasOutput || rec.Estimated {
+		attrs = append(attrs,
+			slog.Int64("output_tokens", rec.Usage.Output),
 			slog.Int64("reasoning_tokens", rec.Usage.Reasoning),
 			slog.Bool("tokens_estimated", rec.Estimated),
 		)

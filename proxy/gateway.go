@@ -142,14 +142,27 @@ func (g *Gateway) Handler() http.Handler {
 	r.Post("/v1/messages", g.dialectHandler(llm.RouteMessages, llm.DialectAnthropic))
 	r.HandleFunc("/v1/*", g.forwardHandler)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, guessDialect(r), requestIDFrom(r.Context()), errNotFound(r.URL.Path))
+		g.reject(w, r, errNotFound(r.URL.Path))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		e := &apiError{Status: http.StatusMethodNotAllowed, Kind: "invalid_request_error", Code: "method_not_allowed",
-			AnthropicKind: "invalid_request_error", Msg: "method " + r.Method + " is not allowed on " + r.URL.Path}
-		writeError(w, guessDialect(r), requestIDFrom(r.Context()), e)
+		g.reject(w, r, &apiError{Status: http.StatusMethodNotAllowed, Kind: "invalid_request_error",
+			Code: "method_not_allowed", AnthropicKind: "invalid_request_error",
+			Msg: "method " + r.Method + " is not allowed on " + r.URL.Path})
 	})
 	return r
+}
+
+// reject answers a request that matched no route, and records it like any
+// other so it leaves its access-log line and counts in requests_total.
+func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
+	ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
+	ex.rec.Timing.In = g.now()
+	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
+	ex.rec.RequestID = requestIDFrom(r.Context())
+	key, _, _ := callerKey(r.Header)
+	ex.rec.KeyID = keyID(key)
+	ex.fail(e, llm.OutcomeBadRequest)
+	ex.finish()
 }
 
 // Drain marks the gateway as shutting down: /readyz answers 503 from now on,

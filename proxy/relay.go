@@ -255,8 +255,7 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 			ex.rec.Outcome = llm.OutcomeUpstreamError
 		}
 	case clientGone:
-		ex.rec.Outcome = llm.OutcomeClientCancel
-		ex.rec.Interruption = llm.InterruptClientCancel
+		ex.rec.Outcome, ex.rec.Interruption = ex.cancelledBy()
 	case errors.Is(readErr, errEventTooLarge):
 		ex.g.log.Warn("upstream event too large; stream cut", "request_id", ex.rec.RequestID,
 			"upstream", ex.up.cfg.Name, "limit_bytes", ex.g.cfg.Server.MaxEventBytes)
@@ -319,7 +318,7 @@ func (ex *exchange) copyBody(ctx context.Context, body io.Reader, capture int, f
 	ex.rec.Timing.End = g.now()
 	switch {
 	case writeErr != nil || ex.r.Context().Err() != nil:
-		ex.rec.Outcome = llm.OutcomeClientCancel
+		ex.rec.Outcome, _ = ex.cancelledBy()
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		ex.rec.Outcome = llm.OutcomeUpstreamTimeout
 	case readErr != nil:

@@ -90,7 +90,7 @@ func TestGracefulShutdown(t *testing.T) {
 		outcome llm.Outcome
 	}{
 		{"stream finishes during drain", 5 * time.Second, "30", true, llm.OutcomeOK},
-		{"stream cancelled at drain timeout", 200 * time.Millisecond, "100000", false, llm.OutcomeClientCancel},
+		{"stream cancelled at drain timeout", 200 * time.Millisecond, "100000", false, llm.OutcomeShutdown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.DemoConfig(mock.URL)

@@ -64,8 +64,8 @@ type runningGateway struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	log      *slog.Logger
-	cancel   context.CancelFunc // cancels every request's base context
-	done     chan error         // Serve's result
+	cancel   func()     // cancels every request's base context, with proxy.ErrShutdown
+	done     chan error // Serve's result
 	addr     string
 }
 
@@ -83,7 +83,8 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
-	baseCtx, cancel := context.WithCancel(context.Background())
+	baseCtx, cancelCause := context.WithCancelCause(context.Background())
+	cancel := func() { cancelCause(proxy.ErrShutdown) }
 	srv := &http.Server{
 		Handler:           gw.Handler(),
 		ReadHeaderTimeout: config.Seconds(cfg.Server.ReadHeaderTimeoutSeconds),
