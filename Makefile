@@ -1,4 +1,4 @@
-# tollgate developer targets. `make test` is what CI runs (through .ci/run).
+# tollgate developer targets. `make test` runs the README's test command, as .ci/run does.
 GO ?= go
 PKGS := ./...
 FUZZTIME ?= 20s
