@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -172,5 +174,79 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, s)
 		}
+	}
+}
+
+// TestServeBinarySIGTERM runs the real binary: `gateway serve` with a config
+// file, a stream in flight, then SIGTERM. The stream must finish, the access
+// log must have its line, and the process must exit 0.
+func TestServeBinarySIGTERM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "gateway")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{ITL: 20 * time.Millisecond, OutputTokens: 25}))
+	defer mock.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cfgPath := filepath.Join(t.TempDir(), "gateway.toml")
+	cfg := "[server]\nlisten = \"" + addr + "\"\ndrain_timeout_seconds = 10\n\n[[upstreams]]\nname = \"mock\"\nbase_url = \"" + mock.URL + "\"\n"
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, "serve", "-config", cfgPath)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	var resp *http.Response
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions",
+			strings.NewReader(`{"model":"m","stream":true}`))
+		req.Header.Set("Authorization", "Bearer sk-signal-test")
+		if resp, err = client.Do(req); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway never answered: %v\n%s", err, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for the process to listen, not timing anything
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(br)
+	resp.Body.Close()
+	if err != nil || !strings.Contains(string(rest), "data: [DONE]") {
+		t.Fatalf("stream did not finish during the drain (err %v): %q", err, rest)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("gateway exit: %v\n%s", err, stderr.String())
+	}
+	log := stdout.String()
+	if !strings.Contains(log, `"outcome":"ok"`) || !strings.Contains(log, `"output_tokens":25`) {
+		t.Errorf("access log: %s", log)
+	}
+	if strings.Contains(log+stderr.String(), "sk-signal-test") {
+		t.Error("the caller's key reached a log")
+	}
+	if !strings.Contains(stderr.String(), "stopped") {
+		t.Errorf("no clean stop in the log: %s", stderr.String())
 	}
 }
