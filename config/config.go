@@ -33,8 +33,12 @@ type Server struct {
 	ReadHeaderTimeoutSeconds float64 `toml:"read_header_timeout_seconds"`
 	// IdleTimeoutSeconds closes idle keep-alive client connections. Default 120.
 	IdleTimeoutSeconds float64 `toml:"idle_timeout_seconds"`
-	// DrainTimeoutSeconds is how long open streams may run after SIGINT or
-	// SIGTERM before they are cancelled. Default 30.
+	// ShutdownDelaySeconds is how long the gateway keeps accepting requests
+	// after SIGINT or SIGTERM while /readyz answers 503, so a load balancer
+	// can take it out of rotation before the listener closes. Default 0.
+	ShutdownDelaySeconds float64 `toml:"shutdown_delay_seconds"`
+	// DrainTimeoutSeconds is how long open streams may run after the
+	// listener closes before they are cancelled. Default 30.
 	DrainTimeoutSeconds float64 `toml:"drain_timeout_seconds"`
 }
 

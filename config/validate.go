@@ -106,6 +106,7 @@ func (s *Server) validate(v *validator) {
 	v.positive("server.max_event_bytes", int64(s.MaxEventBytes))
 	v.duration("server.read_header_timeout_seconds", s.ReadHeaderTimeoutSeconds, time.Second, false)
 	v.duration("server.idle_timeout_seconds", s.IdleTimeoutSeconds, time.Second, false)
+	v.duration("server.shutdown_delay_seconds", s.ShutdownDelaySeconds, time.Second, true)
 	v.duration("server.drain_timeout_seconds", s.DrainTimeoutSeconds, time.Second, false)
 }
 

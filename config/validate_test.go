@@ -73,6 +73,8 @@ func TestBadConfigs(t *testing.T) {
 				`gateway.toml:8: server.idle_timeout_seconds: must be greater than 0, not -2`,
 				`gateway.toml:9: server.drain_timeout_seconds: must be a number, not nan`,
 			}},
+		{"negative shutdown delay", up + "[server]\nshutdown_delay_seconds = -1\n",
+			nil, []string{`gateway.toml:5: server.shutdown_delay_seconds: must be 0 (off) or more, not -1`}},
 		{"timeout overflows a duration", up + "timeout_seconds = 1e300\n",
 			nil, []string{`gateway.toml:4: upstreams[0].timeout_seconds: 1e+300 is too large`}},
 		{"infinite timeout", up + "connect_timeout_seconds = inf\n",

@@ -82,7 +82,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	started := time.Now()
 	failures := sendBurst(ctx, base, *requests, *concurrency)
 	if ctx.Err() != nil {
-		return gw.shutdown(5 * time.Second)
+		return gw.shutdown(0, 5*time.Second)
 	}
 	fmt.Fprintf(stdout, "burst done in %s\n\n", time.Since(started).Round(time.Millisecond))
 	printDemoTable(stdout, col.snapshot(), gw)
@@ -105,7 +105,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	case err := <-gw.done:
 		return err
 	}
-	return gw.shutdown(5 * time.Second)
+	return gw.shutdown(0, 5*time.Second)
 }
 
 // collector keeps the demo's finished records.

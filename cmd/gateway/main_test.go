@@ -124,7 +124,7 @@ func TestGracefulShutdown(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				shutdownErr = gw.shutdown(tc.drain)
+				shutdownErr = gw.shutdown(0, tc.drain)
 			}()
 			rest, _ := io.ReadAll(br)
 			resp.Body.Close()
@@ -248,5 +248,55 @@ func TestServeBinarySIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "stopped") {
 		t.Errorf("no clean stop in the log: %s", stderr.String())
+	}
+}
+
+// TestShutdownDelayKeepsServing: during the shutdown delay /readyz answers
+// 503 while requests are still served; after it the listener closes.
+func TestShutdownDelayKeepsServing(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 3}))
+	defer mock.Close()
+	cfg := config.DemoConfig(mock.URL)
+	cfg.Auth.RequireKey = false
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- gw.shutdown(2*time.Second, time.Second) }()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	base := "http://" + gw.addr
+	for i := 0; ; i++ { // wait until shutdown has begun (Drain is its first step)
+		if i == 10000 {
+			t.Fatal("/readyz never answered 503")
+		}
+		resp, err := client.Get(base + "/readyz")
+		if err != nil {
+			t.Fatalf("/readyz during the delay: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+	}
+	resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatalf("request during the shutdown delay: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "tok3") {
+		t.Fatalf("request during the shutdown delay: %d %s", resp.StatusCode, body)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.DialTimeout("tcp", gw.addr, time.Second); err == nil {
+		c.Close()
+		t.Error("the listener still accepts connections after the delay")
 	}
 }

@@ -54,7 +54,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	stop()
-	return gw.shutdown(config.Seconds(cfg.Server.DrainTimeoutSeconds))
+	return gw.shutdown(config.Seconds(cfg.Server.ShutdownDelaySeconds), config.Seconds(cfg.Server.DrainTimeoutSeconds))
 }
 
 // runningGateway is a gateway serving on a listener.
@@ -104,10 +104,16 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	return rg, nil
 }
 
-// shutdown stops accepting, lets open exchanges finish for up to drain,
-// then cancels those still open and closes their connections.
-func (rg *runningGateway) shutdown(drain time.Duration) error {
+// shutdown marks the gateway not ready, keeps accepting requests for delay
+// (so a load balancer that polls /readyz stops sending first), stops
+// accepting, lets open exchanges finish for up to drain, then cancels those
+// still open and closes their connections.
+func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 	rg.gw.Drain()
+	if delay > 0 {
+		rg.log.Info("shutting down: /readyz answers 503, still accepting requests", "shutdown_delay", delay.String())
+		<-time.After(delay)
+	}
 	rg.log.Info("shutting down: draining open requests", "drain_timeout", drain.String())
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
