@@ -218,14 +218,17 @@ type Observer interface {
 // the request path and handed, once, to the sinks (metrics, access log).
 type Record struct {
 	RequestID string
-	KeyID     string // short hash of the caller's key; never the key
-	Team      string
-	Route     Route
-	Dialect   Dialect
-	Model     string // requested model
-	Upstream  string // upstream name from config
-	Stream    bool
-	Status    int // status sent to the client
+	// UpstreamRequestID is the upstream's own id for the exchange (OpenAI
+	// x-request-id, Anthropic request-id), to join with provider logs.
+	UpstreamRequestID string
+	KeyID             string // short hash of the caller's key; never the key
+	Team              string
+	Route             Route
+	Dialect           Dialect
+	Model             string // requested model
+	Upstream          string // upstream name from config
+	Stream            bool
+	Status            int // status sent to the client
 
 	Timing Timing
 

@@ -275,6 +275,7 @@ func (ex *exchange) roundTrip(body []byte, hasKey bool) {
 	defer resp.Body.Close()
 
 	ex.rec.Status = resp.StatusCode
+	ex.rec.UpstreamRequestID = upstreamRequestID(resp.Header)
 	h := ex.w.Header()
 	copyResponseHeaders(h, resp.Header)
 
@@ -373,4 +374,15 @@ func (ex *exchange) usageFromBody() {
 	if ok {
 		ex.rec.Usage = u
 	}
+}
+
+// upstreamRequestID returns the upstream's id for the exchange, if it sent a
+// plain one: OpenAI's x-request-id or Anthropic's request-id.
+func upstreamRequestID(h http.Header) string {
+	for _, k := range []string{"X-Request-Id", "Request-Id"} {
+		if v := h.Get(k); v != "" && validRequestID(v) {
+			return v
+		}
+	}
+	return ""
 }

@@ -58,6 +58,9 @@ func logRecord(l *slog.Logger, rec *llm.Record) {
 	if rec.Team != "" {
 		attrs = append(attrs, slog.String("team", rec.Team))
 	}
+	if rec.UpstreamRequestID != "" {
+		attrs = append(attrs, slog.String("upstream_request_id", rec.UpstreamRequestID))
+	}
 	if rec.Stream {
 		if !rec.Timing.FirstTokenOut.IsZero() {
 			attrs = append(attrs, slog.Float64("ttft_ms", ms(rec.TTFT())))

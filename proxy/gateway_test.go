@@ -402,6 +402,10 @@ func TestUpstreamRequestHeadersAndKeys(t *testing.T) {
 	if rec.KeyID != keyID("sk-caller-1") {
 		t.Errorf("key id %q", rec.KeyID)
 	}
+	// The upstream's own request id is kept for joining with its logs.
+	if rec.UpstreamRequestID == "" || !strings.Contains(tg.logs.String(), `"upstream_request_id":"`+rec.UpstreamRequestID+`"`) {
+		t.Errorf("upstream request id %q not recorded/logged", rec.UpstreamRequestID)
+	}
 	// No caller key and require_key off: the upstream's own key, in the
 	// dialect's header.
 	_, _ = post(t, tg.URL+"/v1/messages", `{"model":"m","max_tokens":3}`, nil)
