@@ -1,0 +1,216 @@
+// Package ratelimit owns admission and settlement (DESIGN 4): requests per
+// minute, tokens per minute, concurrent requests, and token and cost budgets
+// per day and month, for gateway keys and teams. Two backends share one
+// interface and one arithmetic: Local, in the process, and Redis, shared by
+// every replica.
+//
+// Rates (RPM, TPM) are token buckets with x/time/rate's semantics: the burst
+// is the per-minute limit and the bucket refills limit/60 per second. They are
+// computed as GCRA (a theoretical arrival time per bucket), which is the same
+// bucket written so that one number is the whole state. Admission reserves an
+// estimate; Settle corrects it to the real usage, refunding what was not used
+// or charging the excess, which may leave a bucket in debt so that later
+// requests wait for it.
+//
+// Budgets (tokens per day, cost per day and per month) are counters over UTC
+// calendar windows. A spent budget is not a rate limit: its RetryAfter is the
+// end of the window.
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+)
+
+// Scope says whom a limit belongs to.
+type Scope uint8
+
+const (
+	ScopeKey Scope = iota
+	ScopeTeam
+)
+
+// String returns the scope's label value.
+func (s Scope) String() string {
+	if s == ScopeTeam {
+		return "team"
+	}
+	return "key"
+}
+
+// Kind names a limit.
+type Kind uint8
+
+const (
+	KindRPM Kind = iota
+	KindTPM
+	KindConcurrency
+	KindTokensPerDay
+	KindCostPerDay
+	KindCostPerMonth
+)
+
+// String returns the kind's label value.
+func (k Kind) String() string {
+	switch k {
+	case KindRPM:
+		return "rpm"
+	case KindTPM:
+		return "tpm"
+	case KindConcurrency:
+		return "concurrency"
+	case KindTokensPerDay:
+		return "tokens_per_day"
+	case KindCostPerDay:
+		return "cost_per_day"
+	case KindCostPerMonth:
+		return "cost_per_month"
+	}
+	return "unknown"
+}
+
+// Budget reports whether k is a budget over a calendar window rather than a
+// rate or a concurrency cap.
+func (k Kind) Budget() bool { return k >= KindTokensPerDay }
+
+// Limits are one subject's limits. Zero means unlimited.
+type Limits struct {
+	RPM                int64 // requests per minute
+	TPM                int64 // tokens per minute (input + output)
+	Concurrency        int64 // requests open at once
+	TokensPerDay       int64 // tokens per UTC day
+	CostPerDayMicros   int64 // micro-dollars per UTC day
+	CostPerMonthMicros int64 // micro-dollars per UTC month
+}
+
+// Get returns the limit of kind k.
+func (l Limits) Get(k Kind) int64 {
+	switch k {
+	case KindRPM:
+		return l.RPM
+	case KindTPM:
+		return l.TPM
+	case KindConcurrency:
+		return l.Concurrency
+	case KindTokensPerDay:
+		return l.TokensPerDay
+	case KindCostPerDay:
+		return l.CostPerDayMicros
+	case KindCostPerMonth:
+		return l.CostPerMonthMicros
+	}
+	return 0
+}
+
+// Subject is a key or a team with its limits. ID is a key id (a hash) or a
+// team name, never a raw key.
+type Subject struct {
+	Scope  Scope
+	ID     string
+	Limits Limits
+}
+
+// Request asks to admit one LLM request.
+type Request struct {
+	// Subjects are checked together: the request is admitted only if every
+	// limit of every subject admits it.
+	Subjects []Subject
+	// Tokens is the estimate reserved against TPM and tokens per day (prompt
+	// estimate plus max_tokens, or a configured default).
+	Tokens int64
+	// CostMicros is the estimate reserved against cost budgets.
+	CostMicros int64
+}
+
+// State is one limit's state, for rate-limit headers and /admin/limits.
+type State struct {
+	Scope Scope
+	ID    string
+	Kind  Kind
+	Limit int64
+	// Used is what the window holds now (budgets, concurrency) or the
+	// bucket's consumed share (rates).
+	Used      int64
+	Remaining int64
+	// Reset is the time until a rate is back to full, or until a budget's
+	// window ends; 0 for concurrency.
+	Reset time.Duration
+}
+
+// Decision is Admit's answer.
+type Decision struct {
+	Allowed bool
+	// Refused is the limit that refused the request (when !Allowed).
+	Refused State
+	// RetryAfter is when a retry can pass, from the limiter's state: the time
+	// until enough of a rate has refilled (never the whole window), until a
+	// budget's window ends, or a short fixed wait for concurrency.
+	RetryAfter time.Duration
+	// States holds the RPM and TPM state of every subject after the decision,
+	// for x-ratelimit-* and anthropic-ratelimit-* headers.
+	States []State
+	// Lease is the admitted request's reservation (when Allowed). The caller
+	// must Settle it exactly once, also when the request fails or is
+	// cancelled.
+	Lease *Lease
+}
+
+// Lease is an admitted request's reservation: one concurrency slot per
+// subject that has a concurrency limit, and the reserved tokens and cost.
+type Lease struct {
+	ID         string
+	Subjects   []Subject
+	Tokens     int64
+	CostMicros int64
+	// At is the admission time; budgets settle into the windows of At, so a
+	// request that spans midnight is billed to the day it started.
+	At time.Time
+
+	// settled makes Settle idempotent: CompareAndSwap(false, true) wins once.
+	settled atomic.Bool
+}
+
+// Limiter admits and settles requests. Implementations are safe for
+// concurrent use.
+type Limiter interface {
+	// Admit checks every limit of every subject and, only if all pass,
+	// reserves one request (RPM), Tokens (TPM, tokens per day), CostMicros
+	// (cost budgets) and a concurrency slot. A refused request reserves
+	// nothing.
+	Admit(ctx context.Context, req Request) (Decision, error)
+	// Settle corrects a lease to the real usage (tokens, costMicros): it
+	// refunds what was reserved and not used, charges what was used beyond
+	// it, and releases the concurrency slots. A second Settle of the same
+	// lease does nothing.
+	Settle(ctx context.Context, l *Lease, tokens, costMicros int64) error
+	// Peek returns the state of every configured limit of the subjects,
+	// without consuming anything.
+	Peek(ctx context.Context, subjects []Subject) ([]State, error)
+	// Close releases the limiter's resources; it starts no goroutine that
+	// outlives it.
+	Close() error
+}
+
+// ErrClosed is returned by a limiter used after Close.
+var ErrClosed = errors.New("ratelimit: limiter closed")
+
+// ConcurrencyRetryAfter is the RetryAfter given when a concurrency cap
+// refuses: a slot frees when some open request ends, which no limiter can
+// predict.
+const ConcurrencyRetryAfter = time.Second
+
+// dayWindow and monthWindow name the UTC calendar windows holding t, and
+// return how long they still run.
+func dayWindow(t time.Time) (string, time.Duration) {
+	t = t.UTC()
+	end := time.Date(t.Year(), t.Month(), t.Day()+1, 0, 0, 0, 0, time.UTC)
+	return t.Format("2006-01-02"), end.Sub(t)
+}
+
+func monthWindow(t time.Time) (string, time.Duration) {
+	t = t.UTC()
+	end := time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, time.UTC)
+	return t.Format("2006-01"), end.Sub(t)
+}
