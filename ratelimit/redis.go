@@ -1,0 +1,429 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisOptions configure a Redis limiter. The zero value is usable.
+type RedisOptions struct {
+	// Prefix starts every key; empty means "tollgate:rl:". It must not
+	// contain '{' or '}', which would move the Cluster hash tag.
+	Prefix string
+	// LeaseTTL is how long a concurrency lease lives if the replica that
+	// holds it dies without settling; zero or less means 15 minutes. It must
+	// exceed the longest request, or a live request loses its slot.
+	LeaseTTL time.Duration
+}
+
+// Redis is a Limiter shared by every replica through Redis. Each subject's
+// limits are checked and reserved by one Lua script on Redis's own clock;
+// the subjects of one request go in one pipeline, so an admitted request
+// costs one round trip. Its arithmetic is gcra.go's, in microseconds.
+//
+// Keys are hash-tagged per subject ("{tollgate:rl:key:<id>}:rpm", ":tpm",
+// ":conc", ":tpd:<day>", ":cpd:<day>", ":cpm:<month>"), so one subject's keys
+// share a Redis Cluster slot.
+type Redis struct {
+	client   redis.UniversalClient
+	prefix   string
+	leaseTTL time.Duration
+	closed   atomic.Bool
+}
+
+var _ Limiter = (*Redis)(nil)
+
+// NewRedis returns a limiter on client, which it does not own: Close leaves
+// the client open.
+func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
+	if opts.Prefix == "" {
+		opts.Prefix = "tollgate:rl:"
+	}
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = 15 * time.Minute
+	}
+	return &Redis{client: client, prefix: opts.Prefix, leaseTTL: opts.LeaseTTL}
+}
+
+// subjectKeys are one subject's key names; base prefixes the budget keys,
+// whose window names the scripts take from Redis's clock.
+type subjectKeys struct {
+	base           string
+	rpm, tpm, conc string
+}
+
+func (r *Redis) keys(s Subject) subjectKeys {
+	base := "{" + r.prefix + s.Scope.String() + ":" + s.ID + "}:"
+	return subjectKeys{base: base, rpm: base + "rpm", tpm: base + "tpm", conc: base + "conc"}
+}
+
+// limited reports whether a subject has any limit, i.e. whether Redis needs
+// to hear about it.
+func limited(l Limits) bool {
+	return l.RPM > 0 || l.TPM > 0 || l.Concurrency > 0 || l.TokensPerDay > 0 ||
+		l.CostPerDayMicros > 0 || l.CostPerMonthMicros > 0
+}
+
+// admitReply is admitScript's reply; times are µs.
+type admitReply struct {
+	allowed             bool
+	now                 int64
+	refused             Kind
+	retry               int64
+	rpmD, tpmD          int64
+	conc, tpd, cpd, cpm int64
+	dayLeft, monthLeft  int64
+}
+
+// Admit implements Limiter. When several limits refuse, Decision.Refused is
+// the one with the longest wait and RetryAfter is that wait, as for Local. A
+// Redis error is returned as is (wrapped): whether to admit then is the
+// caller's policy.
+func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
+	if r.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	tokens, cost := max(req.Tokens, 0), max(req.CostMicros, 0)
+	id, err := newLeaseID()
+	if err != nil {
+		return Decision{}, err
+	}
+	idx := make([]int, 0, len(req.Subjects)) // subjects Redis must see
+	for i, s := range req.Subjects {
+		if limited(s.Limits) {
+			idx = append(idx, i)
+		}
+	}
+	lease := &Lease{ID: id, Subjects: append([]Subject(nil), req.Subjects...), Tokens: tokens, CostMicros: cost}
+	if len(idx) == 0 {
+		lease.At = time.Now().UTC()
+		return Decision{Allowed: true, Lease: lease}, nil
+	}
+
+	calls := make([]scriptCall, len(idx))
+	for j, i := range idx {
+		s := req.Subjects[i]
+		k := r.keys(s)
+		l := s.Limits
+		calls[j] = scriptCall{keys: []string{k.rpm, k.tpm, k.conc}, args: []any{
+			l.RPM, l.TPM, l.Concurrency, l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros,
+			tokens, cost, id, r.leaseTTL.Microseconds(), k.base, ConcurrencyRetryAfter.Microseconds(),
+			tpmReserve(tokens, l.TPM),
+		}}
+	}
+	r.run(ctx, admitScript, calls)
+
+	replies := make([]admitReply, len(idx))
+	var firstErr error
+	refusedAt := -1
+	for j := range calls {
+		if calls[j].err == nil {
+			replies[j], calls[j].err = parseAdmit(calls[j].res)
+		}
+		if calls[j].err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("ratelimit: redis admit: %w", calls[j].err)
+			}
+			continue
+		}
+		if !replies[j].allowed && (refusedAt < 0 || replies[j].retry > replies[refusedAt].retry) {
+			refusedAt = j
+		}
+	}
+
+	if firstErr != nil || refusedAt >= 0 {
+		// Some subjects may have reserved while another refused or failed:
+		// take their reservations back so that a refused request holds
+		// nothing. This second round trip happens only on this path.
+		var undo []scriptCall
+		var undone []int
+		for j, i := range idx {
+			if calls[j].err != nil || !replies[j].allowed {
+				continue
+			}
+			at := time.UnixMicro(replies[j].now).UTC()
+			undo = append(undo, r.settleCall(req.Subjects[i], id, at, 1,
+				-tpmReserve(tokens, req.Subjects[i].Limits.TPM), -tokens, -cost))
+			undone = append(undone, j)
+		}
+		if len(undo) > 0 {
+			r.run(ctx, settleScript, undo)
+			for u, j := range undone {
+				v, err := replyInts(undo[u].res, undo[u].err, 3)
+				if err != nil {
+					if firstErr == nil {
+						firstErr = fmt.Errorf("ratelimit: redis undo reservation: %w", err)
+					}
+					continue
+				}
+				replies[j].now, replies[j].rpmD, replies[j].tpmD = v[0], v[1], v[2]
+			}
+		}
+		if firstErr != nil {
+			return Decision{}, firstErr
+		}
+		rep := replies[refusedAt]
+		return Decision{
+			Refused:    refusedState(req.Subjects[idx[refusedAt]], rep),
+			RetryAfter: time.Duration(rep.retry) * time.Microsecond,
+			States:     r.rateStates(req.Subjects, idx, replies),
+		}, nil
+	}
+
+	lease.At = time.UnixMicro(replies[0].now).UTC()
+	return Decision{Allowed: true, Lease: lease, States: r.rateStates(req.Subjects, idx, replies)}, nil
+}
+
+// Settle implements Limiter. tokens and costMicros are the real usage (so
+// far, for a cancelled request). Rates are corrected on Redis's clock at the
+// time of the call, budgets in the windows of l.At. The lease counts as
+// settled even when Redis fails: a retry could apply it twice, while an
+// unsettled lease only leaves its estimate charged and its slot held until
+// LeaseTTL.
+func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) error {
+	if l == nil {
+		return errors.New("ratelimit: settle of a nil lease")
+	}
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	if !l.settled.CompareAndSwap(false, true) {
+		return nil
+	}
+	tokens, costMicros = max(tokens, 0), max(costMicros, 0)
+	var calls []scriptCall
+	for _, s := range l.Subjects {
+		lim := s.Limits
+		if lim.TPM <= 0 && lim.Concurrency <= 0 && lim.TokensPerDay <= 0 &&
+			lim.CostPerDayMicros <= 0 && lim.CostPerMonthMicros <= 0 {
+			continue // RPM alone, or nothing: a request is a request
+		}
+		calls = append(calls, r.settleCall(s, l.ID, l.At, 0,
+			tokens-tpmReserve(l.Tokens, lim.TPM), tokens-l.Tokens, costMicros-l.CostMicros))
+	}
+	if len(calls) == 0 {
+		return nil
+	}
+	r.run(ctx, settleScript, calls)
+	for _, c := range calls {
+		if _, err := replyInts(c.res, c.err, 3); err != nil {
+			return fmt.Errorf("ratelimit: redis settle: %w", err)
+		}
+	}
+	return nil
+}
+
+// settleCall builds a settleScript call for subject s of lease id admitted
+// at at.
+func (r *Redis) settleCall(s Subject, id string, at time.Time, refund int, tpmDelta, tokDelta, costDelta int64) scriptCall {
+	k := r.keys(s)
+	day, dayLeft := dayWindow(at)
+	month, monthLeft := monthWindow(at)
+	l := s.Limits
+	return scriptCall{
+		keys: []string{k.rpm, k.tpm, k.conc, k.base + "tpd:" + day, k.base + "cpd:" + day, k.base + "cpm:" + month},
+		args: []any{
+			l.RPM, l.TPM, l.Concurrency, l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros,
+			tpmDelta, tokDelta, costDelta, id, refund,
+			at.Add(dayLeft).UnixMilli(), at.Add(monthLeft).UnixMilli(),
+		},
+	}
+}
+
+// Peek implements Limiter: one State per non-zero limit of each subject, in
+// Kind order, as for Local. It reserves nothing.
+func (r *Redis) Peek(ctx context.Context, subjects []Subject) ([]State, error) {
+	if r.closed.Load() {
+		return nil, ErrClosed
+	}
+	var calls []scriptCall
+	var idx []int
+	for i, s := range subjects {
+		if !limited(s.Limits) {
+			continue
+		}
+		k := r.keys(s)
+		calls = append(calls, scriptCall{keys: []string{k.rpm, k.tpm, k.conc}, args: []any{k.base}})
+		idx = append(idx, i)
+	}
+	if len(calls) == 0 {
+		return nil, nil
+	}
+	r.run(ctx, peekScript, calls)
+	var out []State
+	for j, c := range calls {
+		v, err := replyInts(c.res, c.err, 9)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: redis peek: %w", err)
+		}
+		s, lim := subjects[idx[j]], subjects[idx[j]].Limits
+		if lim.RPM > 0 {
+			out = append(out, rateStateMicros(s, KindRPM, v[1]))
+		}
+		if lim.TPM > 0 {
+			out = append(out, rateStateMicros(s, KindTPM, v[2]))
+		}
+		if lim.Concurrency > 0 {
+			out = append(out, State{Scope: s.Scope, ID: s.ID, Kind: KindConcurrency,
+				Limit: lim.Concurrency, Used: v[3], Remaining: max(lim.Concurrency-v[3], 0)})
+		}
+		if lim.TokensPerDay > 0 {
+			out = append(out, budgetStateMicros(s, KindTokensPerDay, v[4], v[7]))
+		}
+		if lim.CostPerDayMicros > 0 {
+			out = append(out, budgetStateMicros(s, KindCostPerDay, v[5], v[7]))
+		}
+		if lim.CostPerMonthMicros > 0 {
+			out = append(out, budgetStateMicros(s, KindCostPerMonth, v[6], v[8]))
+		}
+	}
+	return out, nil
+}
+
+// Close implements Limiter. It does not close the client, which the caller
+// owns.
+func (r *Redis) Close() error {
+	r.closed.Store(true)
+	return nil
+}
+
+// scriptCall is one script invocation and its outcome.
+type scriptCall struct {
+	keys []string
+	args []any
+	res  any
+	err  error
+}
+
+// run executes calls of one script: a single call with EVALSHA falling back
+// to EVAL, several in one pipeline of EVALSHAs. A call that meets NOSCRIPT
+// (a restarted or flushed Redis, or a Cluster node not yet warmed) is rerun
+// alone with the fallback; the others are not rerun, since they ran.
+func (r *Redis) run(ctx context.Context, sc *redis.Script, calls []scriptCall) {
+	if len(calls) == 1 {
+		calls[0].res, calls[0].err = sc.Run(ctx, r.client, calls[0].keys, calls[0].args...).Result()
+		return
+	}
+	cmds := make([]*redis.Cmd, len(calls))
+	// Pipelined's error is the first command's error; each is read below.
+	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range calls {
+			cmds[i] = sc.EvalSha(ctx, p, calls[i].keys, calls[i].args...)
+		}
+		return nil
+	})
+	for i, cmd := range cmds {
+		calls[i].res, calls[i].err = cmd.Result()
+		if isNoScript(calls[i].err) {
+			calls[i].res, calls[i].err = sc.Run(ctx, r.client, calls[i].keys, calls[i].args...).Result()
+		}
+	}
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// replyInts checks that a script reply is an array of n integers.
+func replyInts(res any, err error, n int) ([]int64, error) {
+	if err != nil {
+		return nil, err
+	}
+	arr, ok := res.([]any)
+	if !ok || len(arr) != n {
+		return nil, fmt.Errorf("unexpected script reply %T of %d values, want %d", res, len(arr), n)
+	}
+	out := make([]int64, n)
+	for i, x := range arr {
+		v, ok := x.(int64)
+		if !ok {
+			return nil, fmt.Errorf("unexpected script reply: value %d is %T, want int64", i, x)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func parseAdmit(res any) (admitReply, error) {
+	v, err := replyInts(res, nil, 12)
+	if err != nil {
+		return admitReply{}, err
+	}
+	rep := admitReply{
+		allowed: v[0] == 1, now: v[1], retry: v[3], rpmD: v[4], tpmD: v[5],
+		conc: v[6], tpd: v[7], cpd: v[8], cpm: v[9], dayLeft: v[10], monthLeft: v[11],
+	}
+	if !rep.allowed {
+		if v[2] < int64(KindRPM) || v[2] > int64(KindCostPerMonth) {
+			return admitReply{}, fmt.Errorf("unexpected script reply: refused kind %d", v[2])
+		}
+		rep.refused = Kind(v[2])
+	}
+	return rep, nil
+}
+
+// rateStates lists the RPM and TPM states of every subject with such limits,
+// in request order.
+func (r *Redis) rateStates(subjects []Subject, idx []int, replies []admitReply) []State {
+	var out []State
+	for j, i := range idx {
+		s := subjects[i]
+		if s.Limits.RPM > 0 {
+			out = append(out, rateStateMicros(s, KindRPM, replies[j].rpmD))
+		}
+		if s.Limits.TPM > 0 {
+			out = append(out, rateStateMicros(s, KindTPM, replies[j].tpmD))
+		}
+	}
+	return out
+}
+
+// refusedState is the state of the limit that refused s.
+func refusedState(s Subject, rep admitReply) State {
+	lim := s.Limits
+	switch rep.refused {
+	case KindRPM:
+		return rateStateMicros(s, KindRPM, rep.rpmD)
+	case KindTPM:
+		return rateStateMicros(s, KindTPM, rep.tpmD)
+	case KindConcurrency:
+		return State{Scope: s.Scope, ID: s.ID, Kind: KindConcurrency, Limit: lim.Concurrency, Used: rep.conc}
+	case KindTokensPerDay:
+		return budgetStateMicros(s, KindTokensPerDay, rep.tpd, rep.dayLeft)
+	case KindCostPerDay:
+		return budgetStateMicros(s, KindCostPerDay, rep.cpd, rep.dayLeft)
+	default:
+		return budgetStateMicros(s, KindCostPerMonth, rep.cpm, rep.monthLeft)
+	}
+}
+
+// rateStateMicros reports a bucket whose TAT is d µs ahead of now, with
+// gcra.go's rateState.
+func rateStateMicros(s Subject, k Kind, d int64) State {
+	limit := s.Limits.Get(k)
+	used, rem, reset := rateState(d*int64(time.Microsecond), 0, limit)
+	return State{Scope: s.Scope, ID: s.ID, Kind: k, Limit: limit, Used: used, Remaining: rem, Reset: reset}
+}
+
+func budgetStateMicros(s Subject, k Kind, used, left int64) State {
+	limit := s.Limits.Get(k)
+	return State{Scope: s.Scope, ID: s.ID, Kind: k, Limit: limit, Used: used,
+		Remaining: max(limit-used, 0), Reset: time.Duration(left) * time.Microsecond}
+}
+
+// newLeaseID returns 16 random bytes in hex: lease ids of every replica meet
+// in one concurrency set, so they must not collide.
+func newLeaseID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("ratelimit: lease id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}

@@ -1,0 +1,269 @@
+package ratelimit
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts keep every instant and every theoretical arrival time (TAT) as
+// an integer count of microseconds since the Unix epoch, read from Redis's
+// own TIME so that every replica shares one clock. Lua 5.1 numbers are IEEE
+// doubles, which hold every integer below 2^53 (about 9.0e15) exactly; the
+// present is about 1.8e15 µs, so instants, TATs and their differences stay
+// exact until the year 2255 without shifting the epoch as redis_rate does
+// (it works in float seconds, where the fraction would be lost). The one
+// product that could grow large is n·60e6 in gcra_cost, which is exact for n
+// below 1.5e8 tokens per request; its quotient by the limit is then
+// correctly rounded, so math.floor of it is the exact integer floor.
+//
+// A TAT is stored as a decimal integer string (string.format('%d')): Lua's
+// tostring would print 1.8e15 as "1.8e+15" and lose the microseconds.
+//
+// Budget keys carry the window name, which comes from TIME inside the admit
+// and peek scripts, so those keys are built in the script from ARGV (the
+// subject's hash-tagged base) rather than passed in KEYS. They share the
+// subject's hash tag with KEYS[1], so they live in the same Cluster slot, and
+// Redis (without a shebang flag) allows a script to touch them.
+const luaCommon = `
+local WINDOW = 60000000
+local SLACK_MS = 1000
+local DAY = 86400000000
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- gcra_cost is n emission intervals of a bucket refilling limit per minute,
+-- rounded down so that a full bucket admits exactly limit single requests
+-- (gcra.go's rateCost, in µs instead of ns).
+local function gcra_cost(n, limit)
+  if n <= 0 then return 0 end
+  return math.floor(n * WINDOW / limit)
+end
+
+-- budget_admits mirrors gcra.go's budgetAdmits: a spent budget refuses even
+-- a zero estimate.
+local function budget_admits(used, reserve, limit)
+  return used < limit and reserve <= limit - used
+end
+
+-- tat_of returns max(TAT, now): a missing or stale key is a full bucket.
+local function tat_of(key, now)
+  local v = redis.call('GET', key)
+  if not v then return now end
+  local tat = tonumber(v)
+  if tat == nil or tat < now then return now end
+  return tat
+end
+
+-- store_tat keeps the key exactly as long as the bucket is not full.
+local function store_tat(key, tat, now)
+  if tat > now then
+    redis.call('SET', key, string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000) + SLACK_MS)
+  else
+    redis.call('DEL', key)
+  end
+end
+
+local function used_of(key)
+  local v = redis.call('GET', key)
+  if not v then return 0 end
+  return tonumber(v) or 0
+end
+
+-- civil and days_from_civil convert between days since 1970-01-01 and the
+-- proleptic Gregorian calendar (H. Hinnant, "chrono-Compatible Low-Level Date
+-- Algorithms"); Redis's Lua has no os.date.
+local function civil(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m
+  if mp < 10 then m = mp + 3 else m = mp - 9 end
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp
+  if m > 2 then mp = m - 3 else mp = m + 9 end
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+-- windows names the UTC day and month holding now (the formats of Go's
+-- dayWindow and monthWindow) and returns the instants (µs) they end.
+local function windows(now)
+  local days = math.floor(now / DAY)
+  local y, m, d = civil(days)
+  local ny, nm = y, m + 1
+  if nm == 13 then ny, nm = y + 1, 1 end
+  return string.format('%04d-%02d-%02d', y, m, d), (days + 1) * DAY,
+         string.format('%04d-%02d', y, m), days_from_civil(ny, nm, 1) * DAY
+end
+`
+
+// admitScript checks every limit of one subject and reserves all of them only
+// if all admit.
+//
+// KEYS: rpm, tpm, conc. ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; tokens;
+// cost; lease id; lease TTL (µs); subject base ("{tag}:"); concurrency retry
+// (µs); TPM reservation (tokens clamped to the TPM limit, gcra.go's
+// tpmReserve).
+//
+// Reply: allowed, now, refused kind (-1), retry (µs), rpm TAT-now, tpm
+// TAT-now, conc used, tpd used, cpd used, cpm used, day left (µs), month left
+// (µs). Rates and counts are after the reservation when allowed, untouched
+// when refused.
+var admitScript = redis.NewScript(luaCommon + `
+local now = now_us()
+local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local tokens, cost = tonumber(ARGV[7]), tonumber(ARGV[8])
+local lease, ttl, base, conc_retry = ARGV[9], tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
+local tpm_n = tonumber(ARGV[13])
+
+-- Every refusing limit is seen; the one that frees last is reported, so
+-- that its RetryAfter is a time at which a retry can pass.
+local refused, retry = -1, 0
+local function refuse(kind, after)
+  if refused < 0 or after > retry then refused, retry = kind, after end
+end
+
+local rpm_tat, rpm_new = now, now
+if rpm_l > 0 then
+  rpm_tat = tat_of(KEYS[1], now)
+  rpm_new = rpm_tat + gcra_cost(1, rpm_l)
+  if rpm_new - now > WINDOW then refuse(0, rpm_new - now - WINDOW) end
+end
+local tpm_tat, tpm_new = now, now
+if tpm_l > 0 then
+  tpm_tat = tat_of(KEYS[2], now)
+  tpm_new = tpm_tat + gcra_cost(tpm_n, tpm_l)
+  if tpm_new - now > WINDOW then refuse(1, tpm_new - now - WINDOW) end
+end
+local conc_used = 0
+if conc_l > 0 then
+  -- Leases of replicas that died without settling expire here.
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
+  conc_used = redis.call('ZCARD', KEYS[3])
+  if conc_used >= conc_l then refuse(2, conc_retry) end
+end
+local day, day_end, month, month_end = windows(now)
+local tpd_key, cpd_key, cpm_key = base .. 'tpd:' .. day, base .. 'cpd:' .. day, base .. 'cpm:' .. month
+local tpd_used, cpd_used, cpm_used = 0, 0, 0
+if tpd_l > 0 then
+  tpd_used = used_of(tpd_key)
+  if not budget_admits(tpd_used, tokens, tpd_l) then refuse(3, day_end - now) end
+end
+if cpd_l > 0 then
+  cpd_used = used_of(cpd_key)
+  if not budget_admits(cpd_used, cost, cpd_l) then refuse(4, day_end - now) end
+end
+if cpm_l > 0 then
+  cpm_used = used_of(cpm_key)
+  if not budget_admits(cpm_used, cost, cpm_l) then refuse(5, month_end - now) end
+end
+
+if refused >= 0 then
+  return {0, now, refused, retry, rpm_tat - now, tpm_tat - now, conc_used,
+          tpd_used, cpd_used, cpm_used, day_end - now, month_end - now}
+end
+
+if rpm_l > 0 then store_tat(KEYS[1], rpm_new, now); rpm_tat = rpm_new end
+if tpm_l > 0 then store_tat(KEYS[2], tpm_new, now); tpm_tat = tpm_new end
+if conc_l > 0 then
+  redis.call('ZADD', KEYS[3], string.format('%d', now + ttl), lease)
+  redis.call('PEXPIRE', KEYS[3], math.ceil(ttl / 1000) + SLACK_MS)
+  conc_used = conc_used + 1
+end
+local function charge(key, limit, n, wend)
+  if limit <= 0 or n <= 0 then return used_of(key) end
+  local v = redis.call('INCRBY', key, n)
+  -- A window's counter outlives it by a day, for late settlements.
+  redis.call('PEXPIREAT', key, math.floor(wend / 1000) + 86400000)
+  return v
+end
+if tpd_l > 0 then tpd_used = charge(tpd_key, tpd_l, tokens, day_end) end
+if cpd_l > 0 then cpd_used = charge(cpd_key, cpd_l, cost, day_end) end
+if cpm_l > 0 then cpm_used = charge(cpm_key, cpm_l, cost, month_end) end
+return {1, now, -1, 0, rpm_tat - now, tpm_tat - now, conc_used,
+        tpd_used, cpd_used, cpm_used, day_end - now, month_end - now}
+`)
+
+// settleScript corrects one subject's reservation to the real usage; with
+// ARGV[11] = 1 and deltas that take back the whole reservation it undoes an
+// admission entirely.
+//
+// KEYS: rpm, tpm, conc, tpd, cpd, cpm (budget keys of the lease's admission
+// windows). ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; TPM delta (actual −
+// clamped reservation); token delta; cost delta; lease id; refund one request
+// (0/1); day end (ms); month end (ms).
+//
+// Reply: now, rpm TAT-now, tpm TAT-now.
+var settleScript = redis.NewScript(luaCommon + `
+local now = now_us()
+local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local tpm_delta, tok_delta, cost_delta = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local lease, refund = ARGV[10], ARGV[11] == '1'
+local day_end_ms, month_end_ms = tonumber(ARGV[12]), tonumber(ARGV[13])
+
+-- adjust is gcra.go's rateSettle: a charge is taken from the bucket as it
+-- is now and may put it in debt; a refund never takes the TAT below now (a
+-- bucket is never more than full).
+local function adjust(key, delta, limit)
+  local tat = tat_of(key, now)
+  if delta >= 0 then
+    tat = tat + gcra_cost(delta, limit)
+  else
+    tat = math.max(tat - gcra_cost(-delta, limit), now)
+  end
+  store_tat(key, tat, now)
+  return tat - now
+end
+
+local rpm_d, tpm_d = 0, 0
+if rpm_l > 0 then
+  if refund then rpm_d = adjust(KEYS[1], -1, rpm_l) else rpm_d = tat_of(KEYS[1], now) - now end
+end
+if tpm_l > 0 then
+  if tpm_delta ~= 0 then tpm_d = adjust(KEYS[2], tpm_delta, tpm_l) else tpm_d = tat_of(KEYS[2], now) - now end
+end
+if conc_l > 0 then redis.call('ZREM', KEYS[3], lease) end
+
+-- rebill moves a budget counter, never below zero, in the lease's window.
+local function rebill(key, limit, delta, end_ms)
+  if limit <= 0 or delta == 0 then return end
+  if delta < 0 and redis.call('EXISTS', key) == 0 then return end
+  local v = redis.call('INCRBY', key, delta)
+  if v < 0 then redis.call('SET', key, '0') end
+  redis.call('PEXPIREAT', key, end_ms + 86400000)
+end
+rebill(KEYS[4], tpd_l, tok_delta, day_end_ms)
+rebill(KEYS[5], cpd_l, cost_delta, day_end_ms)
+rebill(KEYS[6], cpm_l, cost_delta, month_end_ms)
+return {now, rpm_d, tpm_d}
+`)
+
+// peekScript reads one subject's state without changing it.
+//
+// KEYS: rpm, tpm, conc. ARGV: subject base. Reply: now, rpm TAT-now, tpm
+// TAT-now, live leases, tpd used, cpd used, cpm used, day left (µs), month
+// left (µs).
+var peekScript = redis.NewScript(luaCommon + `
+local now = now_us()
+local base = ARGV[1]
+local day, day_end, month, month_end = windows(now)
+return {now, tat_of(KEYS[1], now) - now, tat_of(KEYS[2], now) - now,
+        redis.call('ZCOUNT', KEYS[3], '(' .. string.format('%d', now), '+inf'),
+        used_of(base .. 'tpd:' .. day), used_of(base .. 'cpd:' .. day), used_of(base .. 'cpm:' .. month),
+        day_end - now, month_end - now}
+`)

@@ -1,0 +1,520 @@
+package ratelimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func keySubject(id string, l Limits) Subject  { return Subject{Scope: ScopeKey, ID: id, Limits: l} }
+func teamSubject(id string, l Limits) Subject { return Subject{Scope: ScopeTeam, ID: id, Limits: l} }
+
+func mustAdmit(t testing.TB, l Limiter, req Request) Decision {
+	t.Helper()
+	d, err := l.Admit(context.Background(), req)
+	if err != nil {
+		t.Fatalf("Admit: %v", err)
+	}
+	return d
+}
+
+func peekKind(t testing.TB, l Limiter, s Subject, k Kind) State {
+	t.Helper()
+	sts, err := l.Peek(context.Background(), []Subject{s})
+	if err != nil {
+		t.Fatalf("Peek: %v", err)
+	}
+	for _, st := range sts {
+		if st.Kind == k && st.Scope == s.Scope && st.ID == s.ID {
+			return st
+		}
+	}
+	t.Fatalf("Peek: no %v state for %v %s in %+v", k, s.Scope, s.ID, sts)
+	return State{}
+}
+
+// refill returns how many units a bucket of limit per minute can have
+// regained in d, plus one for the partial unit.
+func refill(d time.Duration, limit int64) int64 {
+	return int64(d)*limit/int64(time.Minute) + 1
+}
+
+func TestRedisRPMBurstThenRefusal(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	s := keySubject("a", Limits{RPM: 60}) // T = 1 s
+	start := time.Now()
+	var admitted int64
+	var d Decision
+	for range 200 {
+		d = mustAdmit(t, rl, Request{Subjects: []Subject{s}})
+		if !d.Allowed {
+			break
+		}
+		admitted++
+	}
+	elapsed := time.Since(start)
+	if admitted < 60 || admitted > 60+refill(elapsed, 60) {
+		t.Fatalf("admitted %d in %v, want the burst of 60 (+%d refill)", admitted, elapsed, refill(elapsed, 60))
+	}
+	if d.Allowed {
+		t.Fatal("never refused")
+	}
+	if d.Refused.Kind != KindRPM || d.Refused.Scope != ScopeKey || d.Refused.ID != "a" || d.Refused.Remaining != 0 {
+		t.Fatalf("Refused = %+v", d.Refused)
+	}
+	// The next unit arrives within one emission interval, never the window.
+	if d.RetryAfter <= 0 || d.RetryAfter > time.Second+50*time.Millisecond {
+		t.Fatalf("RetryAfter = %v, want in (0, 1s]", d.RetryAfter)
+	}
+	if len(d.States) != 1 || d.States[0].Kind != KindRPM || d.States[0].Remaining != 0 || d.States[0].Limit != 60 {
+		t.Fatalf("States = %+v", d.States)
+	}
+	if d.Lease != nil {
+		t.Fatal("refused decision carries a lease")
+	}
+}
+
+func TestRedisTPMSettleRefundAndDebt(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	s := keySubject("tpm", Limits{TPM: 6000}) // T = 10 ms
+	start := time.Now()
+	check := func(what string, want int64) {
+		t.Helper()
+		got := peekKind(t, rl, s, KindTPM).Remaining
+		if tol := refill(time.Since(start), 6000); got < want || got > want+tol {
+			t.Fatalf("%s: Remaining = %d, want %d (+%d refill)", what, got, want, tol)
+		}
+	}
+	d := mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 1000})
+	if !d.Allowed || len(d.States) != 1 {
+		t.Fatalf("admit: %+v", d)
+	}
+	check("after reserving 1000", 5000)
+	if err := rl.Settle(context.Background(), d.Lease, 200, 0); err != nil {
+		t.Fatal(err)
+	}
+	check("after settling 200 (refund 800)", 5800)
+
+	d = mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 1000})
+	check("after reserving 1000 more", 4800)
+	if err := rl.Settle(context.Background(), d.Lease, 10000, 0); err != nil {
+		t.Fatal(err)
+	}
+	// 9000 beyond the reservation: the bucket is in debt.
+	st := peekKind(t, rl, s, KindTPM)
+	if st.Remaining != 0 || st.Used <= st.Limit || st.Reset <= time.Minute {
+		t.Fatalf("after debt: %+v, want Remaining 0, Used > Limit, Reset > 1m", st)
+	}
+	d = mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 0})
+	if d.Allowed || d.Refused.Kind != KindTPM {
+		t.Fatalf("bucket in debt admitted a request: %+v", d)
+	}
+	// Debt of 4200 tokens past a full window = 42 s at 10 ms per token.
+	if want := 42 * time.Second; d.RetryAfter > want || d.RetryAfter < want-time.Since(start)-time.Second {
+		t.Fatalf("RetryAfter = %v, want about %v", d.RetryAfter, want)
+	}
+}
+
+func TestRedisTPMEstimateAboveLimitIsClamped(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	s := keySubject("big", Limits{TPM: 1000})
+	d := mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 50000})
+	if !d.Allowed {
+		t.Fatalf("estimate above the bucket refused on a full bucket: %+v", d)
+	}
+	if d.States[0].Remaining != 0 {
+		t.Fatalf("States = %+v, want the whole bucket reserved", d.States)
+	}
+}
+
+func TestRedisKeyTeamRefusalReservesNothing(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	key := keySubject("k1", Limits{RPM: 60, TPM: 60000, Concurrency: 10, TokensPerDay: 1e6, CostPerDayMicros: 1e6})
+	team := teamSubject("t1", Limits{Concurrency: 1})
+	req := Request{Subjects: []Subject{key, team}, Tokens: 100, CostMicros: 7}
+	first := mustAdmit(t, rl, req)
+	if !first.Allowed {
+		t.Fatalf("first: %+v", first)
+	}
+	// start is taken before the first Peek: the tolerance below must cover
+	// all the refill between the two Peeks' Redis times.
+	start := time.Now()
+	before, err := rl.Peek(context.Background(), []Subject{key, team})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := mustAdmit(t, rl, req)
+	if d.Allowed {
+		t.Fatal("team concurrency cap of 1 admitted a second request")
+	}
+	if d.Refused.Scope != ScopeTeam || d.Refused.ID != "t1" || d.Refused.Kind != KindConcurrency ||
+		d.Refused.Used != 1 || d.RetryAfter != ConcurrencyRetryAfter {
+		t.Fatalf("refusal = %+v after %v", d.Refused, d.RetryAfter)
+	}
+	after, err := rl.Peek(context.Background(), []Subject{key, team})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) != len(after) || len(after) != 6 {
+		t.Fatalf("Peek: %d states before, %d after, want 6", len(before), len(after))
+	}
+	for i := range before {
+		b, a := before[i], after[i]
+		tol := int64(0)
+		if !b.Kind.Budget() && b.Kind != KindConcurrency {
+			tol = refill(time.Since(start), b.Limit) + 1
+		}
+		if a.Kind != b.Kind || a.Remaining < b.Remaining || a.Remaining > b.Remaining+tol {
+			t.Fatalf("refused admission left a reservation: before %+v, after %+v", b, a)
+		}
+	}
+	// The key's RPM after the undo is in Decision.States as it is now.
+	if len(d.States) != 2 || d.States[0].Kind != KindRPM || d.States[0].Remaining < 59 {
+		t.Fatalf("States = %+v", d.States)
+	}
+	if err := rl.Settle(context.Background(), first.Lease, 100, 7); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustAdmit(t, rl, req); !d.Allowed {
+		t.Fatalf("after settle: %+v", d)
+	}
+}
+
+func TestRedisConcurrencySettleAndExpiry(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{LeaseTTL: 100 * time.Millisecond})
+	s := keySubject("c", Limits{Concurrency: 2})
+	req := Request{Subjects: []Subject{s}}
+	a, b := mustAdmit(t, rl, req), mustAdmit(t, rl, req)
+	if !a.Allowed || !b.Allowed || a.Lease.ID == b.Lease.ID {
+		t.Fatalf("a=%+v b=%+v", a, b)
+	}
+	if d := mustAdmit(t, rl, req); d.Allowed || d.Refused.Kind != KindConcurrency {
+		t.Fatalf("third: %+v", d)
+	}
+	if err := rl.Settle(context.Background(), a.Lease, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	c := mustAdmit(t, rl, req)
+	if !c.Allowed {
+		t.Fatalf("after Settle: %+v", c)
+	}
+	if st := peekKind(t, rl, s, KindConcurrency); st.Used != 2 || st.Remaining != 0 {
+		t.Fatalf("Peek = %+v", st)
+	}
+	// b and c are never settled, as if their replica died: their leases
+	// expire after LeaseTTL. Poll, bounded.
+	deadline := time.Now().Add(10 * time.Second)
+	for peekKind(t, rl, s, KindConcurrency).Used != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("leases of a dead replica never expired")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for range 2 {
+		if d := mustAdmit(t, rl, req); !d.Allowed {
+			t.Fatalf("after expiry: %+v", d)
+		}
+	}
+}
+
+func TestRedisBudgets(t *testing.T) {
+	client := startRedis(t)
+	rl := NewRedis(client, RedisOptions{})
+	s := keySubject("b", Limits{TokensPerDay: 1000, CostPerMonthMicros: 500})
+	req := func(tok, cost int64) Request { return Request{Subjects: []Subject{s}, Tokens: tok, CostMicros: cost} }
+
+	first := mustAdmit(t, rl, req(600, 100))
+	if !first.Allowed {
+		t.Fatalf("first: %+v", first)
+	}
+	day, dayLeft := dayWindow(first.Lease.At)
+	got, err := client.Get(context.Background(), "{tollgate:rl:key:b}:tpd:"+day).Int64()
+	if err != nil || got != 600 {
+		t.Fatalf("day counter %s = %d, %v; want 600", day, got, err)
+	}
+	if ttl := client.PTTL(context.Background(), "{tollgate:rl:key:b}:tpd:"+day).Val(); ttl < dayLeft || ttl > dayLeft+25*time.Hour {
+		t.Fatalf("day counter TTL %v, want the window (%v) plus a day", ttl, dayLeft)
+	}
+	d := mustAdmit(t, rl, req(600, 100))
+	if d.Allowed || d.Refused.Kind != KindTokensPerDay || d.Refused.Used != 600 || d.Refused.Remaining != 400 {
+		t.Fatalf("second: %+v", d)
+	}
+	if d.RetryAfter != d.Refused.Reset || d.RetryAfter <= 0 || d.RetryAfter > 24*time.Hour {
+		t.Fatalf("RetryAfter = %v, Reset = %v, want the end of the day", d.RetryAfter, d.Refused.Reset)
+	}
+	// Real usage 100: 500 tokens go back to the day.
+	if err := rl.Settle(context.Background(), first.Lease, 100, 500); err != nil {
+		t.Fatal(err)
+	}
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 100 {
+		t.Fatalf("tokens per day after settle: %+v", st)
+	}
+	// The month's cost is now spent (500 of 500): even a zero estimate waits
+	// for the next month.
+	d = mustAdmit(t, rl, req(1, 0))
+	if d.Allowed || d.Refused.Kind != KindCostPerMonth || d.Refused.Remaining != 0 {
+		t.Fatalf("spent month: %+v", d)
+	}
+	_, monthLeft := monthWindow(time.Now())
+	if diff := d.RetryAfter - monthLeft; diff < -time.Minute || diff > time.Minute {
+		t.Fatalf("RetryAfter = %v, want about %v (end of month)", d.RetryAfter, monthLeft)
+	}
+}
+
+func TestRedisSettleTwiceIsOnce(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	s := keySubject("s2", Limits{TokensPerDay: 1000, Concurrency: 5})
+	d := mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 300})
+	other := mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 300})
+	for range 2 {
+		if err := rl.Settle(context.Background(), d.Lease, 50, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 350 {
+		t.Fatalf("Used = %d, want 350 (50 settled + 300 open)", st.Used)
+	}
+	if st := peekKind(t, rl, s, KindConcurrency); st.Used != 1 {
+		t.Fatalf("open leases = %d, want 1", st.Used)
+	}
+	if other.Lease == nil {
+		t.Fatal("no lease")
+	}
+	if err := rl.Settle(context.Background(), nil, 0, 0); err == nil {
+		t.Fatal("Settle(nil) succeeded")
+	}
+}
+
+// TestRedisReplicasShareLimits runs three limiters (three replicas) on one
+// server under concurrent load: the RPM limit holds across them (burst plus
+// what refilled while the test ran) and the concurrency cap is never passed.
+func TestRedisReplicasShareLimits(t *testing.T) {
+	srv := startRedisServer(t)
+	const rpm, conc = 120, 4 // T = 500 ms
+	s := keySubject("shared", Limits{RPM: rpm, Concurrency: conc})
+	var admitted, open, maxOpen, attempts atomic.Int64
+	var errs atomic.Int64
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 3 {
+		rl := NewRedis(srv.client(t), RedisOptions{})
+		for range 40 {
+			wg.Go(func() {
+				for time.Now().Before(deadline) && attempts.Add(1) < 200000 {
+					d, err := rl.Admit(context.Background(), Request{Subjects: []Subject{s}})
+					if err != nil {
+						errs.Add(1)
+						return
+					}
+					if !d.Allowed {
+						continue
+					}
+					admitted.Add(1)
+					n := open.Add(1)
+					for m := maxOpen.Load(); n > m && !maxOpen.CompareAndSwap(m, n); m = maxOpen.Load() {
+					}
+					time.Sleep(time.Millisecond)
+					open.Add(-1)
+					if err := rl.Settle(context.Background(), d.Lease, 0, 0); err != nil {
+						errs.Add(1)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if errs.Load() != 0 {
+		t.Fatalf("%d Redis errors", errs.Load())
+	}
+	if got, most := admitted.Load(), rpm+refill(elapsed, rpm); got < rpm || got > most {
+		t.Fatalf("admitted %d in %v, want between the burst %d and %d", got, elapsed, rpm, most)
+	}
+	if m := maxOpen.Load(); m > conc || m < 1 {
+		t.Fatalf("%d requests open at once, cap %d", m, conc)
+	}
+}
+
+// TestRedisAgreesWithLocal runs one sequence through both backends; within
+// it no bucket refills by a whole unit (T = 6 s for RPM), so the decisions
+// and remaining counts must match.
+func TestRedisAgreesWithLocal(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	loc := NewLocal(LocalOptions{})
+	s := keySubject("x", Limits{RPM: 10, TPM: 1000, Concurrency: 3, TokensPerDay: 2500})
+	team := teamSubject("y", Limits{TPM: 700})
+	type step struct {
+		tokens, settle int64 // settle < 0: keep the lease open
+	}
+	steps := []step{{100, -1}, {300, 50}, {500, 900}, {200, -1}, {1, 0}, {0, -1}, {400, 400}, {300, -1}, {50, 50}, {10, 10}, {10, 10}}
+	for i, st := range steps {
+		req := Request{Subjects: []Subject{s, team}, Tokens: st.tokens}
+		dr, dl := mustAdmit(t, rl, req), mustAdmit(t, loc, req)
+		if dr.Allowed != dl.Allowed || dr.Refused.Kind != dl.Refused.Kind || dr.Refused.Scope != dl.Refused.Scope {
+			t.Fatalf("step %d: redis %+v, local %+v", i, dr, dl)
+		}
+		if len(dr.States) != len(dl.States) {
+			t.Fatalf("step %d: states redis %+v, local %+v", i, dr.States, dl.States)
+		}
+		for j := range dr.States {
+			a, b := dr.States[j], dl.States[j]
+			if a.Kind != b.Kind || a.Remaining < b.Remaining-1 || a.Remaining > b.Remaining+1 {
+				t.Fatalf("step %d state %d: redis %+v, local %+v", i, j, a, b)
+			}
+		}
+		if dr.Allowed && st.settle >= 0 {
+			if err := rl.Settle(context.Background(), dr.Lease, st.settle, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := loc.Settle(context.Background(), dl.Lease, st.settle, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pr, err := rl.Peek(context.Background(), []Subject{s, team})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := loc.Peek(context.Background(), []Subject{s, team})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pr) != len(pl) {
+		t.Fatalf("Peek: redis %+v, local %+v", pr, pl)
+	}
+	for j := range pr {
+		a, b := pr[j], pl[j]
+		if a.Kind != b.Kind || a.Scope != b.Scope || a.Limit != b.Limit || a.Remaining < b.Remaining-1 || a.Remaining > b.Remaining+1 {
+			t.Fatalf("Peek %d: redis %+v, local %+v", j, a, b)
+		}
+	}
+}
+
+// TestRedisLuaCalendar checks the scripts' hand-written calendar against
+// dayWindow and monthWindow across leap years, month ends and centuries.
+func TestRedisLuaCalendar(t *testing.T) {
+	client := startRedis(t)
+	sc := redis.NewScript(luaCommon + `
+local now = tonumber(ARGV[1])
+local day, day_end, month, month_end = windows(now)
+return {day, day_end - now, month, month_end - now}
+`)
+	var instants []time.Time
+	for _, d := range []string{"1970-01-01", "1999-12-31", "2000-02-28", "2000-02-29", "2000-03-01",
+		"2024-02-29", "2025-02-28", "2025-12-31", "2026-01-01", "2100-02-28", "2100-03-01", "2240-12-31"} {
+		day, err := time.Parse("2006-01-02", d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		instants = append(instants, day, day.Add(time.Microsecond), day.Add(24*time.Hour-time.Microsecond), day.Add(13*time.Hour+7*time.Second))
+	}
+	for d := time.Date(2023, 1, 1, 5, 0, 0, 0, time.UTC); d.Year() < 2029; d = d.Add(97 * time.Hour) {
+		instants = append(instants, d)
+	}
+	for _, at := range instants {
+		res, err := sc.Run(context.Background(), client, []string{"{cal}"}, at.UnixMicro()).Slice()
+		if err != nil || len(res) != 4 {
+			t.Fatalf("%v: %v %v", at, res, err)
+		}
+		day, dayLeft := dayWindow(at)
+		month, monthLeft := monthWindow(at)
+		if res[0] != day || res[1] != dayLeft.Microseconds() || res[2] != month || res[3] != monthLeft.Microseconds() {
+			t.Fatalf("%v: lua %v, go %s %d %s %d", at, res, day, dayLeft.Microseconds(), month, monthLeft.Microseconds())
+		}
+	}
+}
+
+// TestRedisRestart kills Redis: Admit reports an error (the caller's policy
+// decides), and after a restart (empty, with no cached scripts) it works
+// again through the EVAL fallback, also in a pipeline.
+func TestRedisRestart(t *testing.T) {
+	srv := startRedisServer(t)
+	rl := NewRedis(srv.client(t), RedisOptions{})
+	req := Request{Subjects: []Subject{keySubject("r", Limits{RPM: 10}), teamSubject("r", Limits{RPM: 10})}}
+	if d := mustAdmit(t, rl, req); !d.Allowed {
+		t.Fatal(d)
+	}
+	srv.kill()
+	if _, err := rl.Admit(context.Background(), req); err == nil {
+		t.Fatal("Admit with Redis down returned no error")
+	}
+	srv.restart()
+	d := mustAdmit(t, rl, req)
+	if !d.Allowed || d.States[0].Remaining != 9 {
+		t.Fatalf("after restart: %+v", d)
+	}
+	if err := rl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rl.Admit(context.Background(), req); err != ErrClosed {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// countHook counts round trips: one per command outside a pipeline, one per
+// pipeline.
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
+}
+
+func TestRedisOneRoundTripPerAdmit(t *testing.T) {
+	srv := startRedisServer(t)
+	var h countHook
+	rl := NewRedis(srv.client(t, &h), RedisOptions{})
+	key := keySubject("rt", Limits{RPM: 1e6, TPM: 1e9, Concurrency: 100, TokensPerDay: 1e12})
+	team := teamSubject("rt", Limits{RPM: 1e6, CostPerMonthMicros: 1e12})
+	for _, subjects := range [][]Subject{{key}, {key, team}} {
+		req := Request{Subjects: subjects, Tokens: 10, CostMicros: 10}
+		mustAdmit(t, rl, req) // loads the script (EVALSHA, then EVAL)
+		h.n.Store(0)
+		d := mustAdmit(t, rl, req)
+		if !d.Allowed {
+			t.Fatal(d)
+		}
+		if n := h.n.Load(); n != 1 {
+			t.Fatalf("%d subjects: %d round trips per Admit, want 1", len(subjects), n)
+		}
+	}
+}
+
+func BenchmarkRedisAdmitSettle(b *testing.B) {
+	srv := startRedisServer(b)
+	var h countHook
+	rl := NewRedis(srv.client(b, &h), RedisOptions{})
+	req := Request{Subjects: []Subject{
+		keySubject("bench", Limits{RPM: 1e9, TPM: 1e12, Concurrency: 1e6, TokensPerDay: 1e15}),
+		teamSubject("bench", Limits{RPM: 1e9, CostPerDayMicros: 1e15}),
+	}, Tokens: 100, CostMicros: 10}
+	ctx := context.Background()
+	warm := mustAdmit(b, rl, req)
+	if err := rl.Settle(ctx, warm.Lease, 100, 10); err != nil {
+		b.Fatal(err)
+	}
+	var admitTrips int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		before := h.n.Load()
+		d, err := rl.Admit(ctx, req)
+		if err != nil || !d.Allowed {
+			b.Fatal(d, err)
+		}
+		admitTrips += h.n.Load() - before
+		if err := rl.Settle(ctx, d.Lease, 90, 9); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(admitTrips)/float64(b.N), "admit-roundtrips/op")
+}
