@@ -155,8 +155,8 @@ func (ex *exchange) serve() {
 	d := ex.rec.Dialect
 	if d == llm.DialectNone {
 		ex.up = g.upstreamFor(guessDialect(r))
-		if ex.up == nil && len(g.upstreams) > 0 {
-			ex.up = g.upstreams[0]
+		if ex.up == nil {
+			ex.up = g.upstreamFor(llm.DialectNone)
 		}
 	} else {
 		ex.up = g.upstreamFor(d)

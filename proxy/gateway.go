@@ -57,6 +57,7 @@ type Gateway struct {
 	now       func() time.Time
 
 	upstreams []*upstream
+	byConfig  map[*config.Upstream]*upstream
 	draining  atomic.Bool
 	bufPool   sync.Pool // *[]byte relay buffers
 	states    sync.Pool // *streamState
@@ -93,13 +94,16 @@ func New(opts Options) (*Gateway, error) {
 		b := make([]byte, relayBufSize)
 		return &b
 	}
+	g.byConfig = make(map[*config.Upstream]*upstream, len(g.cfg.Upstreams))
 	for i := range g.cfg.Upstreams {
 		u := &g.cfg.Upstreams[i]
 		t := opts.Transport
 		if t == nil {
 			t = newTransport(u)
 		}
-		g.upstreams = append(g.upstreams, &upstream{cfg: u, transport: t, timeout: config.Seconds(u.TimeoutSeconds)})
+		up := &upstream{cfg: u, transport: t, timeout: config.Seconds(u.TimeoutSeconds)}
+		g.upstreams = append(g.upstreams, up)
+		g.byConfig[u] = up
 	}
 	return g, nil
 }
@@ -179,14 +183,10 @@ func (g *Gateway) readyz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ready\n"))
 }
 
-// upstreamFor returns the first upstream serving dialect d, or nil.
+// upstreamFor returns the upstream config.UpstreamFor chooses for dialect d
+// (the first that serves it; the first of all for DialectNone), or nil.
 func (g *Gateway) upstreamFor(d llm.Dialect) *upstream {
-	for _, u := range g.upstreams {
-		if u.cfg.Serves(d) {
-			return u
-		}
-	}
-	return nil
+	return g.byConfig[g.cfg.UpstreamFor(d)]
 }
 
 // guessDialect picks the error dialect for a request outside the two dialect

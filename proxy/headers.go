@@ -25,15 +25,21 @@ var hopHeaders = []string{
 // removeHopHeaders deletes the hop-by-hop headers from h, including every
 // header named in its Connection header, as net/http/httputil does.
 func removeHopHeaders(h http.Header) {
-	for _, f := range h["Connection"] {
-		for sf := range strings.SplitSeq(f, ",") {
-			if sf = canonical(sf); sf != "" {
-				h.Del(sf)
-			}
-		}
-	}
+	deleteConnectionTokens(h, h)
 	for _, k := range hopHeaders {
 		h.Del(k)
+	}
+}
+
+// deleteConnectionTokens deletes from dst every header that src's Connection
+// header names (RFC 9110 §7.6.1): they too are hop-by-hop.
+func deleteConnectionTokens(dst, src http.Header) {
+	for _, f := range src["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = canonical(sf); sf != "" {
+				dst.Del(sf)
+			}
+		}
 	}
 }
 
@@ -78,13 +84,7 @@ func copyResponseHeaders(dst, src http.Header) {
 		}
 		dst[k] = append(dst[k][:0:0], vv...)
 	}
-	for _, f := range src["Connection"] {
-		for sf := range strings.SplitSeq(f, ",") {
-			if sf = canonical(sf); sf != "" {
-				dst.Del(sf)
-			}
-		}
-	}
+	deleteConnectionTokens(dst, src)
 }
 
 func isHopHeader(k string) bool {
