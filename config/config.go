@@ -17,6 +17,15 @@ type Config struct {
 	Metrics   Metrics    `toml:"metrics"`
 	SLO       SLO        `toml:"slo"`
 	Log       Log        `toml:"log"`
+
+	// Governance (governance.go).
+	Admin     Admin     `toml:"admin"`
+	RateLimit RateLimit `toml:"ratelimit"`
+	Redis     Redis     `toml:"redis"`
+	Spend     Spend     `toml:"spend"`
+	Models    []Model   `toml:"models"`
+	Teams     []Team    `toml:"teams"`
+	Keys      []Key     `toml:"keys"`
 }
 
 // Server is the [server] table: the gateway's own listener.
@@ -44,10 +53,11 @@ type Server struct {
 
 // Auth is the [auth] table: how callers are identified.
 type Auth struct {
-	// Mode is "passthrough": the caller's own key (Authorization: Bearer or
-	// x-api-key) goes upstream unchanged and is identified in logs and
-	// metrics by a short hash. Default "passthrough". (Gateway-issued keys,
-	// mode "keys", come with the governance work.)
+	// Mode is "passthrough" or "keys". Passthrough: the caller's own key
+	// (Authorization: Bearer or x-api-key) goes upstream unchanged and is
+	// identified by its [[keys]] name when its hash is listed there, else by
+	// a short hash. Keys: the caller's key must be one of [[keys]] and the
+	// upstream's own key (api_key_env) replaces it. Default "passthrough".
 	Mode string `toml:"mode"`
 	// RequireKey rejects requests that carry no key with 401. When false, a
 	// request without a key is sent upstream with the upstream's own key

@@ -1,0 +1,135 @@
+package config
+
+// This file holds the governance schema (DESIGN 4): gateway keys, teams,
+// their limits, model prices, the spend ledger, Redis and the admin API.
+
+// Limits are the optional limits of a [[teams]] or [[keys]] table. A key left
+// out (nil) means no limit; a key written out must be > 0 (a limit of 0 would
+// refuse every request: leave the key out instead).
+type Limits struct {
+	// RPM is requests per minute (a token bucket: bursts up to RPM, refilled
+	// continuously at RPM/60 per second).
+	RPM *int64 `toml:"rpm"`
+	// TPM is tokens per minute, input plus output. Admission reserves the
+	// prompt estimate plus max_tokens (or [ratelimit] default_max_tokens) and
+	// the real usage replaces the estimate when the request ends.
+	TPM *int64 `toml:"tpm"`
+	// Concurrency is the number of requests open at once.
+	Concurrency *int64 `toml:"concurrency"`
+	// TokensPerDay is a budget of tokens per UTC day, input plus output.
+	TokensPerDay *int64 `toml:"tokens_per_day"`
+	// CostPerDayUSD is a budget in US dollars per UTC day, priced by [[models]].
+	CostPerDayUSD *float64 `toml:"cost_per_day_usd"`
+	// CostPerMonthUSD is a budget in US dollars per UTC calendar month.
+	CostPerMonthUSD *float64 `toml:"cost_per_month_usd"`
+}
+
+// Team is one [[teams]] table.
+type Team struct {
+	// Name identifies the team in logs, metrics ("team" label) and the admin
+	// API: a-z, 0-9, _ and -, unique. Required.
+	Name string `toml:"name"`
+	// Models, when not empty, limits the team to models matching one of these
+	// patterns; each must be the pattern of a [[models]] table, so every model
+	// a team may use has a price. Empty: any model.
+	Models []string `toml:"models"`
+	Limits
+}
+
+// Key is one [[keys]] table: a gateway key (mode "keys"), or in mode
+// "passthrough" a caller's own key given a name, a team and limits.
+type Key struct {
+	// Name identifies the key in logs, metrics and the admin API (never the
+	// key itself): a-z, 0-9, _ and -, unique. Required.
+	Name string `toml:"name"`
+	// SHA256 is the lowercase hex SHA-256 of the key, as printed by
+	// `gateway hash-key`. Required, unique.
+	SHA256 string `toml:"sha256"`
+	// Team is the name of the [[teams]] table the key belongs to. Optional.
+	Team string `toml:"team"`
+	Limits
+}
+
+// Model is one [[models]] table: the price of the models matching Pattern.
+// Prices are US dollars per million tokens. Input is the price of prompt
+// tokens that are neither cache reads nor cache writes; reasoning tokens are
+// output tokens and priced as such.
+type Model struct {
+	// Pattern matches model names, as path.Match does ("gpt-4o*",
+	// "claude-sonnet-4-*"). The first [[models]] table that matches a
+	// request's model prices it. Required, unique.
+	Pattern string `toml:"pattern"`
+	// InputUSDPerMTok prices uncached prompt tokens. Required, >= 0.
+	InputUSDPerMTok float64 `toml:"input_usd_per_mtok"`
+	// OutputUSDPerMTok prices output tokens (reasoning included). Required, >= 0.
+	OutputUSDPerMTok float64 `toml:"output_usd_per_mtok"`
+	// CacheReadUSDPerMTok prices prompt tokens read from the cache. Optional;
+	// left out, they cost the input price.
+	CacheReadUSDPerMTok *float64 `toml:"cache_read_usd_per_mtok"`
+	// CacheWriteUSDPerMTok prices prompt tokens written to the cache.
+	// Optional; left out, they cost the input price.
+	CacheWriteUSDPerMTok *float64 `toml:"cache_write_usd_per_mtok"`
+}
+
+// RateLimit is the [ratelimit] table.
+type RateLimit struct {
+	// DefaultMaxTokens is the output reserved against TPM and token budgets
+	// for a request that sets no max_tokens (or max_completion_tokens).
+	// Default 4096.
+	DefaultMaxTokens int64 `toml:"default_max_tokens"`
+	// OnRedisError says what happens when Redis cannot be reached: "allow"
+	// (admit with an in-process limiter holding the same limits, per
+	// replica) or "deny" (refuse with 503). Default "allow".
+	OnRedisError string `toml:"on_redis_error"`
+	// RedisRetrySeconds is how long, after a Redis error, the gateway uses the
+	// fallback before trying Redis again. Default 1.
+	RedisRetrySeconds float64 `toml:"redis_retry_seconds"`
+}
+
+// Redis is the [redis] table. With no addrs, limits and spend live in the
+// process.
+type Redis struct {
+	// Addrs are host:port addresses: one for a single node, several for a
+	// Cluster, or Sentinels when MasterName is set. Default [] (no Redis).
+	Addrs []string `toml:"addrs"`
+	// MasterName is the Sentinel master name. Default "".
+	MasterName string `toml:"master_name"`
+	// Username for Redis ACLs. Default "".
+	Username string `toml:"username"`
+	// PasswordEnv names the environment variable holding the password.
+	// Default "" (no password).
+	PasswordEnv string `toml:"password_env"`
+	// Password is read from PasswordEnv at load time.
+	Password Secret `toml:"-"`
+	// DB is the database number (single node and Sentinel only). Default 0.
+	DB int `toml:"db"`
+	// TLS connects with TLS. Default false.
+	TLS bool `toml:"tls"`
+	// KeyPrefix starts every key tollgate writes. Default "tollgate:".
+	KeyPrefix string `toml:"key_prefix"`
+	// DialTimeoutMs bounds connecting. Default 500.
+	DialTimeoutMs float64 `toml:"dial_timeout_ms"`
+	// TimeoutMs bounds each command's read and write. Default 250.
+	TimeoutMs float64 `toml:"timeout_ms"`
+}
+
+// Spend is the [spend] table: the ledger of tokens and cost.
+type Spend struct {
+	// StateFile is where the in-process ledger is kept across restarts
+	// (written atomically every FlushIntervalSeconds and on shutdown). "" keeps
+	// it in memory only. Unused with Redis. Default "tollgate-spend.json".
+	StateFile string `toml:"state_file"`
+	// FlushIntervalSeconds is how often the state file is written, or with
+	// Redis how often spend is sent to Redis. Default 2.
+	FlushIntervalSeconds float64 `toml:"flush_interval_seconds"`
+}
+
+// Admin is the [admin] table: /admin/spend and /admin/limits.
+type Admin struct {
+	// TokenEnv names the environment variable holding the admin token,
+	// presented as "Authorization: Bearer <token>". Unset, the admin API
+	// answers 404. Default "".
+	TokenEnv string `toml:"token_env"`
+	// Token is read from TokenEnv at load time.
+	Token Secret `toml:"-"`
+}
