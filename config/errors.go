@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"iter"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -102,6 +103,10 @@ func typeMessage(msg string, key []string) string {
 	if !ok {
 		return msg
 	}
+	if t.Kind() == reflect.Pointer {
+		// go-toml names the pointed-to type of an optional value.
+		t = t.Elem()
+	}
 	switch {
 	case t.String() == goType:
 		return "must be " + describe(t) + ", not " + withArticle(found)
@@ -149,12 +154,33 @@ func tomlName(f reflect.StructField) string {
 }
 
 func fieldByTag(t reflect.Type, name string) (reflect.StructField, bool) {
-	for f := range t.Fields() {
+	for f := range tomlFields(t) {
 		if name != "-" && tomlName(f) == name {
 			return f, true
 		}
 	}
 	return reflect.StructField{}, false
+}
+
+// tomlFields yields the fields of struct type t as TOML sees them: the
+// fields of an embedded struct without a toml tag (Limits in Team and Key)
+// are yielded in its place, as if declared in t.
+func tomlFields(t reflect.Type) iter.Seq[reflect.StructField] {
+	return func(yield func(reflect.StructField) bool) {
+		for f := range t.Fields() {
+			if f.Anonymous && tomlName(f) == "" && f.Type.Kind() == reflect.Struct {
+				for ef := range tomlFields(f.Type) {
+					if !yield(ef) {
+						return
+					}
+				}
+				continue
+			}
+			if !yield(f) {
+				return
+			}
+		}
+	}
 }
 
 // describe names a Go type as the TOML value a user must write.
@@ -209,11 +235,11 @@ func hint(key []string) string {
 	if t.Kind() != reflect.Struct {
 		return ""
 	}
-	if t == reflect.TypeFor[Upstream]() && (last == "api_key" || last == "key") {
-		return "; keys stay out of the file: put the key in an environment variable and name it in api_key_env"
+	if h := secretHint(t, last); h != "" {
+		return h
 	}
 	best, bestDist := "", 3
-	for f := range t.Fields() {
+	for f := range tomlFields(t) {
 		n := tomlName(f)
 		if n == "" || n == "-" {
 			continue
@@ -229,6 +255,22 @@ func hint(key []string) string {
 		return ""
 	}
 	return "; did you mean " + strconv.Quote(best) + "?"
+}
+
+// secretHint explains, for an unknown key that looks like a secret written
+// into the file, where that secret goes instead.
+func secretHint(t reflect.Type, key string) string {
+	switch {
+	case t == reflect.TypeFor[Upstream]() && (key == "api_key" || key == "key"):
+		return "; keys stay out of the file: put the key in an environment variable and name it in api_key_env"
+	case t == reflect.TypeFor[Key]() && (key == "key" || key == "api_key" || key == "secret" || key == "token"):
+		return "; the key itself stays out of the file: put its SHA-256 in sha256 (`gateway hash-key` prints it)"
+	case t == reflect.TypeFor[Redis]() && key == "password":
+		return "; the password stays out of the file: put it in an environment variable and name it in password_env"
+	case t == reflect.TypeFor[Admin]() && key == "token":
+		return "; the token stays out of the file: put it in an environment variable and name it in token_env"
+	}
+	return ""
 }
 
 // editDistance is the Levenshtein distance between a and b.

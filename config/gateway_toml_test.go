@@ -1,7 +1,10 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
+	"path"
 	"reflect"
 	"regexp"
 	"strings"
@@ -14,9 +17,10 @@ import (
 // shippedPath is the example configuration at the top of the repository.
 const shippedPath = "../gateway.toml"
 
-// readShipped returns the shipped file, and the same file with its
-// commented-out api_key_env lines switched on.
-func readShipped(t *testing.T) (doc, withKeys string) {
+// readShipped returns the shipped file; the same file with its
+// commented-out api_key_env lines switched on; and that one with the example
+// [[models]], [[teams]] and [[keys]] blocks switched on too.
+func readShipped(t *testing.T) (doc, withKeys, withExamples string) {
 	t.Helper()
 	b, err := os.ReadFile(shippedPath)
 	if err != nil {
@@ -24,7 +28,37 @@ func readShipped(t *testing.T) (doc, withKeys string) {
 	}
 	doc = string(b)
 	withKeys = regexp.MustCompile(`(?m)^# (api_key_env = )`).ReplaceAllString(doc, "$1")
-	return doc, withKeys
+	return doc, withKeys, uncommentExamples(t, withKeys)
+}
+
+// exampleStartRE is the first line of an example block in gateway.toml.
+var exampleStartRE = regexp.MustCompile(`^# \[\[(models|teams|keys)\]\]$`)
+
+// uncommentExamples does what gateway.toml tells its reader to do with an
+// example: from each commented-out "# [[models]]", "# [[teams]]" or
+// "# [[keys]]" line down to the next blank line, remove the "# " (or "#")
+// in front of each line.
+func uncommentExamples(t *testing.T, doc string) string {
+	t.Helper()
+	lines := strings.Split(doc, "\n")
+	in := false
+	for i, l := range lines {
+		switch {
+		case exampleStartRE.MatchString(l):
+			in = true
+		case !in:
+			continue
+		case l == "":
+			in = false
+			continue
+		case !strings.HasPrefix(l, "#"):
+			t.Errorf("gateway.toml:%d: %q ends an example block; end it with a blank line", i+1, l)
+			in = false
+			continue
+		}
+		lines[i] = strings.TrimPrefix(strings.TrimPrefix(l, "#"), " ")
+	}
+	return strings.Join(lines, "\n")
 }
 
 // envNamed returns an environment that sets every variable the document
@@ -52,15 +86,18 @@ func envNamed(t *testing.T, doc string) map[string]string {
 // shipped, and with its api_key_env lines uncommented when those variables
 // are set.
 func TestShippedConfig(t *testing.T) {
-	doc, withKeys := readShipped(t)
+	doc, withKeys, withExamples := readShipped(t)
 	if doc == withKeys {
 		t.Fatal("gateway.toml has no commented-out api_key_env example")
+	}
+	if withKeys == withExamples {
+		t.Fatal("gateway.toml has no commented-out [[models]], [[teams]] or [[keys]] example")
 	}
 	if !strings.Contains(doc, "gateway check-config -config gateway.toml") {
 		t.Error("gateway.toml does not say how to check it")
 	}
 
-	for name, d := range map[string]string{"as shipped": doc, "keys on": withKeys} {
+	for name, d := range map[string]string{"as shipped": doc, "keys on": withKeys, "examples on": withExamples} {
 		t.Run(name, func(t *testing.T) {
 			env := envNamed(t, d)
 			c, err := Parse([]byte(d), "gateway.toml", fakeEnv(env))
@@ -85,12 +122,68 @@ func TestShippedConfig(t *testing.T) {
 	}
 }
 
+// TestShippedExamples checks the example [[models]], [[teams]] and [[keys]]
+// blocks once switched on: they fit together, use every limit, and the
+// example key's hash is the hash of the fake key the comment names.
+func TestShippedExamples(t *testing.T) {
+	doc, _, withExamples := readShipped(t)
+	c, err := Parse([]byte(withExamples), "gateway.toml", fakeEnv(envNamed(t, withExamples)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Models) < 2 || len(c.Teams) != 1 || len(c.Keys) != 1 {
+		t.Fatalf("examples give %d models, %d teams, %d keys; want at least 2, 1, 1", len(c.Models), len(c.Teams), len(c.Keys))
+	}
+	team, key := c.Teams[0], c.Keys[0]
+	if len(team.Models) == 0 || key.Team != team.Name {
+		t.Errorf("the example team lists no models, or the key (team %q) is not in it (%q)", key.Team, team.Name)
+	}
+	for _, l := range []Limits{team.Limits, key.Limits} {
+		if l.RPM == nil || l.TPM == nil || l.Concurrency == nil || l.TokensPerDay == nil || l.CostPerDayUSD == nil || l.CostPerMonthUSD == nil {
+			t.Errorf("an example leaves out a limit: %+v", l)
+		}
+	}
+	// Every model of the team is priced by its own pattern, not by an
+	// earlier, broader one.
+	for _, p := range team.Models {
+		name := strings.TrimSuffix(p, "*") + "-x"
+		for _, m := range c.Models {
+			if ok, _ := path.Match(m.Pattern, name); ok {
+				if m.Pattern != p {
+					t.Errorf("model %q is priced by %q, listed before %q", name, m.Pattern, p)
+				}
+				break
+			}
+		}
+	}
+	m := regexp.MustCompile(`hash of the fake key "([^"]+)"`).FindStringSubmatch(doc)
+	if m == nil {
+		t.Fatal("gateway.toml does not name the fake key its example hashes")
+	}
+	if sum := sha256.Sum256([]byte(m[1])); hex.EncodeToString(sum[:]) != key.SHA256 {
+		t.Errorf("the example sha256 is not the SHA-256 of %q", m[1])
+	}
+	if !strings.Contains(doc, "gateway hash-key") {
+		t.Error("gateway.toml does not say how to hash a key")
+	}
+
+	// Mode "keys" accepts the examples; without them it names the problem.
+	keysMode := strings.Replace(withExamples, `mode = "passthrough"`, `mode = "keys"`, 1)
+	if _, err := Parse([]byte(keysMode), "gateway.toml", fakeEnv(envNamed(t, keysMode))); err != nil {
+		t.Errorf("mode keys with the examples: %v", err)
+	}
+	_, err = Parse([]byte(strings.Replace(doc, `mode = "passthrough"`, `mode = "keys"`, 1)), "gateway.toml", noEnv)
+	if err == nil || !strings.Contains(err.Error(), `auth.mode: "keys" admits only callers whose key is listed in [[keys]]`) {
+		t.Errorf("mode keys without keys: %v", err)
+	}
+}
+
 // TestShippedConfigShowsDefaults checks that every table but [[upstreams]]
-// holds exactly the defaults, that the upstreams route OpenAI and Anthropic
-// requests to their own providers, and that every key of the schema is
-// written out.
+// holds exactly the defaults (no models, teams or keys until the examples
+// are switched on), that the upstreams route OpenAI and Anthropic requests to
+// their own providers, and that every key of the schema is written out.
 func TestShippedConfigShowsDefaults(t *testing.T) {
-	doc, withKeys := readShipped(t)
+	doc, _, withExamples := readShipped(t)
 	c := mustParse(t, doc, nil)
 	def := Default()
 	def.Upstreams = c.Upstreams
@@ -124,35 +217,65 @@ func TestShippedConfigShowsDefaults(t *testing.T) {
 
 	// Every key of the schema is present, and commented.
 	var raw map[string]any
-	if err := toml.Unmarshal([]byte(withKeys), &raw); err != nil {
+	if err := toml.Unmarshal([]byte(withExamples), &raw); err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range schemaKeys(reflect.TypeFor[Config](), nil) {
-		v := any(raw)
-		for _, part := range path {
-			switch x := v.(type) {
-			case map[string]any:
-				v = x[part]
-			case []any: // an array of tables: check its first element
-				v = x[0].(map[string]any)[part]
-			}
-			if v == nil {
-				t.Errorf("gateway.toml lacks %s", strings.Join(path, "."))
-				break
-			}
+	sections := tableSections(withExamples)
+	for _, keyPath := range schemaKeys(reflect.TypeFor[Config](), nil) {
+		name := strings.Join(keyPath, ".")
+		if !holds(raw, keyPath) {
+			t.Errorf("gateway.toml lacks %s", name)
 		}
-		key := path[len(path)-1]
-		if !regexp.MustCompile(`(?m)^#.*\n(# ?)?`+regexp.QuoteMeta(key)+` = `).MatchString(doc) &&
-			!regexp.MustCompile(`(?m)^#.*\n\[\[?`+regexp.QuoteMeta(strings.Join(path, "."))+`\]`).MatchString(doc) {
-			t.Errorf("gateway.toml: %s has no comment above it", strings.Join(path, "."))
+		// A key needs a comment line right above it in its own table (so
+		// teams.rpm is not taken for keys.rpm); a table, above its header.
+		table, key := strings.Join(keyPath[:len(keyPath)-1], "."), keyPath[len(keyPath)-1]
+		if !regexp.MustCompile(`(?m)^#.*\n`+regexp.QuoteMeta(key)+` = `).MatchString(sections[table]) &&
+			!regexp.MustCompile(`(?m)^#.*\n\[\[?`+regexp.QuoteMeta(name)+`\]`).MatchString(withExamples) {
+			t.Errorf("gateway.toml: %s has no comment above it", name)
 		}
 	}
 }
 
-// schemaKeys lists every key path of the TOML schema rooted at t.
+// tableSections splits a TOML document at its table headers and returns the
+// text under each table name ("" for the top level), the sections of an
+// array of tables joined.
+func tableSections(doc string) map[string]string {
+	headerRE := regexp.MustCompile(`^\[\[?([^\]]+)\]\]?$`)
+	out := map[string]string{}
+	table := ""
+	for l := range strings.Lines(doc) {
+		if m := headerRE.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+			table = m[1]
+		}
+		out[table] += l
+	}
+	return out
+}
+
+// holds reports whether the decoded TOML value v sets the key path; in an
+// array of tables, any one table may set the rest of the path.
+func holds(v any, keyPath []string) bool {
+	if len(keyPath) == 0 {
+		return v != nil
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		return holds(x[keyPath[0]], keyPath[1:])
+	case []any:
+		for _, e := range x {
+			if holds(e, keyPath) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// schemaKeys lists every key path of the TOML schema rooted at t, the keys
+// of embedded structs (Limits) under the table that embeds them.
 func schemaKeys(t reflect.Type, prefix []string) [][]string {
 	var out [][]string
-	for f := range t.Fields() {
+	for f := range tomlFields(t) {
 		name := tomlName(f)
 		if name == "" || name == "-" {
 			continue

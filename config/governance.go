@@ -27,7 +27,8 @@ type Limits struct {
 // Team is one [[teams]] table.
 type Team struct {
 	// Name identifies the team in logs, metrics ("team" label) and the admin
-	// API: a-z, 0-9, _ and -, unique. Required.
+	// API: a-z, 0-9, _ and -, unique, not "none" (the label value of
+	// requests without a team). Required.
 	Name string `toml:"name"`
 	// Models, when not empty, limits the team to models matching one of these
 	// patterns; each must be the pattern of a [[models]] table, so every model
@@ -40,10 +41,11 @@ type Team struct {
 // "passthrough" a caller's own key given a name, a team and limits.
 type Key struct {
 	// Name identifies the key in logs, metrics and the admin API (never the
-	// key itself): a-z, 0-9, _ and -, unique. Required.
+	// key itself): a-z, 0-9, _ and -, unique, not "none". Required.
 	Name string `toml:"name"`
 	// SHA256 is the lowercase hex SHA-256 of the key, as printed by
-	// `gateway hash-key`. Required, unique.
+	// `gateway hash-key`. Required, unique. The file may use uppercase;
+	// Parse lowercases it.
 	SHA256 string `toml:"sha256"`
 	// Team is the name of the [[teams]] table the key belongs to. Optional.
 	Team string `toml:"team"`
@@ -105,7 +107,8 @@ type Redis struct {
 	DB int `toml:"db"`
 	// TLS connects with TLS. Default false.
 	TLS bool `toml:"tls"`
-	// KeyPrefix starts every key tollgate writes. Default "tollgate:".
+	// KeyPrefix starts every key tollgate writes. Non-empty, without { or }
+	// (tollgate sets the Cluster hash tags). Default "tollgate:".
 	KeyPrefix string `toml:"key_prefix"`
 	// DialTimeoutMs bounds connecting. Default 500.
 	DialTimeoutMs float64 `toml:"dial_timeout_ms"`
@@ -127,8 +130,8 @@ type Spend struct {
 // Admin is the [admin] table: /admin/spend and /admin/limits.
 type Admin struct {
 	// TokenEnv names the environment variable holding the admin token,
-	// presented as "Authorization: Bearer <token>". Unset, the admin API
-	// answers 404. Default "".
+	// presented as "Authorization: Bearer <token>"; its value must be at
+	// least 16 characters. Unset, the admin API answers 404. Default "".
 	TokenEnv string `toml:"token_env"`
 	// Token is read from TokenEnv at load time.
 	Token Secret `toml:"-"`

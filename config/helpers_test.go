@@ -37,3 +37,7 @@ func errLines(err error) []string {
 	}
 	return strings.Split(err.Error(), "\n")
 }
+
+// i64 and f64 return pointers, for optional values (limits, cache prices).
+func i64(n int64) *int64     { return &n }
+func f64(x float64) *float64 { return &x }

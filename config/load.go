@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	toml "github.com/pelletier/go-toml/v2"
 )
 
 // Default returns the configuration used for every key a file leaves out.
-// It has no upstream: a usable configuration names at least one.
+// It has no upstream: a usable configuration names at least one. It has no
+// [[models]], [[teams]] or [[keys]] and no Redis: nothing is priced or
+// limited, and spend is kept in the process and its state file.
 func Default() Config {
 	return Config{
 		Server: Server{
@@ -43,6 +46,22 @@ func Default() Config {
 			Format:    "json",
 			AccessLog: true,
 		},
+		Admin: Admin{}, // no token_env: the admin API is off
+		RateLimit: RateLimit{
+			DefaultMaxTokens:  4096,
+			OnRedisError:      "allow",
+			RedisRetrySeconds: 1,
+		},
+		Redis: Redis{
+			Addrs:         []string{},
+			KeyPrefix:     "tollgate:",
+			DialTimeoutMs: 500,
+			TimeoutMs:     250,
+		},
+		Spend: Spend{
+			StateFile:            "tollgate-spend.json",
+			FlushIntervalSeconds: 2,
+		},
 	}
 }
 
@@ -59,13 +78,16 @@ func DefaultUpstream() Upstream {
 }
 
 // DemoConfig returns Default() with one upstream, named "mock", at baseURL
-// serving both dialects. `gateway demo` points it at its in-process mock.
+// serving both dialects, and with [spend] state_file "" so that spend stays
+// in memory: the demo writes no file. `gateway demo` points it at its
+// in-process mock; it needs no keys (mode "passthrough", no [[keys]]).
 func DemoConfig(baseURL string) Config {
 	c := Default()
 	u := DefaultUpstream()
 	u.Name = "mock"
 	u.BaseURL = baseURL
 	c.Upstreams = []Upstream{u}
+	c.Spend.StateFile = ""
 	c.normalize()
 	return c
 }
@@ -84,9 +106,9 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes the TOML document data over Default(), strictly: unknown keys
 // and values of the wrong type are errors. It then fills the defaults of each
-// [[upstreams]] table for the keys that table leaves out, trims trailing
-// slashes from base_url, reads each api_key_env through getenv (os.Getenv
-// when nil), and validates the result.
+// [[upstreams]] table for the keys that table leaves out, normalizes values
+// (see normalize), reads each api_key_env, [redis] password_env and [admin]
+// token_env through getenv (os.Getenv when nil), and validates the result.
 //
 // name is the file name used in error messages, which read
 // "config: <name>:<line>: <key>: <problem>". The error joins every problem
@@ -117,10 +139,42 @@ func Parse(data []byte, name string, getenv func(string) string) (*Config, error
 
 	c.normalize()
 	c.resolveSecrets(getenv)
+	errs := missingPrices(raw["models"])
 	if err := c.Validate(); err != nil {
-		return nil, locate(err, name, indexDoc(data))
+		errs = append(errs, unjoin(err)...)
+	}
+	if len(errs) > 0 {
+		return nil, locate(errors.Join(errs...), name, indexDoc(data))
 	}
 	return &c, nil
+}
+
+// missingPrices reports each [[models]] table that leaves out its input or
+// output price: the typed decode would take it as 0, pricing the model as
+// free without a word. raw is the decoded "models" value.
+func missingPrices(raw any) []error {
+	tables, _ := raw.([]any)
+	var errs []error
+	for i, t := range tables {
+		present, _ := t.(map[string]any)
+		for _, k := range []string{"input_usd_per_mtok", "output_usd_per_mtok"} {
+			if _, ok := present[k]; !ok {
+				errs = append(errs, &fieldError{
+					key: "models[" + strconv.Itoa(i) + "]." + k,
+					msg: "is required: US dollars per million tokens (write 0 for a free model)",
+				})
+			}
+		}
+	}
+	return errs
+}
+
+// unjoin returns the errors that errors.Join joined in err, or err alone.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 // fillUpstreamDefaults sets, in each upstream, the default of every key its
@@ -154,36 +208,64 @@ func fillUpstreamDefaults(ups []Upstream, raw any) {
 	}
 }
 
-// normalize puts values that have several spellings into one form.
+// normalize puts values that have several spellings into one form: base_url
+// without a trailing slash, sha256 in lowercase, and empty [[models]],
+// [[teams]], [[keys]] and team models lists as nil, so that a configuration
+// reads back from Redacted() equal to itself ("teams = []" decodes to an
+// empty, non-nil slice).
 func (c *Config) normalize() {
 	for i := range c.Upstreams {
 		// "https://host/" and "https://host" are the same endpoint; URL
 		// appends "/v1/..." and must not produce "//v1".
 		c.Upstreams[i].BaseURL = strings.TrimRight(c.Upstreams[i].BaseURL, "/")
 	}
+	for i := range c.Keys {
+		// sha256sum prints lowercase, but other tools print uppercase; the
+		// proxy compares against hex.EncodeToString, which is lowercase.
+		c.Keys[i].SHA256 = strings.ToLower(c.Keys[i].SHA256)
+	}
+	for i := range c.Teams {
+		if len(c.Teams[i].Models) == 0 {
+			c.Teams[i].Models = nil
+		}
+	}
+	if len(c.Models) == 0 {
+		c.Models = nil
+	}
+	if len(c.Teams) == 0 {
+		c.Teams = nil
+	}
+	if len(c.Keys) == 0 {
+		c.Keys = nil
+	}
 }
 
-// resolveSecrets reads each upstream's key from the variable its api_key_env
-// names. Invalid names are left for Validate to report.
+// resolveSecrets reads each upstream's key, the Redis password and the admin
+// token from the variables that api_key_env, password_env and token_env
+// name. Invalid names are left for Validate to report.
 func (c *Config) resolveSecrets(getenv func(string) string) {
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
-		u.APIKey = ""
-		if u.APIKeyEnv != "" && envNameRE.MatchString(u.APIKeyEnv) {
-			u.APIKey = Secret(getenv(u.APIKeyEnv))
-		}
+		u.APIKey = Secret(readEnv(getenv, u.APIKeyEnv))
 	}
+	c.Redis.Password = Secret(readEnv(getenv, c.Redis.PasswordEnv))
+	c.Admin.Token = Secret(readEnv(getenv, c.Admin.TokenEnv))
+}
+
+// readEnv returns the value of the variable name, or "" when name is empty or
+// not a variable name, so that getenv is asked only for variables the file
+// names.
+func readEnv(getenv func(string) string, name string) string {
+	if name == "" || !envNameRE.MatchString(name) {
+		return ""
+	}
+	return getenv(name)
 }
 
 // locate adds the file name and, where the index knows it, the line of the
 // offending key to each problem Validate reported.
 func locate(err error, name string, idx *docIndex) error {
-	var errs []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	} else {
-		errs = []error{err}
-	}
+	errs := unjoin(err)
 	out := make([]error, 0, len(errs))
 	for _, e := range errs {
 		var fe *fieldError

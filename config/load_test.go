@@ -19,11 +19,17 @@ func TestDefault(t *testing.T) {
 		Auth: Auth{Mode: "passthrough", RequireKey: true},
 		Metrics: Metrics{LatencyBuckets: []int64{0, 500, 2000, 8000, 32000}, Labels: map[string]string{},
 			Models: []string{}, MaxModels: 100, NativeHistograms: true},
-		SLO: SLO{TTFTMs: 2000, TPOTMs: 100, E2ELMs: 0},
-		Log: Log{Level: "info", Format: "json", AccessLog: true},
+		SLO:       SLO{TTFTMs: 2000, TPOTMs: 100, E2ELMs: 0},
+		Log:       Log{Level: "info", Format: "json", AccessLog: true},
+		RateLimit: RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
+		Redis:     Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250},
+		Spend:     Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
+	}
+	if c.UsesRedis() || len(c.Models)+len(c.Teams)+len(c.Keys) != 0 {
+		t.Error("Default() uses Redis or holds models, teams or keys")
 	}
 	wantUp := Upstream{Dialects: []string{"openai", "anthropic"}, TimeoutSeconds: 600,
 		ConnectTimeoutSeconds: 10, IncludeUsage: true, MaxIdleConns: 256}
@@ -37,7 +43,8 @@ func TestDefault(t *testing.T) {
 	// Each call returns fresh slices and maps.
 	c.Metrics.LatencyBuckets[1] = 7
 	c.Metrics.Labels["x"] = "y"
-	if d := Default(); d.Metrics.LatencyBuckets[1] != 500 || len(d.Metrics.Labels) != 0 {
+	c.Redis.Addrs = append(c.Redis.Addrs[:0:0], "x")
+	if d := Default(); d.Metrics.LatencyBuckets[1] != 500 || len(d.Metrics.Labels) != 0 || len(d.Redis.Addrs) != 0 {
 		t.Error("Default() shares its slices or maps between calls")
 	}
 }
@@ -182,8 +189,78 @@ e2el_ms = 30000
 level = "debug"
 format = "text"
 access_log = false
+
+[admin]
+token_env = "TOLLGATE_ADMIN_TOKEN"
+
+[ratelimit]
+default_max_tokens = 1024
+on_redis_error = "deny"
+redis_retry_seconds = 0.5
+
+[redis]
+addrs = ["10.0.0.1:26379", "10.0.0.2:26379"]
+master_name = "mymaster"
+username = "tollgate"
+password_env = "REDIS_PASSWORD"
+db = 2
+tls = true
+key_prefix = "tg:"
+dial_timeout_ms = 300
+timeout_ms = 100
+
+[spend]
+state_file = "/var/lib/tollgate/spend.json"
+flush_interval_seconds = 5
+
+[[models]]
+pattern = "gpt-4o-mini*"
+input_usd_per_mtok = 0.15
+output_usd_per_mtok = 0.6
+cache_read_usd_per_mtok = 0.075
+
+[[models]]
+pattern = "claude-sonnet-4*"
+input_usd_per_mtok = 3
+output_usd_per_mtok = 15
+cache_read_usd_per_mtok = 0.3
+cache_write_usd_per_mtok = 3.75
+
+[[models]]
+pattern = "local/*"
+input_usd_per_mtok = 0
+output_usd_per_mtok = 0
+
+[[teams]]
+name = "research"
+models = ["gpt-4o-mini*", "claude-sonnet-4*"]
+rpm = 600
+tpm = 2000000
+concurrency = 32
+tokens_per_day = 50000000
+cost_per_day_usd = 100
+cost_per_month_usd = 2000.5
+
+[[teams]]
+name = "ops"
+models = []
+
+[[keys]]
+name = "alice"
+sha256 = "11C712CD20E2E20E029ED035DFAF1482E71C5F58BF571C80D4DDFC18E9C854BC"
+team = "research"
+rpm = 60
+cost_per_day_usd = 12.5
+
+[[keys]]
+name = "ci"
+sha256 = "8c8e789e8aa3c4d0d9aad5a8b00d81cd96937721471c59209e04a8233ad90f65"
 `
-	env := map[string]string{"OPENAI_API_KEY": "sk-test-1"}
+	env := map[string]string{
+		"OPENAI_API_KEY":       "sk-test-1",
+		"TOLLGATE_ADMIN_TOKEN": "admin-token-0123456789",
+		"REDIS_PASSWORD":       "redis-pw-secret",
+	}
 	c := mustParse(t, doc, env)
 	second := DefaultUpstream()
 	second.Name, second.BaseURL = "local-vllm_2", "http://10.0.0.5:8000/proxy"
@@ -199,17 +276,75 @@ access_log = false
 		Metrics: Metrics{LatencyBuckets: []int64{0, 1000, 4000},
 			Labels: map[string]string{"env": "prod", "scene": "chat"},
 			Models: []string{"gpt-4o", "claude-sonnet-4-5"}, MaxModels: 20, NativeHistograms: false},
-		SLO: SLO{TTFTMs: 500, TPOTMs: 50.5, E2ELMs: 30000},
-		Log: Log{Level: "debug", Format: "text", AccessLog: false},
+		SLO:       SLO{TTFTMs: 500, TPOTMs: 50.5, E2ELMs: 30000},
+		Log:       Log{Level: "debug", Format: "text", AccessLog: false},
+		Admin:     Admin{TokenEnv: "TOLLGATE_ADMIN_TOKEN", Token: "admin-token-0123456789"},
+		RateLimit: RateLimit{DefaultMaxTokens: 1024, OnRedisError: "deny", RedisRetrySeconds: 0.5},
+		Redis: Redis{Addrs: []string{"10.0.0.1:26379", "10.0.0.2:26379"}, MasterName: "mymaster",
+			Username: "tollgate", PasswordEnv: "REDIS_PASSWORD", Password: "redis-pw-secret", DB: 2, TLS: true,
+			KeyPrefix: "tg:", DialTimeoutMs: 300, TimeoutMs: 100},
+		Spend: Spend{StateFile: "/var/lib/tollgate/spend.json", FlushIntervalSeconds: 5},
+		Models: []Model{
+			{Pattern: "gpt-4o-mini*", InputUSDPerMTok: 0.15, OutputUSDPerMTok: 0.6, CacheReadUSDPerMTok: f64(0.075)},
+			{Pattern: "claude-sonnet-4*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15,
+				CacheReadUSDPerMTok: f64(0.3), CacheWriteUSDPerMTok: f64(3.75)},
+			{Pattern: "local/*"},
+		},
+		Teams: []Team{
+			{Name: "research", Models: []string{"gpt-4o-mini*", "claude-sonnet-4*"}, Limits: Limits{
+				RPM: i64(600), TPM: i64(2000000), Concurrency: i64(32), TokensPerDay: i64(50000000),
+				CostPerDayUSD: f64(100), CostPerMonthUSD: f64(2000.5)}},
+			{Name: "ops"},
+		},
+		Keys: []Key{
+			{Name: "alice", SHA256: "11c712cd20e2e20e029ed035dfaf1482e71c5f58bf571c80d4ddfc18e9c854bc", Team: "research",
+				Limits: Limits{RPM: i64(60), CostPerDayUSD: f64(12.5)}},
+			{Name: "ci", SHA256: "8c8e789e8aa3c4d0d9aad5a8b00d81cd96937721471c59209e04a8233ad90f65"},
+		},
 	}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("Parse =\n%+v\nwant\n%+v", *c, want)
 	}
 
-	// Redacted is TOML that parses back to the same configuration.
-	again := mustParse(t, c.Redacted(), env)
+	// Redacted is TOML that parses back to the same configuration, limits
+	// left out still left out.
+	red := c.Redacted()
+	again := mustParse(t, red, env)
 	if !reflect.DeepEqual(again, c) {
-		t.Errorf("Parse(Redacted()) =\n%+v\nwant\n%+v\nRedacted:\n%s", *again, *c, c.Redacted())
+		t.Errorf("Parse(Redacted()) =\n%+v\nwant\n%+v\nRedacted:\n%s", *again, *c, red)
+	}
+	for _, secret := range env {
+		if strings.Contains(red, secret) {
+			t.Errorf("Redacted() reveals %q:\n%s", secret, red)
+		}
+	}
+	for _, want := range []string{
+		"# redis password: $REDIS_PASSWORD = <secret>\n",
+		"# admin token: $TOLLGATE_ADMIN_TOKEN = <secret>\n",
+	} {
+		if !strings.Contains(red, want) {
+			t.Errorf("Redacted() lacks %q:\n%s", want, red)
+		}
+	}
+}
+
+// TestRedactedMinimalRoundTrip checks that a configuration without models,
+// teams or keys reads back from Redacted equal, although go-toml writes
+// "teams = []" for its nil slices.
+func TestRedactedMinimalRoundTrip(t *testing.T) {
+	c := mustParse(t, minimal, nil)
+	red := c.Redacted()
+	if !strings.Contains(red, "teams = []") {
+		t.Errorf("Redacted() does not show that there is no team:\n%s", red)
+	}
+	again := mustParse(t, red, nil)
+	if !reflect.DeepEqual(again, c) {
+		t.Errorf("Parse(Redacted()) =\n%+v\nwant\n%+v\nRedacted:\n%s", *again, *c, red)
+	}
+	for _, want := range []string{"# redis password: none\n", "# admin token: none; the admin API is off\n"} {
+		if !strings.Contains(red, want) {
+			t.Errorf("Redacted() lacks %q:\n%s", want, red)
+		}
 	}
 }
 
@@ -334,10 +469,16 @@ func TestDemoConfig(t *testing.T) {
 	if len(c.Upstreams) != 1 || c.Upstreams[0].Name != "mock" || c.Upstreams[0].BaseURL != "http://127.0.0.1:7777" {
 		t.Errorf("upstreams = %+v", c.Upstreams)
 	}
+	// The demo writes no spend file and needs no key.
+	if c.Spend.StateFile != "" || c.Auth.Mode != "passthrough" || len(c.Keys) != 0 {
+		t.Errorf("DemoConfig state_file = %q, mode = %q, %d keys; want \"\", passthrough, none",
+			c.Spend.StateFile, c.Auth.Mode, len(c.Keys))
+	}
 	want := Default()
 	want.Upstreams = c.Upstreams
+	want.Spend.StateFile = ""
 	if !reflect.DeepEqual(c, want) {
-		t.Errorf("DemoConfig differs from Default() outside its upstream")
+		t.Errorf("DemoConfig differs from Default() outside its upstream and state file")
 	}
 	if u := c.Upstreams[0]; !u.IncludeUsage || len(u.Dialects) != 2 || u.TimeoutSeconds != 600 {
 		t.Errorf("mock upstream lacks the upstream defaults: %+v", u)

@@ -11,7 +11,11 @@ import (
 	"testing"
 )
 
-const rawKey = "sk-live-DO-NOT-PRINT-0123456789"
+const (
+	rawKey           = "sk-live-DO-NOT-PRINT-0123456789"
+	rawRedisPassword = "redis-DO-NOT-PRINT-password"
+	rawAdminToken    = "admin-DO-NOT-PRINT-token-0123456789"
+)
 
 func TestSecretForms(t *testing.T) {
 	s := Secret(rawKey)
@@ -48,7 +52,8 @@ func TestSecretForms(t *testing.T) {
 	}
 }
 
-// withSecret returns a valid config whose upstream holds rawKey.
+// withSecret returns a valid config whose upstream holds rawKey, with a
+// Redis password and an admin token.
 func withSecret(t *testing.T) *Config {
 	t.Helper()
 	doc := `
@@ -56,13 +61,23 @@ func withSecret(t *testing.T) *Config {
 name = "openai"
 base_url = "https://api.openai.com"
 api_key_env = "OPENAI_API_KEY"
+
+[redis]
+addrs = ["127.0.0.1:6379"]
+password_env = "REDIS_PASSWORD"
+
+[admin]
+token_env = "ADMIN_TOKEN"
 `
-	c, err := Parse([]byte(doc), "gateway.toml", fakeEnv(map[string]string{"OPENAI_API_KEY": rawKey}))
+	c, err := Parse([]byte(doc), "gateway.toml", fakeEnv(map[string]string{
+		"OPENAI_API_KEY": rawKey, "REDIS_PASSWORD": rawRedisPassword, "ADMIN_TOKEN": rawAdminToken,
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Upstreams[0].APIKey.Reveal() != rawKey {
-		t.Fatal("the key was not read from the environment")
+	if c.Upstreams[0].APIKey.Reveal() != rawKey || c.Redis.Password.Reveal() != rawRedisPassword ||
+		c.Admin.Token.Reveal() != rawAdminToken {
+		t.Fatal("the secrets were not read from the environment")
 	}
 	return c
 }
@@ -113,9 +128,13 @@ func TestStringMustNotRevealCredentials(t *testing.T) {
 	}
 	outputs["Redacted"] = c.Redacted()
 
+	outputs["Redis %+v"] = fmt.Sprintf("%+v", c.Redis)
+	outputs["Admin %#v"] = fmt.Sprintf("%#v", c.Admin)
 	for name, out := range outputs {
-		if strings.Contains(out, rawKey) {
-			t.Errorf("%s reveals the key:\n%s", name, out)
+		for _, secret := range []string{rawKey, rawRedisPassword, rawAdminToken} {
+			if strings.Contains(out, secret) {
+				t.Errorf("%s reveals %q:\n%s", name, secret, out)
+			}
 		}
 	}
 	// The forms that show the field at all must show it redacted, so that

@@ -30,31 +30,44 @@ func (l Log) SlogLevel() slog.Level {
 }
 
 // Redacted renders the effective configuration, every default filled in, as
-// TOML that Parse accepts, for `gateway check-config`. Upstream keys never
-// appear: a closing comment says, for each upstream, which variable its key
-// came from, shown as <secret>.
+// TOML that Parse accepts, for `gateway check-config`. Secrets never appear:
+// closing comments say which variable each upstream key, the Redis password
+// and the admin token came from, shown as <secret>. Limits left out stay
+// out (go-toml omits nil pointers), so they still mean "no limit".
 func (c *Config) Redacted() string {
 	var b strings.Builder
 	b.WriteString("# Effective configuration: the file with every default filled in.\n\n")
-	// Config holds only strings, numbers, booleans, slices, string maps and
-	// structs, all of which go-toml encodes; the Secret field is tagged "-".
+	// Config holds only strings, numbers, booleans, pointers to numbers,
+	// slices, string maps and structs, all of which go-toml encodes; the
+	// Secret fields are tagged "-".
 	body, err := toml.Marshal(c)
 	if err != nil {
 		b.WriteString("# cannot render: " + err.Error() + "\n")
 	}
 	b.Write(body)
-	b.WriteString("\n# Upstream keys (read from the environment at load time):\n")
+	b.WriteString("\n# Secrets (read from the environment at load time):\n")
+	b.WriteString("# Upstream keys:\n")
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
 		b.WriteString("#   upstreams[" + strconv.Itoa(i) + "] " + strconv.Quote(u.Name) + ": ")
-		switch {
-		case u.APIKeyEnv == "":
-			b.WriteString("none; callers' own keys only\n")
-		case u.APIKey == "":
-			b.WriteString("$" + u.APIKeyEnv + " is not set\n")
-		default:
-			b.WriteString("$" + u.APIKeyEnv + " = " + u.APIKey.String() + "\n")
-		}
+		writeSecret(&b, u.APIKeyEnv, u.APIKey, "none; callers' own keys only")
 	}
+	b.WriteString("# redis password: ")
+	writeSecret(&b, c.Redis.PasswordEnv, c.Redis.Password, "none")
+	b.WriteString("# admin token: ")
+	writeSecret(&b, c.Admin.TokenEnv, c.Admin.Token, "none; the admin API is off")
 	return b.String()
+}
+
+// writeSecret writes where a secret comes from, ending the line: "$X =
+// <secret>", "$X is not set", or none when env is empty.
+func writeSecret(b *strings.Builder, env string, s Secret, none string) {
+	switch {
+	case env == "":
+		b.WriteString(none + "\n")
+	case s == "":
+		b.WriteString("$" + env + " is not set\n")
+	default:
+		b.WriteString("$" + env + " = " + s.String() + "\n")
+	}
 }

@@ -16,8 +16,9 @@ import (
 )
 
 var (
-	// upstreamNameRE keeps names usable as a metric label value and in logs.
-	upstreamNameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)
+	// nameRE keeps the names of upstreams, teams and keys usable as metric
+	// label values and in logs.
+	nameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)
 	// envNameRE is the POSIX shell's name for a variable.
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	// labelNameRE is Prometheus's label name syntax.
@@ -36,12 +37,12 @@ var ownLabels = []string{
 // Validate checks every section and returns all the problems it finds,
 // joined (see errors.Join), each naming its key path, e.g.
 // "config: upstreams[0].base_url: ...". It returns nil for a usable config.
-// Upstream keys must already be read (Parse and Load do it): an api_key_env
-// whose APIKey is empty is an error.
+// Secrets must already be read (Parse and Load do it): an api_key_env,
+// password_env or token_env whose value is empty is an error.
 func (c *Config) Validate() error {
 	var v validator
 	c.Server.validate(&v)
-	c.Auth.validate(&v)
+	c.Auth.validate(&v, len(c.Keys))
 	if len(c.Upstreams) == 0 {
 		v.add("", "at least one [[upstreams]] is required")
 	}
@@ -59,6 +60,7 @@ func (c *Config) Validate() error {
 	c.Metrics.validate(&v)
 	c.SLO.validate(&v)
 	c.Log.validate(&v)
+	c.validateGovernance(&v)
 	return errors.Join(v.errs...)
 }
 
@@ -110,13 +112,35 @@ func (s *Server) validate(v *validator) {
 	v.duration("server.drain_timeout_seconds", s.DrainTimeoutSeconds, time.Second, false)
 }
 
-func (a *Auth) validate(v *validator) {
+// envVar checks a *_env key: name must be a variable's name, and the
+// variable must be set (value is what resolveSecrets read). what names the
+// secret ("key", "password") for someone who wrote the secret itself.
+func (v *validator) envVar(key, name string, value Secret, what string) bool {
+	if name == "" {
+		return false
+	}
+	if !envNameRE.MatchString(name) {
+		// What fails here is often the secret itself, pasted by mistake
+		// ("sk-..."), so the value is not printed; the line locates it.
+		v.add(key, "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*); give the variable's name, not the %s itself", what)
+		return false
+	}
+	if value == "" {
+		v.add(key, "environment variable %s is not set or is empty", name)
+		return false
+	}
+	return true
+}
+
+func (a *Auth) validate(v *validator, keys int) {
 	switch a.Mode {
 	case "passthrough":
 	case "keys":
-		v.add("auth.mode", `"keys" (gateway-issued keys) is not available yet; use "passthrough"`)
+		if keys == 0 {
+			v.add("auth.mode", `"keys" admits only callers whose key is listed in [[keys]], and there is none; add a [[keys]] table per caller (sha256 from `+"`gateway hash-key`"+`) or use "passthrough"`)
+		}
 	default:
-		v.add("auth.mode", `%q is not a mode; use "passthrough"`, a.Mode)
+		v.add("auth.mode", `%q is not a mode; use "passthrough" or "keys"`, a.Mode)
 	}
 }
 
@@ -124,7 +148,7 @@ func (u *Upstream) validate(v *validator, key string) {
 	switch {
 	case u.Name == "":
 		v.add(key+".name", "is required")
-	case !upstreamNameRE.MatchString(u.Name):
+	case !nameRE.MatchString(u.Name):
 		v.add(key+".name", "%q may hold only a-z, 0-9, _ and - (it becomes a metric label value)", u.Name)
 	}
 	validateBaseURL(v, key+".base_url", u.BaseURL)
@@ -140,13 +164,7 @@ func (u *Upstream) validate(v *validator, key string) {
 		}
 	}
 
-	if u.APIKeyEnv != "" {
-		if !envNameRE.MatchString(u.APIKeyEnv) {
-			v.add(key+".api_key_env", "%q is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*); give the variable's name, not the key", u.APIKeyEnv)
-		} else if u.APIKey == "" {
-			v.add(key+".api_key_env", "environment variable %s is not set or is empty", u.APIKeyEnv)
-		}
-	}
+	v.envVar(key+".api_key_env", u.APIKeyEnv, u.APIKey, "key")
 
 	v.duration(key+".timeout_seconds", u.TimeoutSeconds, time.Second, false)
 	v.duration(key+".connect_timeout_seconds", u.ConnectTimeoutSeconds, time.Second, false)

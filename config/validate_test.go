@@ -81,10 +81,10 @@ func TestBadConfigs(t *testing.T) {
 			nil, []string{`gateway.toml:4: upstreams[0].connect_timeout_seconds: +Inf is too large`}},
 
 		// [auth].
-		{"auth keys mode", up + "[auth]\nmode = \"keys\"\n",
-			nil, []string{`gateway.toml:5: auth.mode: "keys" (gateway-issued keys) is not available yet; use "passthrough"`}},
+		{"auth keys mode without keys", up + "[auth]\nmode = \"keys\"\n",
+			nil, []string{`gateway.toml:5: auth.mode: "keys" admits only callers whose key is listed in [[keys]], and there is none; add a [[keys]] table`}},
 		{"auth unknown mode", up + "[auth]\nmode = \"none\"\n",
-			nil, []string{`gateway.toml:5: auth.mode: "none" is not a mode; use "passthrough"`}},
+			nil, []string{`gateway.toml:5: auth.mode: "none" is not a mode; use "passthrough" or "keys"`}},
 
 		// [[upstreams]].
 		{"no upstream", "[server]\nlisten = \":1\"\n",
@@ -123,7 +123,7 @@ func TestBadConfigs(t *testing.T) {
 				`gateway.toml:4: upstreams[0].dialects[2]: "openai" is listed twice`,
 			}},
 		{"api_key_env holds a key", up + "api_key_env = \"sk-abc123\"\n",
-			nil, []string{`gateway.toml:4: upstreams[0].api_key_env: "sk-abc123" is not an environment variable name`}},
+			nil, []string{`gateway.toml:4: upstreams[0].api_key_env: is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*); give the variable's name, not the key itself`}},
 		{"api_key_env unset", up + "api_key_env = \"MY_KEY\"\n",
 			map[string]string{"OTHER": "x"}, []string{`gateway.toml:4: upstreams[0].api_key_env: environment variable MY_KEY is not set or is empty`}},
 		{"upstream sizes", up + "timeout_seconds = 0\nconnect_timeout_seconds = -1\nmax_idle_conns = 0\n",
@@ -175,6 +175,7 @@ func TestBadConfigs(t *testing.T) {
 				`gateway.toml:6: log.format: "xml" is not a format; use "json" or "text"`,
 			}},
 	}
+	cases = append(cases, governanceCases...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.doc), "gateway.toml", fakeEnv(tc.env))
