@@ -1,0 +1,556 @@
+package spend
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	// defaultMaxPending is RedisOptions.MaxPending's default.
+	defaultMaxPending = 100_000
+	// maxOverflowRows bounds the overflow rows (one per day) beyond
+	// MaxPending; only a caller passing many distinct days can reach it.
+	maxOverflowRows = 64
+	// maxBatchRows bounds the rows one script applies, so a big backlog
+	// does not block Redis in one long script.
+	maxBatchRows = 1000
+	// batchTTL is how long Redis remembers an applied batch id: far longer
+	// than any retry of the same batch.
+	batchTTL = 7 * 24 * time.Hour
+	// flushTimeout bounds one background flush.
+	flushTimeout = 10 * time.Second
+	// closeTimeout bounds the final flush of Close.
+	closeTimeout = 5 * time.Second
+)
+
+// Overflow names the key, team and model of the rows that hold, per day,
+// the deltas of new rows that came once MaxPending rows were waiting.
+const Overflow = "(overflow)"
+
+// RedisOptions configure a Redis ledger. The zero value is usable.
+type RedisOptions struct {
+	// Prefix starts every key; empty means "tollgate:". Every spend key
+	// carries the hash tag "{<prefix>spend}", so a batch's keys share one
+	// Redis Cluster slot.
+	Prefix string
+	// FlushInterval is how often pending deltas are sent; zero or less
+	// means 2 s.
+	FlushInterval time.Duration
+	// ReplicaID names this replica in batch ids; empty means random. A
+	// random nonce is added in any case, so a restarted replica with the
+	// same id never reuses an id.
+	ReplicaID string
+	// Logger receives flush failures, recoveries and overflows; nil discards
+	// them.
+	Logger *slog.Logger
+	// OnDegraded, if set, is called with true when a flush fails after
+	// succeeding (or at the first failure) and with false when a flush
+	// succeeds again. It is called from the flushing goroutine and must not
+	// call Flush or Close.
+	OnDegraded func(degraded bool)
+	// MaxPending bounds the distinct rows waiting in memory; zero or less
+	// means 100000. Beyond it, a new row's delta goes to its day's Overflow
+	// row; beyond maxOverflowRows more, it is dropped, counted by Dropped
+	// and logged.
+	MaxPending int
+}
+
+// Redis is a Ledger shared by every replica through Redis.
+//
+// Add aggregates deltas in memory per Key. A background goroutine sends
+// them every FlushInterval in batches, and each batch is applied exactly
+// once: one Lua script applies a whole batch only if it can first create
+// the batch's marker key (SET NX), and a batch whose sending failed is sent
+// again with the same id and content until it succeeds, while new Adds go to
+// later batches. A batch that Redis applied but whose answer was lost is
+// therefore not counted twice.
+//
+// Query reads Redis only, so it lags this replica's Adds by up to
+// FlushInterval (and longer while Redis is unreachable); call Flush first
+// for an exact answer.
+//
+// Keys: "{<prefix>spend}:day:<day>" is a hash per UTC day whose fields are
+// one counter of one row each; "{<prefix>spend}:days" is the set of days
+// present; "{<prefix>spend}:batch:<id>" marks an applied batch for 7 days.
+type Redis struct {
+	client     redis.UniversalClient
+	tag        string
+	replica    string
+	interval   time.Duration
+	log        *slog.Logger
+	onDegraded func(bool)
+	maxPending int
+
+	mu           sync.Mutex
+	pending      map[Key]*Totals
+	droppedTotal Totals // sum of dropped deltas, for the log
+
+	folded, dropped atomic.Int64
+	queuedRows      atomic.Int64 // rows in queue
+
+	// sem admits one flush at a time and guards the fields below it.
+	sem           chan struct{}
+	queue         []*batch // cut from pending, not yet applied, in order
+	seq           uint64
+	degraded      bool
+	loggedFolded  int64
+	loggedDropped int64
+
+	ctx       context.Context // cancelled by Close, to stop the flusher
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ Ledger = (*Redis)(nil)
+
+// batch is one script call; its id and arguments never change once built,
+// so a retry sends exactly what the first attempt sent.
+type batch struct {
+	id   string
+	rows int
+	keys []string
+	args []any
+}
+
+// applyScript applies one batch. KEYS[1] is the batch marker, KEYS[2] the
+// days set and KEYS[3..] the day hashes; ARGV[1] is the marker TTL in
+// seconds, then for each day hash: the day, the number of fields, and that
+// many field/increment pairs. It returns 1 if it applied the batch, 0 if the
+// batch had been applied before.
+//
+// Redis does not undo a script that fails halfway, so the key types are
+// checked before anything is written: a key of the wrong type fails the
+// batch whole and it can be retried once repaired. Only an HINCRBY beyond
+// 2^63 (9 trillion dollars in one row) could still fail halfway.
+var applyScript = redis.NewScript(`
+local want = 'set'
+for k = 2, #KEYS do
+  local t = redis.call('TYPE', KEYS[k]).ok
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('WRONGTYPE spend key ' .. KEYS[k] .. ' is a ' .. t)
+  end
+  want = 'hash'
+end
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  return 0
+end
+local a = 2
+for k = 3, #KEYS do
+  redis.call('SADD', KEYS[2], ARGV[a])
+  local n = tonumber(ARGV[a + 1])
+  a = a + 2
+  for i = 1, n do
+    redis.call('HINCRBY', KEYS[k], ARGV[a], ARGV[a + 1])
+    a = a + 2
+  end
+end
+return 1
+`)
+
+// NewRedis returns a Redis ledger on client, which it does not own: Close
+// leaves the client open. It starts one goroutine, stopped by Close.
+func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
+	if opts.Prefix == "" {
+		opts.Prefix = "tollgate:"
+	}
+	if opts.FlushInterval <= 0 {
+		opts.FlushInterval = defaultFlushInterval
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = defaultMaxPending
+	}
+	nonce := randomHex(8)
+	if opts.ReplicaID == "" {
+		opts.ReplicaID = randomHex(8)
+	}
+	r := &Redis{
+		client:     client,
+		tag:        "{" + opts.Prefix + "spend}",
+		replica:    opts.ReplicaID + ":" + nonce,
+		interval:   opts.FlushInterval,
+		log:        opts.Logger,
+		onDegraded: opts.OnDegraded,
+		maxPending: opts.MaxPending,
+		pending:    make(map[Key]*Totals),
+		sem:        make(chan struct{}, 1),
+		done:       make(chan struct{}),
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	go r.flusher()
+	return r
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b)
+}
+
+// Add records t under k in memory; the flusher sends it. It takes a mutex
+// and allocates only for a new row.
+func (r *Redis) Add(k Key, t Totals) {
+	r.mu.Lock()
+	p := r.pending[k]
+	if p == nil {
+		p = r.newRowLocked(k)
+	}
+	if p != nil {
+		p.Add(t)
+	} else {
+		r.droppedTotal.Add(t)
+	}
+	r.mu.Unlock()
+}
+
+// newRowLocked returns the row that receives k's first delta: a new row
+// while fewer than maxPending wait, else k's day's Overflow row, else nil
+// (the delta is dropped). Add never logs, to stay free of I/O; the flusher
+// logs what was folded or dropped.
+func (r *Redis) newRowLocked(k Key) *Totals {
+	if len(r.pending) < r.maxPending {
+		p := new(Totals)
+		r.pending[k] = p
+		return p
+	}
+	ok := Key{Day: k.Day, KeyID: Overflow, Team: Overflow, Model: Overflow}
+	if p := r.pending[ok]; p != nil {
+		r.folded.Add(1)
+		return p
+	}
+	if len(r.pending) < r.maxPending+maxOverflowRows {
+		r.folded.Add(1)
+		p := new(Totals)
+		r.pending[ok] = p
+		return p
+	}
+	r.dropped.Add(1)
+	return nil
+}
+
+// Pending returns the number of rows waiting to be written to Redis.
+func (r *Redis) Pending() int {
+	r.mu.Lock()
+	n := len(r.pending)
+	r.mu.Unlock()
+	return n + int(r.queuedRows.Load())
+}
+
+// Folded returns how many Adds went to an Overflow row because MaxPending
+// rows were waiting.
+func (r *Redis) Folded() int64 { return r.folded.Load() }
+
+// Dropped returns how many Adds were lost because MaxPending rows and every
+// overflow row were waiting.
+func (r *Redis) Dropped() int64 { return r.dropped.Load() }
+
+// Flush sends every batch that failed before, then everything added so far,
+// and returns the first error. It waits for a flush in progress.
+func (r *Redis) Flush(ctx context.Context) error {
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("spend: flush: %w", ctx.Err())
+	}
+	defer func() { <-r.sem }()
+	err := r.flushLocked(ctx)
+	r.noteResultLocked(err)
+	return err
+}
+
+// flushLocked sends the queue, then cuts pending into new batches and sends
+// them. Pending is cut only once the queue is empty, so during an outage
+// deltas keep aggregating in pending (bounded by MaxPending) instead of
+// piling up as batches.
+func (r *Redis) flushLocked(ctx context.Context) error {
+	if err := r.sendQueueLocked(ctx); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	cut := r.pending
+	if len(cut) > 0 {
+		r.pending = make(map[Key]*Totals, len(cut))
+		// Counted as queued under mu, so Pending never misses the cut rows.
+		r.queuedRows.Store(int64(len(cut)))
+	}
+	r.mu.Unlock()
+	if len(cut) == 0 {
+		return nil
+	}
+	r.queue = r.makeBatches(cut)
+	return r.sendQueueLocked(ctx)
+}
+
+// sendQueueLocked sends the queued batches in order, stopping at the first
+// failure.
+func (r *Redis) sendQueueLocked(ctx context.Context) error {
+	for len(r.queue) > 0 {
+		b := r.queue[0]
+		applied, err := applyScript.Run(ctx, r.client, b.keys, b.args...).Int()
+		if err != nil {
+			return fmt.Errorf("spend: writing batch %s (%d rows) to Redis: %w", b.id, b.rows, err)
+		}
+		if applied == 0 {
+			r.log.Info("spend: batch was already applied; an earlier attempt had succeeded", "batch", b.id)
+		}
+		r.queue[0] = nil
+		r.queue = r.queue[1:]
+		r.queuedRows.Add(-int64(b.rows))
+	}
+	r.queue = nil
+	return nil
+}
+
+// noteResultLocked tracks the degraded state and logs folds and drops. A
+// cancelled context (Close, or a caller giving up) says nothing about Redis.
+func (r *Redis) noteResultLocked(err error) {
+	switch {
+	case err != nil && !errors.Is(err, context.Canceled) && !r.degraded:
+		r.degraded = true
+		r.log.Error("spend: cannot write to Redis; deltas wait in memory", "err", err, "pending_rows", r.Pending())
+		if r.onDegraded != nil {
+			r.onDegraded(true)
+		}
+	case err == nil && r.degraded:
+		r.degraded = false
+		r.log.Info("spend: writing to Redis again")
+		if r.onDegraded != nil {
+			r.onDegraded(false)
+		}
+	}
+	if f := r.folded.Load(); f != r.loggedFolded {
+		r.log.Error("spend: too many rows waiting for Redis; new rows go to overflow rows",
+			"max_pending", r.maxPending, "folded_adds_total", f)
+		r.loggedFolded = f
+	}
+	if d := r.dropped.Load(); d != r.loggedDropped {
+		r.mu.Lock()
+		lost := r.droppedTotal
+		r.mu.Unlock()
+		r.log.Error("spend: too many rows waiting for Redis; SPEND WAS DROPPED",
+			"dropped_adds_total", d, "dropped_requests", lost.Requests, "dropped_cost_micros", lost.CostMicros,
+			"dropped_input", lost.Input, "dropped_output", lost.Output)
+		r.loggedDropped = d
+	}
+}
+
+// Counter field names inside a day hash.
+const (
+	fRequests   = "r"
+	fInput      = "i"
+	fOutput     = "o"
+	fCacheRead  = "cr"
+	fCacheWrite = "cw"
+	fReasoning  = "rs"
+	fCost       = "c"
+)
+
+// rowPrefix encodes a row's team, key and model, each length-prefixed
+// ("<len>:<bytes>"), so that names may hold any byte. The counter name
+// follows it to make a hash field.
+func rowPrefix(k Key) string {
+	var b strings.Builder
+	b.Grow(len(k.Team) + len(k.KeyID) + len(k.Model) + 12)
+	for _, s := range [...]string{k.Team, k.KeyID, k.Model} {
+		b.WriteString(strconv.Itoa(len(s)))
+		b.WriteByte(':')
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
+// parseField decodes a hash field made by rowPrefix plus a counter name.
+func parseField(f string) (team, keyID, model, counter string, err error) {
+	var parts [3]string
+	rest := f
+	for i := range parts {
+		n, after, ok := strings.Cut(rest, ":")
+		if !ok {
+			return "", "", "", "", fmt.Errorf("spend: malformed ledger field %q", f)
+		}
+		l, err := strconv.Atoi(n)
+		if err != nil || l < 0 || l > len(after) {
+			return "", "", "", "", fmt.Errorf("spend: malformed ledger field %q", f)
+		}
+		parts[i], rest = after[:l], after[l:]
+	}
+	return parts[0], parts[1], parts[2], rest, nil
+}
+
+func (r *Redis) dayKey(day string) string { return r.tag + ":day:" + day }
+func (r *Redis) daysKey() string          { return r.tag + ":days" }
+
+// makeBatches turns rows into batches of at most maxBatchRows rows, each
+// with a new id. Rows are sorted so one day's rows sit together.
+func (r *Redis) makeBatches(rows map[Key]*Totals) []*batch {
+	keys := make([]Key, 0, len(rows))
+	for k := range rows {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b Key) int { return strings.Compare(a.Day, b.Day) })
+	var out []*batch
+	for len(keys) > 0 {
+		n := min(len(keys), maxBatchRows)
+		out = append(out, r.makeBatch(keys[:n], rows))
+		keys = keys[n:]
+	}
+	return out
+}
+
+func (r *Redis) makeBatch(keys []Key, rows map[Key]*Totals) *batch {
+	r.seq++
+	b := &batch{id: r.replica + ":" + strconv.FormatUint(r.seq, 10), rows: len(keys)}
+	b.keys = []string{r.tag + ":batch:" + b.id, r.daysKey()}
+	b.args = []any{int64(batchTTL / time.Second)}
+	nAt := 0 // index in args of the current day's field count
+	for i, k := range keys {
+		if i == 0 || k.Day != keys[i-1].Day {
+			b.keys = append(b.keys, r.dayKey(k.Day))
+			b.args = append(b.args, k.Day, 0)
+			nAt = len(b.args) - 1
+		}
+		t, p := rows[k], rowPrefix(k)
+		n := 1
+		b.args = append(b.args, p+fRequests, t.Requests)
+		for _, c := range [...]struct {
+			name string
+			v    int64
+		}{{fInput, t.Input}, {fOutput, t.Output}, {fCacheRead, t.CacheRead},
+			{fCacheWrite, t.CacheWrite}, {fReasoning, t.Reasoning}, {fCost, t.CostMicros}} {
+			if c.v != 0 { // absent fields read as 0; requests always goes, so the row exists
+				b.args = append(b.args, p+c.name, c.v)
+				n++
+			}
+		}
+		b.args[nAt] = b.args[nAt].(int) + n
+	}
+	return b
+}
+
+// Query reads the matching rows from Redis, sorted by day, team, key and
+// model. It does not see deltas still waiting in this or another replica's
+// memory.
+func (r *Redis) Query(ctx context.Context, f Filter) ([]Row, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	days, err := r.client.SMembers(ctx, r.daysKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("spend: reading days from Redis: %w", err)
+	}
+	days = slices.DeleteFunc(days, func(d string) bool { return !f.matchDay(d) })
+	if len(days) == 0 {
+		return nil, nil
+	}
+	slices.Sort(days)
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, len(days))
+	for i, d := range days {
+		cmds[i] = pipe.HGetAll(ctx, r.dayKey(d))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("spend: reading days from Redis: %w", err)
+	}
+	acc := make(map[Key]*Totals)
+	for i, d := range days {
+		for field, val := range cmds[i].Val() {
+			team, keyID, model, counter, err := parseField(field)
+			if err != nil {
+				return nil, fmt.Errorf("%w in %s", err, r.dayKey(d))
+			}
+			k := Key{Day: d, KeyID: keyID, Team: team, Model: model}
+			if !f.match(k) {
+				continue
+			}
+			v, err := strconv.ParseInt(val, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("spend: ledger field %q in %s: %w", field, r.dayKey(d), err)
+			}
+			t := acc[k]
+			if t == nil {
+				t = new(Totals)
+				acc[k] = t
+			}
+			switch counter {
+			case fRequests:
+				t.Requests = v
+			case fInput:
+				t.Input = v
+			case fOutput:
+				t.Output = v
+			case fCacheRead:
+				t.CacheRead = v
+			case fCacheWrite:
+				t.CacheWrite = v
+			case fReasoning:
+				t.Reasoning = v
+			case fCost:
+				t.CostMicros = v
+			default:
+				// A counter added by a newer version: skip it so this
+				// version can still read the ledger.
+			}
+		}
+	}
+	rows := make([]Row, 0, len(acc))
+	for k, t := range acc {
+		rows = append(rows, Row{Key: k, Totals: *t})
+	}
+	sortRows(rows)
+	return rows, nil
+}
+
+// flusher flushes every interval until Close.
+func (r *Redis) flusher() {
+	defer close(r.done)
+	tick := time.NewTicker(r.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-tick.C:
+			ctx, cancel := context.WithTimeout(r.ctx, flushTimeout)
+			_ = r.Flush(ctx) // noteResultLocked logs failures
+			cancel()
+		}
+	}
+}
+
+// Close stops the flusher and flushes once more, for at most 5 s. If deltas
+// remain unwritten it logs and returns an error saying how many rows. Later
+// calls return the first call's result. Adds after Close stay in memory and
+// are written only by an explicit Flush.
+func (r *Redis) Close() error {
+	r.closeOnce.Do(func() {
+		r.cancel()
+		<-r.done
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		if err := r.Flush(ctx); err != nil {
+			n := r.Pending()
+			r.log.Error("spend: closing with spend not written to Redis", "pending_rows", n, "err", err)
+			r.closeErr = fmt.Errorf("spend: closing with %d rows not written to Redis: %w", n, err)
+		}
+		if d := r.Dropped(); d > 0 {
+			r.closeErr = errors.Join(r.closeErr, fmt.Errorf("spend: %d adds were dropped (MaxPending %d)", d, r.maxPending))
+		}
+	})
+	return r.closeErr
+}
