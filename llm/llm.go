@@ -236,6 +236,9 @@ type Record struct {
 	// Estimated is true.
 	Usage     Usage
 	Estimated bool
+	// CostMicros is what the exchange was billed, in micro-dollars, priced
+	// by [[models]] (0 when unpriced or not billable).
+	CostMicros int64
 
 	// TokenEvents counts token-bearing events; ITLCount, ITLSum and ITLMax
 	// summarise the gaps between them.

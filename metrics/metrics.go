@@ -50,6 +50,9 @@ type Metrics struct {
 	goodput      *prometheus.CounterVec
 	inflight     *prometheus.GaugeVec
 	interrupts   *prometheus.CounterVec
+	cost         *prometheus.CounterVec
+	rejections   *prometheus.CounterVec
+	degraded     *prometheus.GaugeVec
 
 	buckets llm.Buckets
 	slo     llm.SLOTargets
@@ -105,19 +108,31 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_requests",
 			Help: "Exchanges open now."}, []string{"route"}),
 		interrupts: counter("stream_interruptions_total", "Streams that ended early, by cause.", "route", "cause"),
+		cost: counter("cost_usd_total",
+			"Spend in US dollars, priced by [[models]] from the usage of each billable exchange.",
+			"route", "model", "team"),
+		rejections: counter("ratelimit_rejections_total",
+			"Requests refused by a limit, by scope (key, team) and limit (rpm, tpm, concurrency, tokens_per_day, cost_per_day, cost_per_month).",
+			"scope", "limit", "team"),
+		degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "degraded",
+			Help: "1 while a shared backend is unreachable and the gateway runs on its fallback (component = ratelimit, spend)."},
+			[]string{"component"}),
 
 		buckets: llm.NewBuckets(mc.LatencyBuckets),
 		slo:     cfg.SLOTargets(),
 		models:  newModelSet(mc.Models, mc.MaxModels),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
-		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts} {
+		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	for _, r := range []llm.Route{llm.RouteChatCompletions, llm.RouteMessages, llm.RouteOther} {
 		m.inflight.WithLabelValues(r.String())
+	}
+	for _, c := range []string{"ratelimit", "spend"} {
+		m.degraded.WithLabelValues(c)
 	}
 	return m, nil
 }
@@ -191,6 +206,9 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 		m.addTokens(route, model, team, "reasoning", est, u.Reasoning)
 	}
 
+	if rec.CostMicros > 0 {
+		m.cost.WithLabelValues(route, model, team).Add(float64(rec.CostMicros) / 1e6)
+	}
 	m.requests.WithLabelValues(route, model, team, statusCode(rec.Status), outcome).Inc()
 	if rec.Route != llm.RouteOther {
 		m.goodput.WithLabelValues(route, model, team, rec.Goodput.String()).Inc()
@@ -198,6 +216,24 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 	if rec.Interruption != llm.InterruptNone {
 		m.interrupts.WithLabelValues(route, rec.Interruption.String()).Inc()
 	}
+}
+
+// Rejected counts a request refused by a limit. team is "" for none.
+func (m *Metrics) Rejected(scope, limit, team string) {
+	if team == "" {
+		team = labelNone
+	}
+	m.rejections.WithLabelValues(scope, limit, team).Inc()
+}
+
+// SetDegraded sets the degraded gauge of a component ("ratelimit" or
+// "spend").
+func (m *Metrics) SetDegraded(component string, degraded bool) {
+	v := 0.0
+	if degraded {
+		v = 1
+	}
+	m.degraded.WithLabelValues(component).Set(v)
 }
 
 func (m *Metrics) addTokens(route, model, team, typ, est string, n int64) {

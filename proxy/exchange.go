@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/ratelimit"
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
@@ -47,6 +48,14 @@ type exchange struct {
 	// (about 4 bytes a token), -1 when unknown. It only places a request
 	// whose upstream reported no usage in an input-size bucket.
 	promptEstimate int64
+
+	// Governance: the caller's [[keys]] entry (nil if none), its lease when
+	// a limiter admitted it, the limiter's RPM/TPM states for the
+	// rate-limit headers, and the cost billed.
+	key        *keyEntry
+	lease      *ratelimit.Lease
+	rlStates   []ratelimit.State
+	costMicros int64
 
 	// Moments the transport's goroutines report, as nanoseconds since
 	// rec.Timing.In (0 = not yet); atomic because the HTTP/1 write loop may
@@ -151,6 +160,10 @@ func (ex *exchange) serve() {
 			llm.OutcomeBadRequest)
 		return
 	}
+	if aerr := ex.identify(key, hasKey); aerr != nil {
+		ex.fail(aerr, llm.OutcomeBadRequest)
+		return
+	}
 
 	d := ex.rec.Dialect
 	if d == llm.DialectNone {
@@ -195,8 +208,13 @@ func (ex *exchange) serve() {
 		}
 	}
 	ex.modelLabel = g.metrics.Model(ex.rec.Model)
+	if d != llm.DialectNone && !ex.admit() {
+		return
+	}
 
-	ex.roundTrip(body, hasKey)
+	// In mode "keys" the caller's key is the gateway's, never the
+	// upstream's: the upstream's own key replaces it.
+	ex.roundTrip(body, hasKey && !g.gov.keysMode)
 }
 
 // readBody reads the whole request body, at most limit bytes. The body is
@@ -229,7 +247,9 @@ func (ex *exchange) since(ns int64) time.Time {
 }
 
 // roundTrip sends the request upstream and relays the answer.
-func (ex *exchange) roundTrip(body []byte, hasKey bool) {
+// callerKeyUp says whether the caller's key goes upstream; when it does not,
+// the upstream's own key (if any) is sent instead.
+func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	g, r, up := ex.g, ex.r, ex.up
 	// The upstream request lives in the caller's context: a caller that
 	// hangs up cancels it (DESIGN 1).
@@ -259,7 +279,9 @@ func (ex *exchange) roundTrip(body []byte, hasKey bool) {
 	}
 	req.Header = upstreamRequestHeaders(r.Header)
 	req.Header.Set(requestIDHeader, ex.rec.RequestID)
-	if !hasKey {
+	if !callerKeyUp {
+		req.Header.Del("Authorization")
+		req.Header.Del("X-Api-Key")
 		if k := up.cfg.APIKey.Reveal(); k != "" {
 			setUpstreamKey(req.Header, ex.rec.Dialect, r, k)
 		}
@@ -278,6 +300,10 @@ func (ex *exchange) roundTrip(body []byte, hasKey bool) {
 	ex.rec.UpstreamRequestID = upstreamRequestID(resp.Header)
 	h := ex.w.Header()
 	copyResponseHeaders(h, resp.Header)
+	if len(ex.rlStates) > 0 {
+		// The caller's own limits, not the upstream account's.
+		setRateLimitHeaders(h, ex.rec.Dialect, ex.rlStates, g.now())
+	}
 
 	switch {
 	case resp.StatusCode >= 400:

@@ -18,6 +18,8 @@ func (ex *exchange) finish() {
 	if rec.Status == 0 {
 		rec.Status = statusClientClosed
 	}
+	ex.settle()
+	rec.CostMicros = ex.costMicros
 	input := ex.promptEstimate
 	if rec.Usage.HasInput {
 		input = rec.Usage.Input
@@ -94,6 +96,9 @@ func logRecord(l *slog.Logger, rec *llm.Record) {
 			slog.Int64("reasoning_tokens", rec.Usage.Reasoning),
 			slog.Bool("tokens_estimated", rec.Estimated),
 		)
+	}
+	if rec.CostMicros > 0 {
+		attrs = append(attrs, slog.Int64("cost_micros", rec.CostMicros))
 	}
 	attrs = append(attrs, slog.String("input_bucket", rec.InputBucket), slog.String("goodput", rec.Goodput.String()))
 	if rec.Interruption != llm.InterruptNone {

@@ -21,6 +21,8 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/ratelimit"
+	"github.com/tollgate-llm/tollgate/spend"
 )
 
 // Options configures a Gateway.
@@ -44,6 +46,12 @@ type Options struct {
 	Transport http.RoundTripper
 	// Now is the clock (tests). If nil, time.Now.
 	Now func() time.Time
+	// Limiter admits and settles the requests of keys and teams that have
+	// limits. Required when the configuration sets any limit.
+	Limiter ratelimit.Limiter
+	// Ledger receives the usage and cost of every billable exchange. If nil,
+	// spend is not recorded.
+	Ledger spend.Ledger
 }
 
 // Gateway serves the proxy's routes. Create it with New.
@@ -56,6 +64,7 @@ type Gateway struct {
 	onRecord  func(*llm.Record)
 	now       func() time.Time
 
+	gov       *governance
 	upstreams []*upstream
 	byConfig  map[*config.Upstream]*upstream
 	draining  atomic.Bool
@@ -90,6 +99,14 @@ func New(opts Options) (*Gateway, error) {
 	if g.now == nil {
 		g.now = time.Now
 	}
+	gov, err := newGovernance(opts.Config, opts.Limiter, opts.Ledger)
+	if err != nil {
+		return nil, err
+	}
+	if gov.hasLimits() && opts.Limiter == nil {
+		return nil, errors.New("proxy: the configuration sets limits but Options.Limiter is nil")
+	}
+	g.gov = gov
 	g.bufPool.New = func() any {
 		b := make([]byte, relayBufSize)
 		return &b
@@ -142,6 +159,7 @@ func (g *Gateway) Handler() http.Handler {
 			ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelError), MaxRequestsInFlight: 8,
 		}))
 	}
+	g.adminRoutes(r)
 	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))
 	r.Post("/v1/messages", g.dialectHandler(llm.RouteMessages, llm.DialectAnthropic))
 	r.HandleFunc("/v1/*", g.forwardHandler)
@@ -165,6 +183,9 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
 	ex.rec.RequestID = requestIDFrom(r.Context())
 	key, _, _ := callerKey(r.Header)
 	ex.rec.KeyID = keyID(key)
+	if k := g.gov.lookup(key); k != nil {
+		ex.rec.KeyID = k.name
+	}
 	ex.fail(e, llm.OutcomeBadRequest)
 	ex.finish()
 }

@@ -41,6 +41,13 @@ type testGateway struct {
 // the config before the gateway is built.
 func newTestGateway(t *testing.T, upstreamURL string, edit func(*config.Config)) *testGateway {
 	t.Helper()
+	return newTestGatewayWith(t, upstreamURL, edit, nil)
+}
+
+// newTestGatewayWith is newTestGateway with a hook that may set more
+// Options (a limiter, a ledger, a clock) before the gateway is built.
+func newTestGatewayWith(t *testing.T, upstreamURL string, edit func(*config.Config), opts func(*Options)) *testGateway {
+	t.Helper()
 	cfg := config.DemoConfig(upstreamURL)
 	cfg.Auth.RequireKey = false
 	if edit != nil {
@@ -57,7 +64,7 @@ func newTestGateway(t *testing.T, upstreamURL string, edit func(*config.Config))
 	tg := &testGateway{registry: reg, logs: &bytes.Buffer{}, recCh: make(chan llm.Record, 1024)}
 	var logMu sync.Mutex
 	access := slog.New(slog.NewJSONHandler(lockedWriter{&logMu, tg.logs}, nil))
-	gw, err := New(Options{
+	o := Options{
 		Config: &cfg, Metrics: m, Gatherer: reg,
 		Logger:    slog.New(slog.DiscardHandler),
 		AccessLog: access,
@@ -67,7 +74,11 @@ func newTestGateway(t *testing.T, upstreamURL string, edit func(*config.Config))
 			tg.mu.Unlock()
 			tg.recCh <- *r
 		},
-	})
+	}
+	if opts != nil {
+		opts(&o)
+	}
+	gw, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

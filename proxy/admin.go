@@ -1,0 +1,225 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tollgate-llm/tollgate/ratelimit"
+	"github.com/tollgate-llm/tollgate/spend"
+)
+
+// adminTimeout bounds an admin query against the limiter or the ledger.
+const adminTimeout = 5 * time.Second
+
+// adminRoutes mounts GET /admin/spend and GET /admin/limits behind the admin
+// token. Without a token configured they are not mounted (404).
+func (g *Gateway) adminRoutes(r chi.Router) {
+	token := g.cfg.Admin.Token.Reveal()
+	if token == "" {
+		return
+	}
+	// Comparing digests keeps the comparison constant-time whatever the
+	// presented token's length.
+	want := sha256.Sum256([]byte(token))
+	r.Route("/admin", func(r chi.Router) {
+		r.Use(func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+				sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+				if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+					w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate admin"`)
+					adminError(w, http.StatusUnauthorized, "missing or wrong admin token: send \"Authorization: Bearer <token>\"")
+					return
+				}
+				next.ServeHTTP(w, r)
+			})
+		})
+		r.Get("/spend", g.adminSpend)
+		r.Get("/limits", g.adminLimits)
+	})
+}
+
+func adminError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]string{"message": msg}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// SpendRow is one row of GET /admin/spend.
+type SpendRow struct {
+	Day              string  `json:"day"`
+	KeyID            string  `json:"key_id"`
+	Team             string  `json:"team"`
+	Model            string  `json:"model"`
+	Requests         int64   `json:"requests"`
+	InputTokens      int64   `json:"input_tokens"`
+	OutputTokens     int64   `json:"output_tokens"`
+	CacheReadTokens  int64   `json:"cache_read_tokens"`
+	CacheWriteTokens int64   `json:"cache_write_tokens"`
+	ReasoningTokens  int64   `json:"reasoning_tokens"`
+	CostMicros       int64   `json:"cost_micros"`
+	CostUSD          float64 `json:"cost_usd"`
+}
+
+// SpendReport is the body of GET /admin/spend: the matching rows and their
+// sum.
+type SpendReport struct {
+	Filter spend.Filter `json:"filter"`
+	Rows   []SpendRow   `json:"rows"`
+	Total  SpendRow     `json:"total"`
+}
+
+func spendRow(k spend.Key, t spend.Totals) SpendRow {
+	return SpendRow{Day: k.Day, KeyID: k.KeyID, Team: k.Team, Model: k.Model,
+		Requests: t.Requests, InputTokens: t.Input, OutputTokens: t.Output, CacheReadTokens: t.CacheRead,
+		CacheWriteTokens: t.CacheWrite, ReasoningTokens: t.Reasoning, CostMicros: t.CostMicros,
+		CostUSD: float64(t.CostMicros) / 1e6}
+}
+
+// adminSpend serves GET /admin/spend?team=&key=&model=&from=&to= (days as
+// YYYY-MM-DD, inclusive, UTC).
+func (g *Gateway) adminSpend(w http.ResponseWriter, r *http.Request) {
+	if g.gov.ledger == nil {
+		adminError(w, http.StatusNotFound, "no spend ledger is configured")
+		return
+	}
+	q := r.URL.Query()
+	f := spend.Filter{Team: q.Get("team"), KeyID: q.Get("key"), Model: q.Get("model"), From: q.Get("from"), To: q.Get("to")}
+	for _, d := range []struct{ name, v string }{{"from", f.From}, {"to", f.To}} {
+		if d.v == "" {
+			continue
+		}
+		if _, err := time.Parse(time.DateOnly, d.v); err != nil {
+			adminError(w, http.StatusBadRequest, d.name+" must be a day as YYYY-MM-DD")
+			return
+		}
+	}
+	if f.From != "" && f.To != "" && f.From > f.To {
+		adminError(w, http.StatusBadRequest, "from is after to")
+		return
+	}
+	ctx, cancel := contextWithTimeout(r, adminTimeout)
+	defer cancel()
+	rows, err := g.gov.ledger.Query(ctx, f)
+	if err != nil {
+		g.log.Warn("admin: spend query failed", "err", err)
+		adminError(w, http.StatusServiceUnavailable, "the spend ledger cannot be read right now: "+err.Error())
+		return
+	}
+	rep := SpendReport{Filter: f, Rows: make([]SpendRow, 0, len(rows))}
+	var total spend.Totals
+	for _, row := range rows {
+		rep.Rows = append(rep.Rows, spendRow(row.Key, row.Totals))
+		total.Add(row.Totals)
+	}
+	rep.Total = spendRow(spend.Key{}, total)
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// LimitState is one limit of one key or team in GET /admin/limits.
+type LimitState struct {
+	Limit     string `json:"limit"`
+	Max       int64  `json:"max"`
+	Used      int64  `json:"used"`
+	Remaining int64  `json:"remaining"`
+	// ResetSeconds is the time until a rate is full again or a budget's
+	// window ends (0 for concurrency).
+	ResetSeconds float64 `json:"reset_seconds"`
+	ResetAt      string  `json:"reset_at,omitempty"`
+}
+
+// SubjectLimits are the limits of one key or team.
+type SubjectLimits struct {
+	Scope  string       `json:"scope"`
+	ID     string       `json:"id"`
+	Team   string       `json:"team,omitempty"`
+	Limits []LimitState `json:"limits"`
+}
+
+// LimitsReport is the body of GET /admin/limits.
+type LimitsReport struct {
+	Subjects []SubjectLimits `json:"subjects"`
+}
+
+// adminLimits serves GET /admin/limits: every key and team with a limit,
+// with what is used and left now.
+func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
+	gv := g.gov
+	var subjects []ratelimit.Subject
+	teamOf := map[string]string{}
+	for _, k := range gv.keys {
+		if k.limited {
+			subjects = append(subjects, k.subject)
+			if k.team != nil {
+				teamOf[k.name] = k.team.name
+			}
+		}
+	}
+	for _, t := range gv.teams {
+		if t.limited {
+			subjects = append(subjects, t.subject)
+		}
+	}
+	sort.Slice(subjects, func(i, j int) bool {
+		if subjects[i].Scope != subjects[j].Scope {
+			return subjects[i].Scope > subjects[j].Scope // teams first
+		}
+		return subjects[i].ID < subjects[j].ID
+	})
+	rep := LimitsReport{Subjects: []SubjectLimits{}}
+	if len(subjects) == 0 || gv.limiter == nil {
+		writeJSON(w, http.StatusOK, rep)
+		return
+	}
+	ctx, cancel := contextWithTimeout(r, adminTimeout)
+	defer cancel()
+	states, err := gv.limiter.Peek(ctx, subjects)
+	if err != nil {
+		g.log.Warn("admin: limits query failed", "err", err)
+		adminError(w, http.StatusServiceUnavailable, "the limiter cannot be read right now: "+err.Error())
+		return
+	}
+	now := g.now()
+	idx := map[[2]string]int{}
+	for _, s := range subjects {
+		sl := SubjectLimits{Scope: s.Scope.String(), ID: s.ID, Limits: []LimitState{}}
+		if s.Scope == ratelimit.ScopeKey {
+			sl.Team = teamOf[s.ID]
+		}
+		idx[[2]string{sl.Scope, sl.ID}] = len(rep.Subjects)
+		rep.Subjects = append(rep.Subjects, sl)
+	}
+	for _, st := range states {
+		i, ok := idx[[2]string{st.Scope.String(), st.ID}]
+		if !ok {
+			continue
+		}
+		ls := LimitState{Limit: st.Kind.String(), Max: st.Limit, Used: st.Used, Remaining: st.Remaining,
+			ResetSeconds: st.Reset.Seconds()}
+		if st.Reset > 0 {
+			ls.ResetAt = now.Add(st.Reset).UTC().Format(time.RFC3339)
+		}
+		rep.Subjects[i].Limits = append(rep.Subjects[i].Limits, ls)
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// contextWithTimeout derives a bounded context from the request's.
+func contextWithTimeout(r *http.Request, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), d)
+}

@@ -1,0 +1,152 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/mockllm"
+)
+
+const adminToken = "admin-token-for-tests-0123"
+
+// adminGet fetches an admin path with the given bearer token ("" for none).
+func adminGet(t *testing.T, base, path, token string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// TestAdminAPI: /admin/* needs the admin token; /admin/spend filters the
+// ledger and sums it; /admin/limits shows each limited key and team with
+// what is used and left; bad filters are 400s.
+func TestAdminAPI(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 7}, true, func(c *config.Config) {
+		c.Admin.TokenEnv, c.Admin.Token = "ADMIN_TOKEN", adminToken
+		c.Keys[0].RPM = i64(10)
+		c.Teams[1].TokensPerDay = i64(100000)
+		c.Teams[1].CostPerDayUSD = f64(5)
+	})
+	ctx := testCtx(t)
+	for _, k := range []string{keyAlpha, keyBeta, keyBeta} {
+		if _, err := w.openai(k).Chat.Completions.New(ctx, chatParams(0)); err != nil {
+			t.Fatal(err)
+		}
+		w.tg.record(t)
+	}
+
+	for _, tok := range []string{"", "wrong-token", adminToken + "x"} {
+		if code, body := adminGet(t, w.tg.URL, "/admin/spend", tok); code != http.StatusUnauthorized ||
+			strings.Contains(string(body), adminToken) {
+			t.Errorf("token %q: %d %s", tok, code, body)
+		}
+	}
+
+	code, body := adminGet(t, w.tg.URL, "/admin/spend", adminToken)
+	if code != http.StatusOK {
+		t.Fatalf("/admin/spend: %d %s", code, body)
+	}
+	var all SpendReport
+	if err := json.Unmarshal(body, &all); err != nil {
+		t.Fatal(err)
+	}
+	if len(all.Rows) != 2 || all.Total.Requests != 3 {
+		t.Fatalf("/admin/spend: %d rows, %d requests; want 2 rows (alpha, beta), 3 requests: %s", len(all.Rows),
+			all.Total.Requests, body)
+	}
+	var sumIn, sumCost int64
+	for _, r := range all.Rows {
+		sumIn += r.InputTokens
+		sumCost += r.CostMicros
+		if r.Day != "2026-11-30" || r.Model != "gpt-test" || r.OutputTokens == 0 || r.CostMicros == 0 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if all.Total.InputTokens != sumIn || all.Total.CostMicros != sumCost {
+		t.Errorf("total %+v is not the sum of the rows", all.Total)
+	}
+
+	code, body = adminGet(t, w.tg.URL, "/admin/spend?team=ads&from=2026-11-30&to=2026-11-30", adminToken)
+	var ads SpendReport
+	if err := json.Unmarshal(body, &ads); code != http.StatusOK || err != nil {
+		t.Fatalf("team filter: %d %v %s", code, err, body)
+	}
+	if len(ads.Rows) != 1 || ads.Rows[0].KeyID != "beta" || ads.Rows[0].Requests != 2 {
+		t.Errorf("team=ads: %+v", ads.Rows)
+	}
+	code, body = adminGet(t, w.tg.URL, "/admin/spend?from=2026-12-01", adminToken)
+	var none SpendReport
+	if err := json.Unmarshal(body, &none); code != http.StatusOK || err != nil || len(none.Rows) != 0 {
+		t.Errorf("from a later day: %d %s", code, body)
+	}
+	for _, q := range []string{"from=yesterday", "to=2026-13-01", "from=2026-12-02&to=2026-12-01"} {
+		if code, body := adminGet(t, w.tg.URL, "/admin/spend?"+q, adminToken); code != http.StatusBadRequest {
+			t.Errorf("%s: %d %s", q, code, body)
+		}
+	}
+
+	code, body = adminGet(t, w.tg.URL, "/admin/limits", adminToken)
+	var lim LimitsReport
+	if err := json.Unmarshal(body, &lim); code != http.StatusOK || err != nil {
+		t.Fatalf("/admin/limits: %d %v %s", code, err, body)
+	}
+	find := func(scope, id, limit string) *LimitState {
+		for _, s := range lim.Subjects {
+			if s.Scope != scope || s.ID != id {
+				continue
+			}
+			for i := range s.Limits {
+				if s.Limits[i].Limit == limit {
+					return &s.Limits[i]
+				}
+			}
+		}
+		return nil
+	}
+	if l := find("key", "alpha", "rpm"); l == nil || l.Max != 10 || l.Used != 1 || l.Remaining != 9 {
+		t.Errorf("alpha rpm: %+v (%s)", l, body)
+	}
+	if l := find("team", "ads", "tokens_per_day"); l == nil || l.Used != ads.Rows[0].InputTokens+ads.Rows[0].OutputTokens ||
+		l.Remaining != 100000-l.Used || l.ResetAt != "2026-12-01T00:00:00Z" {
+		t.Errorf("ads tokens_per_day: %+v, spent %+v", l, ads.Rows[0])
+	}
+	if l := find("team", "ads", "cost_per_day"); l == nil || l.Used != ads.Rows[0].CostMicros || l.Max != 5_000_000 {
+		t.Errorf("ads cost_per_day: %+v, spent %d µ$", l, ads.Rows[0].CostMicros)
+	}
+	if find("team", "search", "rpm") != nil {
+		t.Error("team search has no limits but is listed")
+	}
+}
+
+// TestAdminAPIOffWithoutToken: with no [admin] token_env the admin routes do
+// not exist.
+func TestAdminAPIOffWithoutToken(t *testing.T) {
+	up := httptest.NewServer(mockllm.New(mockllm.Options{}))
+	t.Cleanup(up.Close)
+	tg := newTestGateway(t, up.URL, nil)
+	for _, p := range []string{"/admin/spend", "/admin/limits"} {
+		if code, _ := adminGet(t, tg.URL, p, adminToken); code != http.StatusNotFound {
+			t.Errorf("%s without an admin token configured: %d, want 404", p, code)
+		}
+	}
+}

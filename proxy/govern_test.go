@@ -1,0 +1,604 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/ratelimit"
+	"github.com/tollgate-llm/tollgate/spend"
+)
+
+// Gateway keys of the governance tests. Only their hashes go in the config.
+const (
+	keyAlpha    = "tg-test-alpha-0123456789"
+	keyBeta     = "tg-test-beta-0123456789"
+	upstreamKey = "sk-upstream-own-key"
+)
+
+func sha(k string) string {
+	s := sha256.Sum256([]byte(k))
+	return hex.EncodeToString(s[:])
+}
+
+func i64(v int64) *int64     { return &v }
+func f64(v float64) *float64 { return &v }
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// govWorld is a gateway with keys, teams, a Local limiter and a memory
+// ledger in front of a mockllm.
+type govWorld struct {
+	tg      *testGateway
+	mock    *mockllm.Server
+	limiter *ratelimit.Local
+	ledger  *spend.Local
+	clock   *fakeClock // nil: real time
+}
+
+// newGovWorld builds a world: two teams ("search" and "ads") with keys
+// alpha and beta, mode "keys", prices for gpt-test* and claude-test*. edit
+// may set limits.
+func newGovWorld(t *testing.T, mo mockllm.Options, frozen bool, edit func(*config.Config)) *govWorld {
+	t.Helper()
+	w := &govWorld{}
+	if frozen {
+		w.clock = newFakeClock()
+	}
+	mo.RequireKey = upstreamKey
+	w.mock = mockllm.New(mo)
+	up := httptest.NewServer(w.mock)
+	t.Cleanup(up.Close)
+	var now func() time.Time
+	if w.clock != nil {
+		now = w.clock.Now
+	}
+	w.limiter = ratelimit.NewLocal(ratelimit.LocalOptions{Now: now})
+	t.Cleanup(func() { _ = w.limiter.Close() })
+	var err error
+	w.ledger, err = spend.NewLocal(spend.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.ledger.Close() })
+	w.tg = newTestGatewayWith(t, up.URL, func(c *config.Config) {
+		c.Auth.Mode = "keys"
+		c.Upstreams[0].APIKeyEnv = "UPSTREAM_KEY"
+		c.Upstreams[0].APIKey = upstreamKey
+		c.Models = []config.Model{
+			{Pattern: "gpt-test*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10, CacheReadUSDPerMTok: f64(1.25)},
+			{Pattern: "claude-test*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15},
+		}
+		c.Teams = []config.Team{{Name: "search"}, {Name: "ads"}}
+		c.Keys = []config.Key{
+			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"},
+			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
+		}
+		if edit != nil {
+			edit(c)
+		}
+	}, func(o *Options) {
+		o.Limiter, o.Ledger = w.limiter, w.ledger
+		if now != nil {
+			o.Now = now
+		}
+	})
+	return w
+}
+
+func (w *govWorld) openai(key string, opts ...option.RequestOption) *openai.Client {
+	c := openai.NewClient(append([]option.RequestOption{option.WithBaseURL(w.tg.URL + "/v1"),
+		option.WithAPIKey(key), option.WithMaxRetries(0)}, opts...)...)
+	return &c
+}
+
+func (w *govWorld) anthropic(key string, opts ...aoption.RequestOption) *anthropic.Client {
+	c := anthropic.NewClient(append([]aoption.RequestOption{aoption.WithBaseURL(w.tg.URL),
+		aoption.WithAPIKey(key), aoption.WithMaxRetries(0)}, opts...)...)
+	return &c
+}
+
+func chatParams(maxTokens int64) openai.ChatCompletionNewParams {
+	p := openai.ChatCompletionNewParams{
+		Model:    "gpt-test",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("How many moons has Jupiter?")},
+	}
+	if maxTokens > 0 {
+		p.MaxTokens = openai.Int(maxTokens)
+	}
+	return p
+}
+
+func messageParams(maxTokens int64) anthropic.MessageNewParams {
+	return anthropic.MessageNewParams{
+		Model:     "claude-test",
+		MaxTokens: maxTokens,
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("How many moons has Saturn?"))},
+	}
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestKeysMode: in mode "keys" a configured key is admitted and replaced
+// by the upstream's own key; unknown, missing and malformed keys get 401 in
+// the caller's dialect and never reach the upstream.
+func TestKeysMode(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 5}, false, nil)
+	ctx := testCtx(t)
+
+	if _, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(0)); err != nil {
+		t.Fatalf("OpenAI SDK with a gateway key: %v", err)
+	}
+	if rec := w.tg.record(t); rec.KeyID != "alpha" || rec.Team != "search" {
+		t.Errorf("record key %q team %q, want alpha search", rec.KeyID, rec.Team)
+	}
+	if _, err := w.anthropic(keyBeta).Messages.New(ctx, messageParams(16)); err != nil {
+		t.Fatalf("Anthropic SDK with a gateway key: %v", err)
+	}
+	if rec := w.tg.record(t); rec.KeyID != "beta" || rec.Team != "ads" {
+		t.Errorf("record key %q team %q, want beta ads", rec.KeyID, rec.Team)
+	}
+	reqs := w.mock.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("upstream got %d requests, want 2", len(reqs))
+	}
+	if got := reqs[0].Header.Get("Authorization"); got != "Bearer "+upstreamKey || reqs[0].Header.Get("X-Api-Key") != "" {
+		t.Errorf("OpenAI request went upstream with Authorization %q, x-api-key %q", got, reqs[0].Header.Get("X-Api-Key"))
+	}
+	if got := reqs[1].Header.Get("X-Api-Key"); got != upstreamKey || reqs[1].Header.Get("Authorization") != "" {
+		t.Errorf("Anthropic request went upstream with x-api-key %q, Authorization %q", got, reqs[1].Header.Get("Authorization"))
+	}
+
+	// Unknown key, through both SDKs.
+	_, err := w.openai("tg-not-a-key-999").Chat.Completions.New(ctx, chatParams(0))
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusUnauthorized || oe.Code != "invalid_api_key" {
+		t.Errorf("OpenAI SDK, unknown key: %v", err)
+	} else if strings.Contains(oe.Message, "tg-not-a-key-999") {
+		t.Errorf("error message reveals the key: %q", oe.Message)
+	}
+	_, err = w.anthropic("tg-not-a-key-999").Messages.New(ctx, messageParams(16))
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusUnauthorized || ae.Type() != "authentication_error" {
+		t.Errorf("Anthropic SDK, unknown key: %v", err)
+	}
+	// Missing and malformed keys, as raw requests.
+	for name, hdr := range map[string]map[string]string{
+		"missing":   nil,
+		"malformed": {"Authorization": "Basic dXNlcjpwYXNz"},
+		"empty":     {"Authorization": "Bearer "},
+	} {
+		resp, body := post(t, w.tg.URL+"/v1/chat/completions", `{"model":"gpt-test","messages":[]}`, hdr)
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), `"invalid_api_key"`) {
+			t.Errorf("%s key: %d %s", name, resp.StatusCode, body)
+		}
+	}
+	if n := len(w.mock.Requests()); n != 2 {
+		t.Errorf("upstream got %d requests, want still 2", n)
+	}
+}
+
+// TestRateLimit429 follows an RPM limit on a frozen clock: admitted
+// responses carry the limit's headers, the refusal is a 429 each SDK parses
+// as a rate-limit error with the exact Retry-After of the bucket, other teams
+// are untouched, and the refill admits again.
+func TestRateLimit429(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, true, func(c *config.Config) {
+		c.Keys[0].RPM = i64(2)
+	})
+	ctx := testCtx(t)
+	oc := w.openai(keyAlpha)
+	for i, wantRemaining := range []string{"1", "0"} {
+		var resp *http.Response
+		if _, err := oc.Chat.Completions.New(ctx, chatParams(0), option.WithResponseInto(&resp)); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if got := resp.Header.Get("X-Ratelimit-Remaining-Requests"); got != wantRemaining ||
+			resp.Header.Get("X-Ratelimit-Limit-Requests") != "2" {
+			t.Errorf("request %d: x-ratelimit-*-requests limit %q remaining %q, want 2 %s", i,
+				resp.Header.Get("X-Ratelimit-Limit-Requests"), got, wantRemaining)
+		}
+	}
+	// 2 per minute: the next token arrives 30 s after the bucket emptied.
+	_, err := oc.Chat.Completions.New(ctx, chatParams(0))
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusTooManyRequests || oe.Code != "rate_limit_exceeded" {
+		t.Fatalf("OpenAI SDK, third request: %v", err)
+	}
+	h := oe.Response.Header
+	if h.Get("Retry-After") != "30" || h.Get("Retry-After-Ms") != "30000" {
+		t.Errorf("Retry-After %q, retry-after-ms %q; want 30, 30000", h.Get("Retry-After"), h.Get("Retry-After-Ms"))
+	}
+	if h.Get("X-Ratelimit-Remaining-Requests") != "0" || h.Get("X-Ratelimit-Reset-Requests") != "1m0s" {
+		t.Errorf("429 headers: remaining %q reset %q; want 0, 1m0s", h.Get("X-Ratelimit-Remaining-Requests"),
+			h.Get("X-Ratelimit-Reset-Requests"))
+	}
+	if !strings.Contains(oe.Message, `key "alpha"`) || !strings.Contains(oe.Message, "RPM") {
+		t.Errorf("message does not say which limit: %q", oe.Message)
+	}
+
+	// The same key through the Anthropic SDK: same bucket, Anthropic headers.
+	_, err = w.anthropic(keyAlpha).Messages.New(ctx, messageParams(16))
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || ae.Type() != "rate_limit_error" {
+		t.Fatalf("Anthropic SDK, refused: %v", err)
+	}
+	ah := ae.Response.Header
+	wantReset := w.clock.Now().Add(time.Minute).Format(time.RFC3339)
+	if ah.Get("Anthropic-Ratelimit-Requests-Remaining") != "0" || ah.Get("Anthropic-Ratelimit-Requests-Limit") != "2" ||
+		ah.Get("Anthropic-Ratelimit-Requests-Reset") != wantReset || ah.Get("Retry-After") != "30" {
+		t.Errorf("Anthropic 429 headers: %v (want reset %s)", ah, wantReset)
+	}
+
+	// Another team is untouched.
+	if _, err := w.openai(keyBeta).Chat.Completions.New(ctx, chatParams(0)); err != nil {
+		t.Errorf("beta (other team) refused: %v", err)
+	}
+	// 30 s later one request passes again.
+	w.clock.Advance(30 * time.Second)
+	if _, err := oc.Chat.Completions.New(ctx, chatParams(0)); err != nil {
+		t.Errorf("after the refill: %v", err)
+	}
+	if got := metricValue(t, w.tg, "tollgate_ratelimit_rejections_total",
+		map[string]string{"scope": "key", "limit": "rpm", "team": "search"}); got != 2 {
+		t.Errorf("tollgate_ratelimit_rejections_total{key,rpm,search} = %v, want 2", got)
+	}
+	if n := len(w.mock.Requests()); n != 4 {
+		t.Errorf("upstream got %d requests, want 4 (refused ones never reach it)", n)
+	}
+}
+
+// attempt is one HTTP attempt an SDK made.
+type attempt struct {
+	status int
+	sent   time.Time
+	done   time.Time
+}
+
+type attemptLog struct {
+	mu sync.Mutex
+	as []attempt
+}
+
+func (l *attemptLog) add(a attempt) {
+	l.mu.Lock()
+	l.as = append(l.as, a)
+	l.mu.Unlock()
+}
+
+func (l *attemptLog) get() []attempt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]attempt(nil), l.as...)
+}
+
+func (l *attemptLog) openai(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+	a := attempt{sent: time.Now()}
+	resp, err := next(req)
+	a.done = time.Now()
+	if resp != nil {
+		a.status = resp.StatusCode
+	}
+	l.add(a)
+	return resp, err
+}
+
+func (l *attemptLog) anthropic(req *http.Request, next aoption.MiddlewareNext) (*http.Response, error) {
+	return l.openai(req, next)
+}
+
+// TestSDKsWaitTheGatewaysRetryAfter: a concurrency refusal says "retry in
+// 1 s"; each official SDK, allowed one retry, waits at least that long and
+// then succeeds once the slot is free.
+func TestSDKsWaitTheGatewaysRetryAfter(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{TTFT: 300 * time.Millisecond, OutputTokens: 3}, false, func(c *config.Config) {
+		c.Keys[0].Concurrency = i64(1)
+	})
+	ctx := testCtx(t)
+	hold := func() chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(0))
+			done <- err
+		}()
+		if _, err := w.mock.WaitStats(ctx, func(s mockllm.Stats) bool { return s.InFlight == 1 }); err != nil {
+			t.Fatal(err)
+		}
+		return done
+	}
+	check := func(name string, log *attemptLog, err error, held chan error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := <-held; err != nil {
+			t.Fatalf("%s: held request: %v", name, err)
+		}
+		as := log.get()
+		if len(as) != 2 || as[0].status != http.StatusTooManyRequests || as[1].status != http.StatusOK {
+			t.Fatalf("%s: attempts %+v, want 429 then 200", name, as)
+		}
+		if gap := as[1].sent.Sub(as[0].done); gap < time.Second {
+			t.Errorf("%s retried after %v, before the gateway's Retry-After of 1s", name, gap)
+		}
+	}
+
+	held := hold()
+	var ol attemptLog
+	_, err := w.openai(keyAlpha, option.WithMaxRetries(1), option.WithMiddleware(ol.openai)).
+		Chat.Completions.New(ctx, chatParams(0))
+	check("OpenAI SDK", &ol, err, held)
+
+	held = hold()
+	var al attemptLog
+	_, err = w.anthropic(keyAlpha, aoption.WithMaxRetries(1), aoption.WithMiddleware(al.anthropic)).
+		Messages.New(ctx, messageParams(16))
+	check("Anthropic SDK", &al, err, held)
+}
+
+// TestBudgetSpentIsNotRetried: a spent token budget answers 429
+// insufficient_quota with x-should-retry: false and no Retry-After, and the
+// SDKs, with their default retries, do not retry it.
+func TestBudgetSpentIsNotRetried(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 1000}, true, func(c *config.Config) {
+		c.Teams[0].TokensPerDay = i64(200)
+	})
+	ctx := testCtx(t)
+	if _, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(150)); err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	var ol attemptLog
+	_, err := w.openai(keyAlpha, option.WithMaxRetries(2), option.WithMiddleware(ol.openai)).
+		Chat.Completions.New(ctx, chatParams(150))
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusTooManyRequests || oe.Code != "insufficient_quota" ||
+		oe.Type != "insufficient_quota" {
+		t.Fatalf("spent budget: %v", err)
+	}
+	if h := oe.Response.Header; h.Get("X-Should-Retry") != "false" || h.Get("Retry-After") != "" {
+		t.Errorf("x-should-retry %q, retry-after %q; want false and none", h.Get("X-Should-Retry"), h.Get("Retry-After"))
+	}
+	if !strings.Contains(oe.Message, "not a rate limit") || !strings.Contains(oe.Message, `team "search"`) {
+		t.Errorf("message: %q", oe.Message)
+	}
+	if n := len(ol.get()); n != 1 {
+		t.Errorf("OpenAI SDK made %d attempts, want 1", n)
+	}
+	var al attemptLog
+	_, err = w.anthropic(keyAlpha, aoption.WithMaxRetries(2), aoption.WithMiddleware(al.anthropic)).
+		Messages.New(ctx, messageParams(150))
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("Anthropic, spent budget: %v", err)
+	}
+	if n := len(al.get()); n != 1 {
+		t.Errorf("Anthropic SDK made %d attempts, want 1", n)
+	}
+	// The other team still has its budget.
+	if _, err := w.openai(keyBeta).Chat.Completions.New(ctx, chatParams(150)); err != nil {
+		t.Errorf("other team: %v", err)
+	}
+}
+
+// TestRemainingTokensFollowSettlement: on a frozen clock, the remaining
+// tokens an admitted response shows are the limit less the real usage of
+// the earlier requests and this request's reservation.
+func TestRemainingTokensFollowSettlement(t *testing.T) {
+	const tpm, maxTok = 100000, 40
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 25}, true, func(c *config.Config) {
+		c.Teams[0].TPM = i64(tpm)
+	})
+	ctx := testCtx(t)
+	var used int64
+	for i := range 3 {
+		var resp *http.Response
+		c, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(maxTok), option.WithResponseInto(&resp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := w.mock.Requests()[i].Body
+		reserved := int64(len(body)+3)/4 + maxTok
+		want := strconv.FormatInt(tpm-used-reserved, 10)
+		if got := resp.Header.Get("X-Ratelimit-Remaining-Tokens"); got != want {
+			t.Errorf("request %d: remaining tokens %s, want %s (limit %d - used %d - reserved %d)", i, got, want,
+				tpm, used, reserved)
+		}
+		used += c.Usage.PromptTokens + c.Usage.CompletionTokens
+		w.tg.record(t)
+	}
+	if used == 0 {
+		t.Fatal("no usage reported")
+	}
+}
+
+// TestModelNotAllowed: a team limited to model patterns gets 403 in its
+// dialect for another model.
+func TestModelNotAllowed(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, false, func(c *config.Config) {
+		c.Teams[0].Models = []string{"claude-test*"}
+	})
+	ctx := testCtx(t)
+	_, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(0))
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusForbidden || oe.Code != "model_not_allowed" {
+		t.Errorf("gpt-test for a claude-only team: %v", err)
+	}
+	if _, err := w.anthropic(keyAlpha).Messages.New(ctx, messageParams(16)); err != nil {
+		t.Errorf("claude-test: %v", err)
+	}
+	if _, err := w.openai(keyBeta).Chat.Completions.New(ctx, chatParams(0)); err != nil {
+		t.Errorf("another team: %v", err)
+	}
+}
+
+// TestSpendEqualsUsage: the ledger's tokens per key equal, to the token, the
+// usage the upstream reported to the SDKs, streamed and not, in both
+// dialects; its cost is the priced sum; a stream the caller cancels is billed
+// for what was relayed.
+func TestSpendEqualsUsage(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 12, ITL: 2 * time.Millisecond}, false, nil)
+	ctx := testCtx(t)
+	type sum struct{ in, out, reqs int64 }
+	want := map[string]*sum{"alpha": {}, "beta": {}}
+	for i := range 6 {
+		key, name := keyAlpha, "alpha"
+		if i%2 == 1 {
+			key, name = keyBeta, "beta"
+		}
+		s := want[name]
+		p := chatParams(int64(5 + i))
+		c, err := w.openai(key).Chat.Completions.New(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.in, s.out, s.reqs = s.in+c.Usage.PromptTokens, s.out+c.Usage.CompletionTokens, s.reqs+1
+
+		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		st := w.openai(key).Chat.Completions.NewStreaming(ctx, p)
+		var acc openai.ChatCompletionAccumulator
+		for st.Next() {
+			acc.AddChunk(st.Current())
+		}
+		if err := st.Err(); err != nil {
+			t.Fatal(err)
+		}
+		s.in, s.out, s.reqs = s.in+acc.Usage.PromptTokens, s.out+acc.Usage.CompletionTokens, s.reqs+1
+
+		m, err := w.anthropic(key).Messages.New(ctx, messageParams(int64(4+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.in, s.out, s.reqs = s.in+m.Usage.InputTokens, s.out+m.Usage.OutputTokens, s.reqs+1
+	}
+	for range 18 {
+		w.tg.record(t)
+	}
+
+	// A stream cancelled after its third event: billed for what the gateway
+	// relayed (Anthropic reports the input at the start).
+	cctx, cancel := context.WithCancel(ctx)
+	st := w.anthropic(keyAlpha).Messages.NewStreaming(cctx, messageParams(12))
+	for n := 0; st.Next(); n++ {
+		if n == 3 {
+			cancel()
+			break
+		}
+	}
+	_ = st.Close()
+	cancel()
+	rec := w.tg.record(t)
+	if rec.Outcome != llm.OutcomeClientCancel || !rec.Usage.HasInput || rec.Usage.Output == 0 {
+		t.Fatalf("cancelled stream recorded %v with usage %+v", rec.Outcome, rec.Usage)
+	}
+	want["alpha"].in += rec.Usage.Input
+	want["alpha"].out += rec.Usage.Output
+	want["alpha"].reqs++
+
+	rows, err := w.ledger.Query(ctx, spend.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*sum{}
+	var cost int64
+	for _, r := range rows {
+		s := got[r.KeyID]
+		if s == nil {
+			s = &sum{}
+			got[r.KeyID] = s
+		}
+		s.in, s.out, s.reqs = s.in+r.Input, s.out+r.Output, s.reqs+r.Requests
+		wantTeam := map[string]string{"alpha": "search", "beta": "ads"}[r.KeyID]
+		if r.Team != wantTeam || r.Day != "2026-11-30" && r.Day != time.Now().UTC().Format(time.DateOnly) {
+			t.Errorf("row %+v: team or day wrong", r.Key)
+		}
+		cost += r.CostMicros
+	}
+	for k, s := range want {
+		if g := got[k]; g == nil || *g != *s {
+			t.Errorf("%s: ledger %+v, upstream usage %+v", k, g, s)
+		}
+	}
+	// $2.50/$10 per Mtok for gpt-test, $3/$15 for claude-test: every
+	// request costs something, and the total is what the records billed.
+	var billed int64
+	w.tg.mu.Lock()
+	for _, r := range w.tg.recs {
+		billed += r.CostMicros
+	}
+	w.tg.mu.Unlock()
+	if cost == 0 || cost != billed {
+		t.Errorf("ledger cost %d µ$, records billed %d µ$", cost, billed)
+	}
+}
+
+// metricValue returns the value of the counter or gauge series name with
+// exactly the given labels (constant labels aside), or -1 when it is absent.
+func metricValue(t *testing.T, tg *testGateway, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := tg.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			if m.Counter != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
