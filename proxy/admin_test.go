@@ -136,6 +136,20 @@ func TestAdminAPI(t *testing.T) {
 	if find("team", "search", "rpm") != nil {
 		t.Error("team search has no limits but is listed")
 	}
+
+	// The same state as metrics, read at scrape time.
+	w.tg.registry.MustRegister(w.tg.gw.BudgetCollector(nil))
+	tokLeft := find("team", "ads", "tokens_per_day").Remaining
+	if got := metricValue(t, w.tg, "tollgate_budget_remaining_tokens", map[string]string{"team": "ads", "window": "day"}); got != float64(tokLeft) {
+		t.Errorf("tollgate_budget_remaining_tokens{ads,day} = %v, want %d", got, tokLeft)
+	}
+	usdLeft := float64(5_000_000-ads.Rows[0].CostMicros) / 1e6
+	if got := metricValue(t, w.tg, "tollgate_budget_remaining_usd", map[string]string{"team": "ads", "window": "day"}); got != usdLeft {
+		t.Errorf("tollgate_budget_remaining_usd{ads,day} = %v, want %v", got, usdLeft)
+	}
+	if got := metricValue(t, w.tg, "tollgate_budget_remaining_usd", map[string]string{"team": "search"}); got != -1 {
+		t.Errorf("team search has no budget but is exported: %v", got)
+	}
 }
 
 // TestAdminAPIOffWithoutToken: with no [admin] token_env the admin routes do
