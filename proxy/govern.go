@@ -332,31 +332,45 @@ func tightest(states []ratelimit.State, k ratelimit.Kind) (ratelimit.State, bool
 	return best, found
 }
 
+// rateHeaderNames are the rate-limit header names in canonical form, per
+// dialect and unit (requests, tokens), in the order limit, remaining,
+// reset; writing them straight into the map skips canonicalising them on
+// every request.
+var rateHeaderNames = [2][2][3]string{
+	{ // OpenAI (wire.md 1.8)
+		{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
+		{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
+	},
+	{ // Anthropic (wire.md 2.8)
+		{"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"},
+		{"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
+	},
+}
+
 // setRateLimitHeaders writes the dialect's rate-limit headers for the
 // tightest RPM and TPM limits among states: OpenAI's x-ratelimit-* (resets
 // as durations) or Anthropic's anthropic-ratelimit-* (resets as RFC 3339
 // times) (wire.md 1.8, 2.8).
 func setRateLimitHeaders(h http.Header, d llm.Dialect, states []ratelimit.State, now time.Time) {
-	for _, k := range [...]ratelimit.Kind{ratelimit.KindRPM, ratelimit.KindTPM} {
+	dialect := 0
+	if d == llm.DialectAnthropic {
+		dialect = 1
+	}
+	for unit, k := range [...]ratelimit.Kind{ratelimit.KindRPM, ratelimit.KindTPM} {
 		st, ok := tightest(states, k)
 		if !ok {
 			continue
 		}
-		unit := "requests"
-		if k == ratelimit.KindTPM {
-			unit = "tokens"
+		names := &rateHeaderNames[dialect][unit]
+		var reset string
+		if dialect == 1 {
+			reset = now.Add(st.Reset).UTC().Truncate(time.Second).Format(time.RFC3339)
+		} else {
+			reset = resetDuration(st.Reset)
 		}
-		limit := strconv.FormatInt(st.Limit, 10)
-		remaining := strconv.FormatInt(max(st.Remaining, 0), 10)
-		if d == llm.DialectAnthropic {
-			h.Set("Anthropic-Ratelimit-"+unit+"-Limit", limit)
-			h.Set("Anthropic-Ratelimit-"+unit+"-Remaining", remaining)
-			h.Set("Anthropic-Ratelimit-"+unit+"-Reset", now.Add(st.Reset).UTC().Truncate(time.Second).Format(time.RFC3339))
-			continue
-		}
-		h.Set("X-Ratelimit-Limit-"+unit, limit)
-		h.Set("X-Ratelimit-Remaining-"+unit, remaining)
-		h.Set("X-Ratelimit-Reset-"+unit, resetDuration(st.Reset))
+		h[names[0]] = []string{strconv.FormatInt(st.Limit, 10)}
+		h[names[1]] = []string{strconv.FormatInt(max(st.Remaining, 0), 10)}
+		h[names[2]] = []string{reset}
 	}
 }
 
