@@ -284,13 +284,14 @@ func (r *Redis) flushLocked(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	cut := r.pending
-	if len(cut) > 0 {
-		r.pending = make(map[Key]*Totals, len(cut))
+	n := len(cut) // read under mu: with nothing cut, cut is still the live map
+	if n > 0 {
+		r.pending = make(map[Key]*Totals, n)
 		// Counted as queued under mu, so Pending never misses the cut rows.
-		r.queuedRows.Store(int64(len(cut)))
+		r.queuedRows.Store(int64(n))
 	}
 	r.mu.Unlock()
-	if len(cut) == 0 {
+	if n == 0 {
 		return nil
 	}
 	r.queue = r.makeBatches(cut)

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -452,5 +453,41 @@ func TestRedisWrongTypeFailsWhole(t *testing.T) {
 	rows, err := r.Query(ctx, Filter{})
 	if err != nil || sumRows(rows).Requests != 3 || len(rows) != 2 {
 		t.Fatalf("rows %+v, %v; want 2 rows, 3 requests", rows, err)
+	}
+}
+
+// TestRedisAddWhileFlushingNothing: a flush that finds nothing pending must
+// not read the live map after releasing its lock (caught by -race).
+func TestRedisAddWhileFlushingNothing(t *testing.T) {
+	srv := startRedisServer(t, false)
+	r := newRedis(t, srv.Client(t), RedisOptions{FlushInterval: time.Hour})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range 200 {
+			r.Add(Key{Day: "2026-11-30", KeyID: "k", Team: "t", Model: strconv.Itoa(i % 7)}, Totals{Requests: 1})
+		}
+	}()
+	for range 50 {
+		if err := r.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := r.Query(ctx, Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, row := range rows {
+		n += row.Requests
+	}
+	if n != 200 {
+		t.Errorf("%d requests in Redis, want 200", n)
 	}
 }
