@@ -602,3 +602,40 @@ func metricValue(t *testing.T, tg *testGateway, name string, labels map[string]s
 	}
 	return -1
 }
+
+// TestPassthroughNamedKey: in mode "passthrough" a caller key listed in
+// [[keys]] gets its name, team and limits while the key itself still goes
+// upstream; an unlisted key passes under its hash id, with no team.
+func TestPassthroughNamedKey(t *testing.T) {
+	mock := mockllm.New(mockllm.Options{OutputTokens: 3})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	lim := ratelimit.NewLocal(ratelimit.LocalOptions{})
+	t.Cleanup(func() { _ = lim.Close() })
+	tg := newTestGatewayWith(t, up.URL, func(c *config.Config) {
+		c.Teams = []config.Team{{Name: "search", Limits: config.Limits{RPM: i64(1)}}}
+		c.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
+	}, func(o *Options) { o.Limiter = lim })
+	hdr := map[string]string{"Authorization": "Bearer " + keyAlpha}
+	body := `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}`
+	if resp, b := post(t, tg.URL+"/v1/chat/completions", body, hdr); resp.StatusCode != http.StatusOK {
+		t.Fatalf("listed key: %d %s", resp.StatusCode, b)
+	}
+	if rec := tg.record(t); rec.KeyID != "alpha" || rec.Team != "search" {
+		t.Errorf("listed key recorded as %q / %q", rec.KeyID, rec.Team)
+	}
+	if got := mock.Requests()[0].Header.Get("Authorization"); got != "Bearer "+keyAlpha {
+		t.Errorf("passthrough sent %q upstream, want the caller's own key", got)
+	}
+	if resp, b := post(t, tg.URL+"/v1/chat/completions", body, hdr); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("team RPM 1, second request: %d %s", resp.StatusCode, b)
+	}
+	tg.record(t)
+	other := map[string]string{"Authorization": "Bearer sk-someone-else"}
+	if resp, b := post(t, tg.URL+"/v1/chat/completions", body, other); resp.StatusCode != http.StatusOK {
+		t.Fatalf("unlisted key: %d %s", resp.StatusCode, b)
+	}
+	if rec := tg.record(t); rec.KeyID != keyID("sk-someone-else") || rec.Team != "" {
+		t.Errorf("unlisted key recorded as %q / %q", rec.KeyID, rec.Team)
+	}
+}
