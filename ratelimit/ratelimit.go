@@ -148,14 +148,46 @@ type Decision struct {
 	// until enough of a rate has refilled (never the whole window), until a
 	// budget's window ends, or a short fixed wait for concurrency.
 	RetryAfter time.Duration
-	// States holds the RPM and TPM state of every subject after the decision,
-	// for x-ratelimit-* and anthropic-ratelimit-* headers.
+	// States holds the RPM and TPM state of every subject after the
+	// decision, for x-ratelimit-* and anthropic-ratelimit-* headers (see
+	// Tightest); a refused decision has them too, as they are after the
+	// refusal (which reserved nothing).
 	States []State
 	// Lease is the admitted request's reservation (when Allowed). The caller
 	// must Settle it exactly once, also when the request fails or is
 	// cancelled.
 	Lease *Lease
 }
+
+// Tightest returns the RPM state and the TPM state that bind first among
+// sts, across subjects: the least Remaining, and on a tie the longest Reset.
+// Those are what x-ratelimit-* and anthropic-ratelimit-* headers report,
+// for an admitted or a refused request (Decision.States) or for a Peek. A
+// kind absent from sts gives nil. The results point into sts.
+func Tightest(sts []State) (req, tok *State) {
+	for i := range sts {
+		s := &sts[i]
+		switch s.Kind {
+		case KindRPM:
+			if tighter(s, req) {
+				req = s
+			}
+		case KindTPM:
+			if tighter(s, tok) {
+				tok = s
+			}
+		}
+	}
+	return req, tok
+}
+
+// tighter reports whether a binds before b (nil binds never).
+func tighter(a, b *State) bool {
+	return b == nil || a.Remaining < b.Remaining || a.Remaining == b.Remaining && a.Reset > b.Reset
+}
+
+// Tightest is Tightest(d.States).
+func (d Decision) Tightest() (req, tok *State) { return Tightest(d.States) }
 
 // Lease is an admitted request's reservation: one concurrency slot per
 // subject that has a concurrency limit, and the reserved tokens and cost.
@@ -170,6 +202,9 @@ type Lease struct {
 
 	// settled makes Settle idempotent: CompareAndSwap(false, true) wins once.
 	settled atomic.Bool
+	// issuer is the backend that issued the lease, set by Failover so that
+	// Settle goes back to it; nil for a lease from a bare backend.
+	issuer Limiter
 }
 
 // Limiter admits and settles requests. Implementations are safe for

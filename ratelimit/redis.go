@@ -19,7 +19,9 @@ type RedisOptions struct {
 	Prefix string
 	// LeaseTTL is how long a concurrency lease lives if the replica that
 	// holds it dies without settling; zero or less means 15 minutes. It must
-	// exceed the longest request, or a live request loses its slot.
+	// exceed the longest request, or a live request loses its slot. A lease
+	// can still be settled for at least a day after it expires; later, its
+	// Settle may be ignored.
 	LeaseTTL time.Duration
 }
 
@@ -29,8 +31,9 @@ type RedisOptions struct {
 // costs one round trip. Its arithmetic is gcra.go's, in microseconds.
 //
 // Keys are hash-tagged per subject ("{tollgate:rl:key:<id>}:rpm", ":tpm",
-// ":conc", ":tpd:<day>", ":cpd:<day>", ":cpm:<month>"), so one subject's keys
-// share a Redis Cluster slot.
+// ":leases", ":tpd:<day>", ":cpd:<day>", ":cpm:<month>"), so one subject's
+// keys share a Redis Cluster slot. ":leases" holds the subject's open leases;
+// it makes Settle idempotent on the Redis side and counts concurrency.
 type Redis struct {
 	client   redis.UniversalClient
 	prefix   string
@@ -55,19 +58,25 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 // subjectKeys are one subject's key names; base prefixes the budget keys,
 // whose window names the scripts take from Redis's clock.
 type subjectKeys struct {
-	base           string
-	rpm, tpm, conc string
+	base             string
+	rpm, tpm, leases string
 }
 
 func (r *Redis) keys(s Subject) subjectKeys {
 	base := "{" + r.prefix + s.Scope.String() + ":" + s.ID + "}:"
-	return subjectKeys{base: base, rpm: base + "rpm", tpm: base + "tpm", conc: base + "conc"}
+	return subjectKeys{base: base, rpm: base + "rpm", tpm: base + "tpm", leases: base + "leases"}
 }
 
 // limited reports whether a subject has any limit, i.e. whether Redis needs
 // to hear about it.
-func limited(l Limits) bool {
-	return l.RPM > 0 || l.TPM > 0 || l.Concurrency > 0 || l.TokensPerDay > 0 ||
+func limited(l Limits) bool { return l.RPM > 0 || needsSettle(l) }
+
+// needsSettle reports whether Settle has anything to correct for a subject: a
+// TPM reservation, a concurrency slot or a budget. A request counts in RPM
+// whatever its size, so an RPM-only subject is never settled. The scripts
+// apply the same test to decide which subjects keep a lease set.
+func needsSettle(l Limits) bool {
+	return l.TPM > 0 || l.Concurrency > 0 || l.TokensPerDay > 0 ||
 		l.CostPerDayMicros > 0 || l.CostPerMonthMicros > 0
 }
 
@@ -112,7 +121,7 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 		s := req.Subjects[i]
 		k := r.keys(s)
 		l := s.Limits
-		calls[j] = scriptCall{keys: []string{k.rpm, k.tpm, k.conc}, args: []any{
+		calls[j] = scriptCall{keys: []string{k.rpm, k.tpm, k.leases}, args: []any{
 			l.RPM, l.TPM, l.Concurrency, l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros,
 			tokens, cost, id, r.leaseTTL.Microseconds(), k.base, ConcurrencyRetryAfter.Microseconds(),
 			tpmReserve(tokens, l.TPM),
@@ -156,14 +165,14 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 		if len(undo) > 0 {
 			r.run(ctx, settleScript, undo)
 			for u, j := range undone {
-				v, err := replyInts(undo[u].res, undo[u].err, 3)
+				v, err := replyInts(undo[u].res, undo[u].err, 4)
 				if err != nil {
 					if firstErr == nil {
 						firstErr = fmt.Errorf("ratelimit: redis undo reservation: %w", err)
 					}
 					continue
 				}
-				replies[j].now, replies[j].rpmD, replies[j].tpmD = v[0], v[1], v[2]
+				replies[j].rpmD, replies[j].tpmD = v[2], v[3]
 			}
 		}
 		if firstErr != nil {
@@ -183,10 +192,14 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 
 // Settle implements Limiter. tokens and costMicros are the real usage (so
 // far, for a cancelled request). Rates are corrected on Redis's clock at the
-// time of the call, budgets in the windows of l.At. The lease counts as
-// settled even when Redis fails: a retry could apply it twice, while an
-// unsettled lease only leaves its estimate charged and its slot held until
-// LeaseTTL.
+// time of the call, budgets in the windows of l.At. ctx must not be the
+// cancelled request's own context: a cancelled ctx fails the call.
+//
+// When Redis fails, the lease stays unsettled and Settle may be called again
+// (Failover replays it): the script applies a lease's settlement only while
+// the lease is in its subjects' lease sets, so a settlement that did reach
+// Redis before the error is not applied twice. A lease is kept there for at
+// least a day after its LeaseTTL; a Settle later than that may be ignored.
 func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) error {
 	if l == nil {
 		return errors.New("ratelimit: settle of a nil lease")
@@ -201,9 +214,8 @@ func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) 
 	var calls []scriptCall
 	for _, s := range l.Subjects {
 		lim := s.Limits
-		if lim.TPM <= 0 && lim.Concurrency <= 0 && lim.TokensPerDay <= 0 &&
-			lim.CostPerDayMicros <= 0 && lim.CostPerMonthMicros <= 0 {
-			continue // RPM alone, or nothing: a request is a request
+		if !needsSettle(lim) {
+			continue
 		}
 		calls = append(calls, r.settleCall(s, l.ID, l.At, 0,
 			tokens-tpmReserve(l.Tokens, lim.TPM), tokens-l.Tokens, costMicros-l.CostMicros))
@@ -213,7 +225,8 @@ func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) 
 	}
 	r.run(ctx, settleScript, calls)
 	for _, c := range calls {
-		if _, err := replyInts(c.res, c.err, 3); err != nil {
+		if _, err := replyInts(c.res, c.err, 4); err != nil {
+			l.settled.Store(false)
 			return fmt.Errorf("ratelimit: redis settle: %w", err)
 		}
 	}
@@ -228,7 +241,7 @@ func (r *Redis) settleCall(s Subject, id string, at time.Time, refund int, tpmDe
 	month, monthLeft := monthWindow(at)
 	l := s.Limits
 	return scriptCall{
-		keys: []string{k.rpm, k.tpm, k.conc, k.base + "tpd:" + day, k.base + "cpd:" + day, k.base + "cpm:" + month},
+		keys: []string{k.rpm, k.tpm, k.leases, k.base + "tpd:" + day, k.base + "cpd:" + day, k.base + "cpm:" + month},
 		args: []any{
 			l.RPM, l.TPM, l.Concurrency, l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros,
 			tpmDelta, tokDelta, costDelta, id, refund,
@@ -250,7 +263,7 @@ func (r *Redis) Peek(ctx context.Context, subjects []Subject) ([]State, error) {
 			continue
 		}
 		k := r.keys(s)
-		calls = append(calls, scriptCall{keys: []string{k.rpm, k.tpm, k.conc}, args: []any{k.base}})
+		calls = append(calls, scriptCall{keys: []string{k.rpm, k.tpm, k.leases}, args: []any{k.base}})
 		idx = append(idx, i)
 	}
 	if len(calls) == 0 {

@@ -21,10 +21,29 @@ import "github.com/redis/go-redis/v9"
 // subject's hash-tagged base) rather than passed in KEYS. They share the
 // subject's hash tag with KEYS[1], so they live in the same Cluster slot, and
 // Redis (without a shebang flag) allows a script to touch them.
+//
+// Every subject that Settle has to correct (one with a TPM, concurrency or
+// budget limit) records each admitted lease in its lease set (KEYS[3], a
+// sorted set scored by the lease's expiry). The settle script applies its
+// corrections only if its ZREM removed the lease, which makes a settlement
+// idempotent: a Settle retried after a lost reply, or replayed by Failover
+// after an outage, is applied exactly once. The concurrency count is the
+// number of unexpired leases in that set.
+//
+// The scripts issue as few commands as the semantics allow, because each
+// redis.call costs more than the arithmetic of a whole script, and a write
+// more than a read (a PEXPIRE several times a PTTL): no read whose result is
+// unused, a budget counter's TTL set only when the counter is created, the
+// lease set's TTL extended an hour at a time, and the calendar computed only
+// for subjects with budgets.
 const luaCommon = `
 local WINDOW = 60000000
 local SLACK_MS = 1000
 local DAY = 86400000000
+-- GRACE is how long at least an expired lease stays in its subject's lease
+-- set, so that the settlement of a request that outlived LeaseTTL, or one
+-- replayed after an outage, still applies once.
+local GRACE = DAY
 
 local function now_us()
   local t = redis.call('TIME')
@@ -113,15 +132,15 @@ end
 // admitScript checks every limit of one subject and reserves all of them only
 // if all admit.
 //
-// KEYS: rpm, tpm, conc. ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; tokens;
+// KEYS: rpm, tpm, leases. ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; tokens;
 // cost; lease id; lease TTL (µs); subject base ("{tag}:"); concurrency retry
 // (µs); TPM reservation (tokens clamped to the TPM limit, gcra.go's
 // tpmReserve).
 //
 // Reply: allowed, now, refused kind (-1), retry (µs), rpm TAT-now, tpm
 // TAT-now, conc used, tpd used, cpd used, cpm used, day left (µs), month left
-// (µs). Rates and counts are after the reservation when allowed, untouched
-// when refused.
+// (µs); the window lengths are 0 for a subject without budgets. Rates and
+// counts are after the reservation when allowed, untouched when refused.
 var admitScript = redis.NewScript(luaCommon + `
 local now = now_us()
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -129,6 +148,8 @@ local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[
 local tokens, cost = tonumber(ARGV[7]), tonumber(ARGV[8])
 local lease, ttl, base, conc_retry = ARGV[9], tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
 local tpm_n = tonumber(ARGV[13])
+local budgets = tpd_l > 0 or cpd_l > 0 or cpm_l > 0
+local tracked = conc_l > 0 or tpm_l > 0 or budgets
 
 -- Every refusing limit is seen; the one that frees last is reported, so
 -- that its RetryAfter is a time at which a retry can pass.
@@ -151,25 +172,30 @@ if tpm_l > 0 then
 end
 local conc_used = 0
 if conc_l > 0 then
-  -- Leases of replicas that died without settling expire here.
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
-  conc_used = redis.call('ZCARD', KEYS[3])
+  -- Leases of replicas that died without settling stop counting at their
+  -- expiry.
+  conc_used = redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf')
   if conc_used >= conc_l then refuse(2, conc_retry) end
 end
-local day, day_end, month, month_end = windows(now)
-local tpd_key, cpd_key, cpm_key = base .. 'tpd:' .. day, base .. 'cpd:' .. day, base .. 'cpm:' .. month
+local day_end, month_end = now, now
+local tpd_key, cpd_key, cpm_key
 local tpd_used, cpd_used, cpm_used = 0, 0, 0
-if tpd_l > 0 then
-  tpd_used = used_of(tpd_key)
-  if not budget_admits(tpd_used, tokens, tpd_l) then refuse(3, day_end - now) end
-end
-if cpd_l > 0 then
-  cpd_used = used_of(cpd_key)
-  if not budget_admits(cpd_used, cost, cpd_l) then refuse(4, day_end - now) end
-end
-if cpm_l > 0 then
-  cpm_used = used_of(cpm_key)
-  if not budget_admits(cpm_used, cost, cpm_l) then refuse(5, month_end - now) end
+if budgets then
+  local day, month
+  day, day_end, month, month_end = windows(now)
+  tpd_key, cpd_key, cpm_key = base .. 'tpd:' .. day, base .. 'cpd:' .. day, base .. 'cpm:' .. month
+  if tpd_l > 0 then
+    tpd_used = used_of(tpd_key)
+    if not budget_admits(tpd_used, tokens, tpd_l) then refuse(3, day_end - now) end
+  end
+  if cpd_l > 0 then
+    cpd_used = used_of(cpd_key)
+    if not budget_admits(cpd_used, cost, cpd_l) then refuse(4, day_end - now) end
+  end
+  if cpm_l > 0 then
+    cpm_used = used_of(cpm_key)
+    if not budget_admits(cpm_used, cost, cpm_l) then refuse(5, month_end - now) end
+  end
 end
 
 if refused >= 0 then
@@ -179,42 +205,62 @@ end
 
 if rpm_l > 0 then store_tat(KEYS[1], rpm_new, now); rpm_tat = rpm_new end
 if tpm_l > 0 then store_tat(KEYS[2], tpm_new, now); tpm_tat = tpm_new end
-if conc_l > 0 then
+if tracked then
   redis.call('ZADD', KEYS[3], string.format('%d', now + ttl), lease)
-  redis.call('PEXPIRE', KEYS[3], math.ceil(ttl / 1000) + SLACK_MS)
-  conc_used = conc_used + 1
+  -- The set must outlive its newest lease by GRACE. Its TTL is extended an
+  -- hour beyond that at a time, so that most admissions only read it (a
+  -- PEXPIRE costs several times a PTTL); leases expired more than GRACE ago
+  -- (of replicas that died without settling) are pruned then too.
+  local keep = math.ceil((ttl + GRACE) / 1000) + SLACK_MS
+  if redis.call('PTTL', KEYS[3]) < keep then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('(%d', now - GRACE))
+    redis.call('PEXPIRE', KEYS[3], keep + 3600000)
+  end
+  if conc_l > 0 then conc_used = conc_used + 1 end
 end
-local function charge(key, limit, n, wend)
-  if limit <= 0 or n <= 0 then return used_of(key) end
+-- charge adds a reservation to a budget window. A window's counter outlives
+-- it by a day, for late settlements; the TTL is set when INCRBY created the
+-- counter (it then equals n), since every later write is in the same window.
+local function charge(key, used, n, wend)
+  if n <= 0 then return used end
   local v = redis.call('INCRBY', key, n)
-  -- A window's counter outlives it by a day, for late settlements.
-  redis.call('PEXPIREAT', key, math.floor(wend / 1000) + 86400000)
+  if v == n then redis.call('PEXPIREAT', key, math.floor(wend / 1000) + 86400000) end
   return v
 end
-if tpd_l > 0 then tpd_used = charge(tpd_key, tpd_l, tokens, day_end) end
-if cpd_l > 0 then cpd_used = charge(cpd_key, cpd_l, cost, day_end) end
-if cpm_l > 0 then cpm_used = charge(cpm_key, cpm_l, cost, month_end) end
+if tpd_l > 0 then tpd_used = charge(tpd_key, tpd_used, tokens, day_end) end
+if cpd_l > 0 then cpd_used = charge(cpd_key, cpd_used, cost, day_end) end
+if cpm_l > 0 then cpm_used = charge(cpm_key, cpm_used, cost, month_end) end
 return {1, now, -1, 0, rpm_tat - now, tpm_tat - now, conc_used,
         tpd_used, cpd_used, cpm_used, day_end - now, month_end - now}
 `)
 
 // settleScript corrects one subject's reservation to the real usage; with
 // ARGV[11] = 1 and deltas that take back the whole reservation it undoes an
-// admission entirely.
+// admission entirely. For a subject with a lease set it does nothing unless
+// the lease is still in it, so that a lease is settled at most once.
 //
-// KEYS: rpm, tpm, conc, tpd, cpd, cpm (budget keys of the lease's admission
+// KEYS: rpm, tpm, leases, tpd, cpd, cpm (budget keys of the lease's admission
 // windows). ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; TPM delta (actual −
 // clamped reservation); token delta; cost delta; lease id; refund one request
 // (0/1); day end (ms); month end (ms).
 //
-// Reply: now, rpm TAT-now, tpm TAT-now.
+// Reply: applied (0/1), now, rpm TAT-now, tpm TAT-now. The rates (and now)
+// are read only for a refund, the one caller that reports them; otherwise
+// they are 0.
 var settleScript = redis.NewScript(luaCommon + `
-local now = now_us()
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local tpm_delta, tok_delta, cost_delta = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local lease, refund = ARGV[10], ARGV[11] == '1'
 local day_end_ms, month_end_ms = tonumber(ARGV[12]), tonumber(ARGV[13])
+
+if (conc_l > 0 or tpm_l > 0 or tpd_l > 0 or cpd_l > 0 or cpm_l > 0) and
+   redis.call('ZREM', KEYS[3], lease) == 0 then
+  return {0, 0, 0, 0}
+end
+
+local now = 0
+if refund or (tpm_l > 0 and tpm_delta ~= 0) then now = now_us() end
 
 -- adjust is gcra.go's rateSettle: a charge is taken from the bucket as it
 -- is now and may put it in debt; a refund never takes the TAT below now (a
@@ -231,31 +277,34 @@ local function adjust(key, delta, limit)
 end
 
 local rpm_d, tpm_d = 0, 0
-if rpm_l > 0 then
-  if refund then rpm_d = adjust(KEYS[1], -1, rpm_l) else rpm_d = tat_of(KEYS[1], now) - now end
-end
+if refund and rpm_l > 0 then rpm_d = adjust(KEYS[1], -1, rpm_l) end
 if tpm_l > 0 then
-  if tpm_delta ~= 0 then tpm_d = adjust(KEYS[2], tpm_delta, tpm_l) else tpm_d = tat_of(KEYS[2], now) - now end
+  if tpm_delta ~= 0 then tpm_d = adjust(KEYS[2], tpm_delta, tpm_l)
+  elseif refund then tpm_d = tat_of(KEYS[2], now) - now end
 end
-if conc_l > 0 then redis.call('ZREM', KEYS[3], lease) end
 
--- rebill moves a budget counter, never below zero, in the lease's window.
+-- rebill moves a budget counter in the lease's window, never below zero (a
+-- missing counter is zero). INCRBY creates a missing counter; it then equals
+-- delta and gets the window's TTL.
 local function rebill(key, limit, delta, end_ms)
   if limit <= 0 or delta == 0 then return end
-  if delta < 0 and redis.call('EXISTS', key) == 0 then return end
   local v = redis.call('INCRBY', key, delta)
-  if v < 0 then redis.call('SET', key, '0') end
-  redis.call('PEXPIREAT', key, end_ms + 86400000)
+  if v < 0 then
+    redis.call('DEL', key)
+  elseif v == delta then
+    redis.call('PEXPIREAT', key, end_ms + 86400000)
+  end
 end
 rebill(KEYS[4], tpd_l, tok_delta, day_end_ms)
 rebill(KEYS[5], cpd_l, cost_delta, day_end_ms)
 rebill(KEYS[6], cpm_l, cost_delta, month_end_ms)
-return {now, rpm_d, tpm_d}
+if not refund then return {1, 0, 0, 0} end
+return {1, now, rpm_d, tpm_d}
 `)
 
 // peekScript reads one subject's state without changing it.
 //
-// KEYS: rpm, tpm, conc. ARGV: subject base. Reply: now, rpm TAT-now, tpm
+// KEYS: rpm, tpm, leases. ARGV: subject base. Reply: now, rpm TAT-now, tpm
 // TAT-now, live leases, tpd used, cpd used, cpm used, day left (µs), month
 // left (µs).
 var peekScript = redis.NewScript(luaCommon + `
@@ -263,7 +312,7 @@ local now = now_us()
 local base = ARGV[1]
 local day, day_end, month, month_end = windows(now)
 return {now, tat_of(KEYS[1], now) - now, tat_of(KEYS[2], now) - now,
-        redis.call('ZCOUNT', KEYS[3], '(' .. string.format('%d', now), '+inf'),
+        redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf'),
         used_of(base .. 'tpd:' .. day), used_of(base .. 'cpd:' .. day), used_of(base .. 'cpm:' .. month),
         day_end - now, month_end - now}
 `)

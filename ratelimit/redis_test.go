@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -489,10 +491,15 @@ func TestRedisOneRoundTripPerAdmit(t *testing.T) {
 	}
 }
 
+// BenchmarkRedisAdmitSettle measures an Admit and its Settle for a key and
+// its team: two round trips, each a pipeline of two scripts. redis-µs/op is
+// the time Redis spent in the scripts (INFO commandstats), the rest is the
+// round trips and the client; compare with BenchmarkRedisRoundTrip.
 func BenchmarkRedisAdmitSettle(b *testing.B) {
 	srv := startRedisServer(b)
 	var h countHook
-	rl := NewRedis(srv.client(b, &h), RedisOptions{})
+	client := srv.client(b, &h)
+	rl := NewRedis(client, RedisOptions{})
 	req := Request{Subjects: []Subject{
 		keySubject("bench", Limits{RPM: 1e9, TPM: 1e12, Concurrency: 1e6, TokensPerDay: 1e15}),
 		teamSubject("bench", Limits{RPM: 1e9, CostPerDayMicros: 1e15}),
@@ -503,6 +510,9 @@ func BenchmarkRedisAdmitSettle(b *testing.B) {
 		b.Fatal(err)
 	}
 	var admitTrips int64
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
@@ -517,4 +527,153 @@ func BenchmarkRedisAdmitSettle(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(admitTrips)/float64(b.N), "admit-roundtrips/op")
+	b.ReportMetric(float64(scriptMicros(b, client))/float64(b.N), "redis-µs/op")
+}
+
+// scriptMicros returns the µs Redis spent in EVALSHA and EVAL since the last
+// CONFIG RESETSTAT.
+func scriptMicros(b *testing.B, c *redis.Client) int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatalf("commandstats %q: %v", line, err)
+				}
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// BenchmarkRedisRoundTrip is the floor under BenchmarkRedisAdmitSettle, in
+// the same harness: a PING, a trivial script alone and two in a pipeline
+// (one round trip each), then an Admit and a Settle of a key and its team
+// alone. On a loopback where a PING takes as long as an Admit minus its
+// scripts' redis-µs, the round trip is the cost, not the limiter.
+func BenchmarkRedisRoundTrip(b *testing.B) {
+	srv := startRedisServer(b)
+	c := srv.client(b)
+	ctx := context.Background()
+	trivial := redis.NewScript(`return {1, 2, 3}`)
+	if err := trivial.Run(ctx, c, []string{"{b}"}).Err(); err != nil {
+		b.Fatal(err)
+	}
+	rl := NewRedis(c, RedisOptions{})
+	req := Request{Subjects: []Subject{
+		keySubject("bench", Limits{RPM: 1e9, TPM: 1e12, Concurrency: 1e9, TokensPerDay: 1e15}),
+		teamSubject("bench", Limits{RPM: 1e9, CostPerDayMicros: 1e15}),
+	}, Tokens: 100, CostMicros: 10}
+	mustSettle(b, rl, mustAdmit(b, rl, req).Lease, 100, 10)
+	b.Run("ping", func(b *testing.B) {
+		for b.Loop() {
+			if err := c.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("evalsha-trivial", func(b *testing.B) {
+		for b.Loop() {
+			if err := trivial.EvalSha(ctx, c, []string{"{b}"}).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("pipeline2-trivial", func(b *testing.B) {
+		for b.Loop() {
+			cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				trivial.EvalSha(ctx, p, []string{"{b}"})
+				trivial.EvalSha(ctx, p, []string{"{c}"})
+				return nil
+			})
+			if err != nil || len(cmds) != 2 {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("admit", func(b *testing.B) {
+		for b.Loop() {
+			if d, err := rl.Admit(ctx, req); err != nil || !d.Allowed {
+				b.Fatal(d, err)
+			}
+		}
+	})
+	b.Run("settle", func(b *testing.B) {
+		leases := make([]*Lease, b.N)
+		for i := range leases {
+			leases[i] = mustAdmit(b, rl, req).Lease
+		}
+		b.ResetTimer()
+		for i := range b.N {
+			if err := rl.Settle(ctx, leases[i], 90, 9); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// TestRedisLeaseLifetime: the lease set outlives its newest lease by a day,
+// a settlement that comes after LeaseTTL still applies once, long-dead
+// leases are pruned when the set's TTL is extended, and a refund into a
+// budget counter that has meanwhile vanished leaves no negative counter.
+func TestRedisLeaseLifetime(t *testing.T) {
+	client := startRedis(t)
+	ctx := context.Background()
+	rl := NewRedis(client, RedisOptions{LeaseTTL: 50 * time.Millisecond})
+	s := keySubject("life", Limits{Concurrency: 5, TokensPerDay: 1e6})
+	leases := "{tollgate:rl:key:life}:leases"
+
+	d := mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 1000})
+	if ttl := client.PTTL(ctx, leases).Val(); ttl < 24*time.Hour+50*time.Millisecond {
+		t.Fatalf("lease set TTL %v, want at least LeaseTTL + 1 day", ttl)
+	}
+	deadline := time.Now().Add(waitFor)
+	for peekKind(t, rl, s, KindConcurrency).Used != 0 { // the lease expires
+		if time.Now().After(deadline) {
+			t.Fatal("lease never expired")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mustSettle(t, rl, d.Lease, 400, 0)
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 400 {
+		t.Fatalf("settlement after LeaseTTL: %+v, want 400 used", st)
+	}
+
+	// A lease of a replica that died two days ago, and a set whose TTL is
+	// due for extension: the next admission prunes it.
+	dead := time.Now().Add(-48 * time.Hour).UnixMicro()
+	if err := client.ZAdd(ctx, leases, redis.Z{Score: float64(dead), Member: "dead"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.PExpire(ctx, leases, time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d = mustAdmit(t, rl, Request{Subjects: []Subject{s}, Tokens: 1000})
+	if err := client.ZScore(ctx, leases, "dead").Err(); err != redis.Nil {
+		t.Fatalf("dead lease not pruned: %v", err)
+	}
+	if ttl := client.PTTL(ctx, leases).Val(); ttl < 24*time.Hour {
+		t.Fatalf("lease set TTL %v after extension", ttl)
+	}
+
+	day, _ := dayWindow(d.Lease.At)
+	if err := client.Del(ctx, "{tollgate:rl:key:life}:tpd:"+day).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustSettle(t, rl, d.Lease, 10, 0) // a refund of 990 into a missing counter
+	if n := client.Exists(ctx, "{tollgate:rl:key:life}:tpd:"+day).Val(); n != 0 {
+		t.Fatalf("refund created the counter: %q", client.Get(ctx, "{tollgate:rl:key:life}:tpd:"+day).Val())
+	}
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 0 {
+		t.Fatalf("tokens per day %+v, want 0", st)
+	}
 }

@@ -112,7 +112,13 @@ func (s *Server) Restart() {
 
 // Client returns a new client of the server, closed in t.Cleanup.
 func (s *Server) Client(t testing.TB, hooks ...redis.Hook) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	return s.ClientWith(t, redis.Options{}, hooks...)
+}
+
+// ClientWith is Client with options (Addr is set here).
+func (s *Server) ClientWith(t testing.TB, opts redis.Options, hooks ...redis.Hook) *redis.Client {
+	opts.Addr = s.Addr()
+	c := redis.NewClient(&opts)
 	for _, h := range hooks {
 		c.AddHook(h)
 	}

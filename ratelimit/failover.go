@@ -1,0 +1,457 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrUnavailable is Admit's and Peek's error from a Failover in deny mode
+// while its primary is down; the proxy answers 503.
+var ErrUnavailable = errors.New("ratelimit: limiter unavailable")
+
+// DefaultFailoverRetryAfter is FailoverOptions.RetryAfter when it is zero.
+const DefaultFailoverRetryAfter = time.Second
+
+// DefaultMaxPendingSettles is FailoverOptions.MaxPending when it is zero.
+const DefaultMaxPendingSettles = 10000
+
+// maxReplayAttempts bounds how often one pending settlement is replayed and
+// fails before it is dropped, so that a settlement the primary keeps
+// refusing does not hold the queue forever.
+const maxReplayAttempts = 3
+
+// FailoverOptions configure a Failover: [ratelimit] on_redis_error.
+type FailoverOptions struct {
+	// Primary is the shared limiter (Redis). Required.
+	Primary Limiter
+	// Fallback answers while the primary is down: a Local limiter with the
+	// same limits, so each replica enforces them alone. Required unless Deny.
+	Fallback Limiter
+	// Deny refuses requests (ErrUnavailable) while the primary is down
+	// instead of using Fallback: on_redis_error = "deny".
+	Deny bool
+	// RetryAfter is how long after a primary error requests go to the
+	// fallback (or are denied) without touching the primary, before one
+	// request probes it again; zero means DefaultFailoverRetryAfter.
+	RetryAfter time.Duration
+	// MaxPending bounds the settlements kept while the primary is down;
+	// zero means DefaultMaxPendingSettles. Past it they are dropped and
+	// counted (Dropped).
+	MaxPending int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// OnDegraded is called with true when the primary fails and with false
+	// when it answers again, on transitions only (for a gauge). It is called
+	// with the Failover's lock held: it must be quick and must not call the
+	// Failover.
+	OnDegraded func(degraded bool)
+	// Logger receives the transitions and dropped settlements; nil discards.
+	Logger *slog.Logger
+}
+
+// Failover is a Limiter that uses a primary (Redis) while it answers and,
+// once it fails, a fallback (or refusal) for RetryAfter before trying it
+// again, so that an outage costs one failed call per RetryAfter instead of
+// a timeout per request.
+//
+// A call whose primary attempt fails is answered by the fallback at once,
+// so no request waits twice. While degraded, the first call after
+// RetryAfter probes the primary; the others keep using the fallback until
+// the probe answers. Leases remember their backend and settle there. A
+// primary lease whose Settle fails, or comes while the primary is down, is
+// kept in a bounded queue and replayed on the primary once it answers again
+// (the Redis side applies a lease's settlement once, so a replay of a
+// settlement that did reach Redis is harmless); otherwise Redis would hold
+// its concurrency slot until LeaseTTL and never correct its TPM and budget
+// reservations.
+//
+// Failover starts one goroutine at a time, to replay the queue after the
+// primary answers again; Close stops it and waits for it.
+type Failover struct {
+	primary, fallback Limiter
+	deny              bool
+	retryAfter        time.Duration
+	maxPending        int
+	now               func() time.Time
+	onDegraded        func(bool)
+	log               *slog.Logger
+
+	// degraded and pendingN mirror the fields under mu, so that the healthy
+	// path reads two atomics and takes no lock.
+	degraded atomic.Bool
+	pendingN atomic.Int64
+	closed   atomic.Bool
+
+	// replayCtx is the replay goroutine's context; Close cancels it.
+	replayCtx    context.Context
+	cancelReplay context.CancelFunc
+	wg           sync.WaitGroup
+
+	mu        sync.Mutex
+	retryAt   time.Time // when degraded: no probe before it
+	probing   bool      // a probe of the primary is in flight
+	replaying bool      // the replay goroutine runs
+	pending   []pendingSettle
+	dropped   uint64
+	fullSaid  bool // the queue's overflow was logged in this degraded period
+}
+
+var _ Limiter = (*Failover)(nil)
+
+// pendingSettle is a primary settlement waiting for the primary.
+type pendingSettle struct {
+	lease              *Lease
+	tokens, costMicros int64
+	attempts           int
+}
+
+// NewFailover returns a Failover. It panics when Primary is nil, or when
+// Fallback is nil without Deny: that is a wiring error, found at startup.
+func NewFailover(o FailoverOptions) *Failover {
+	if o.Primary == nil {
+		panic("ratelimit: NewFailover without a primary")
+	}
+	if o.Fallback == nil && !o.Deny {
+		panic("ratelimit: NewFailover without a fallback needs Deny")
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = DefaultFailoverRetryAfter
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = DefaultMaxPendingSettles
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.OnDegraded == nil {
+		o.OnDegraded = func(bool) {}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Failover{
+		primary: o.Primary, fallback: o.Fallback, deny: o.Deny,
+		retryAfter: o.RetryAfter, maxPending: o.MaxPending, now: o.Now,
+		onDegraded: o.OnDegraded, log: o.Logger,
+		replayCtx: ctx, cancelReplay: cancel,
+	}
+}
+
+// Admit implements Limiter. A failing primary is answered by the fallback,
+// or by ErrUnavailable in deny mode. Its error is ctx's when ctx was done
+// before the call or was cancelled during it, which says nothing about the
+// primary; a deadline that passes during the primary's call counts as a
+// primary failure (too slow for the caller).
+func (f *Failover) Admit(ctx context.Context, req Request) (Decision, error) {
+	if f.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	usePrimary, probe := f.route()
+	if !usePrimary {
+		return f.degradedAdmit(ctx, req)
+	}
+	d, err := f.primary.Admit(ctx, req)
+	if err != nil {
+		if !f.primaryFailed(ctx, err, probe) {
+			return d, err
+		}
+		return f.degradedAdmit(ctx, req)
+	}
+	f.primaryAnswered(probe)
+	if d.Lease != nil {
+		d.Lease.issuer = f.primary
+	}
+	return d, nil
+}
+
+func (f *Failover) degradedAdmit(ctx context.Context, req Request) (Decision, error) {
+	if f.deny {
+		return Decision{}, ErrUnavailable
+	}
+	d, err := f.fallback.Admit(ctx, req)
+	if d.Lease != nil {
+		d.Lease.issuer = f.fallback
+	}
+	return d, err
+}
+
+// Settle implements Limiter. A fallback lease settles on the fallback. A
+// primary lease settles on the primary when it is up; when it is down, or
+// the call fails, the settlement is queued for replay and Settle returns
+// nil, or an error if the queue is full and the settlement was dropped.
+func (f *Failover) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) error {
+	if l == nil {
+		return errors.New("ratelimit: settle of a nil lease")
+	}
+	if f.closed.Load() {
+		return ErrClosed
+	}
+	if l.issuer != nil && l.issuer == f.fallback {
+		return f.fallback.Settle(ctx, l, tokens, costMicros)
+	}
+	if f.degraded.Load() || ctx.Err() != nil {
+		if l.settled.Load() {
+			// Settled on the primary already, or being settled there by a
+			// call that queues it if it fails.
+			return nil
+		}
+		// Settlements never probe: during an outage they would each wait
+		// for a dial timeout. A done ctx could not reach the primary.
+		return f.enqueue(pendingSettle{lease: l, tokens: tokens, costMicros: costMicros})
+	}
+	err := f.primary.Settle(ctx, l, tokens, costMicros)
+	if err == nil {
+		f.primaryAnswered(false)
+		return nil
+	}
+	if errors.Is(err, ErrClosed) {
+		return err
+	}
+	// A settlement is queued also when the caller cancelled it: it must not
+	// be lost, though that says nothing about the primary.
+	f.primaryFailed(ctx, err, false)
+	return f.enqueue(pendingSettle{lease: l, tokens: tokens, costMicros: costMicros})
+}
+
+// Peek implements Limiter: the primary's state, or the fallback's while the
+// primary is down (ErrUnavailable in deny mode).
+func (f *Failover) Peek(ctx context.Context, subjects []Subject) ([]State, error) {
+	if f.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	usePrimary, probe := f.route()
+	if usePrimary {
+		sts, err := f.primary.Peek(ctx, subjects)
+		if err == nil {
+			f.primaryAnswered(probe)
+			return sts, nil
+		}
+		if !f.primaryFailed(ctx, err, probe) {
+			return nil, err
+		}
+	}
+	if f.deny {
+		return nil, ErrUnavailable
+	}
+	return f.fallback.Peek(ctx, subjects)
+}
+
+// Retry replays the queued settlements on the primary now, whatever
+// RetryAfter says, and returns the first failure. A replay that succeeds
+// ends a degraded period; one that fails starts one. With nothing queued it
+// does nothing. The proxy calls it before Close at shutdown, so that no
+// settlement is lost when Redis is up.
+func (f *Failover) Retry(ctx context.Context) error {
+	if f.closed.Load() {
+		return ErrClosed
+	}
+	return f.replay(ctx)
+}
+
+// Degraded reports whether the primary is considered down.
+func (f *Failover) Degraded() bool { return f.degraded.Load() }
+
+// Pending returns how many settlements wait for the primary.
+func (f *Failover) Pending() int { return int(f.pendingN.Load()) }
+
+// Dropped returns how many settlements were dropped because the queue was
+// full, failed maxReplayAttempts replays, or were still queued at Close.
+func (f *Failover) Dropped() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dropped
+}
+
+// Close implements Limiter: it stops the replay, drops what is still
+// queued (call Retry first to flush it) and closes both limiters.
+func (f *Failover) Close() error {
+	f.mu.Lock()
+	if f.closed.Load() {
+		f.mu.Unlock()
+		return nil
+	}
+	// Under mu, so that no replay goroutine starts after the Wait below.
+	f.closed.Store(true)
+	f.mu.Unlock()
+	f.cancelReplay()
+	f.wg.Wait()
+
+	f.mu.Lock()
+	if n := len(f.pending); n > 0 {
+		f.dropped += uint64(n)
+		f.pending = nil
+		f.pendingN.Store(0)
+		f.log.Warn("ratelimit: settlements dropped at close, the primary never took them", "count", n)
+	}
+	f.mu.Unlock()
+	var errs []error
+	errs = append(errs, f.primary.Close())
+	if f.fallback != nil {
+		errs = append(errs, f.fallback.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// route says whether a call goes to the primary and whether it is the probe
+// of a degraded primary (one at a time, once RetryAfter has passed).
+func (f *Failover) route() (usePrimary, probe bool) {
+	if !f.degraded.Load() {
+		return true, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.degraded.Load() {
+		return true, false
+	}
+	if f.probing || f.now().Before(f.retryAt) {
+		return false, false
+	}
+	f.probing = true
+	return true, true
+}
+
+// primaryFailed records a primary error and reports whether the call should
+// be answered by the fallback instead. A cancelled ctx or a closed limiter
+// says nothing about the primary: the error is the caller's. A deadline that
+// passed during the call does: the primary was too slow.
+func (f *Failover) primaryFailed(ctx context.Context, err error, probe bool) bool {
+	callers := errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrClosed)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if probe {
+		f.probing = false
+	}
+	if callers {
+		return false
+	}
+	f.retryAt = f.now().Add(f.retryAfter)
+	if !f.degraded.Load() {
+		f.degraded.Store(true)
+		f.fullSaid = false
+		f.onDegraded(true)
+		f.log.Warn("ratelimit: primary limiter failed, using the fallback", "err", err,
+			"deny", f.deny, "retry_after", f.retryAfter)
+	}
+	return true
+}
+
+// primaryAnswered records a primary success: the probe's ends a degraded
+// period, and any success starts the replay of queued settlements.
+func (f *Failover) primaryAnswered(probe bool) {
+	if !probe && f.pendingN.Load() == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if probe {
+		f.probing = false
+		f.recoveredLocked()
+	}
+	if f.degraded.Load() || f.closed.Load() || f.replaying || len(f.pending) == 0 {
+		return
+	}
+	f.replaying = true
+	f.wg.Add(1)
+	go f.replayLoop()
+}
+
+// replayLoop drains the queue in the background. It checks for more under
+// the lock that enqueue takes, so a settlement queued while it finishes is
+// not left waiting for the next primary call.
+func (f *Failover) replayLoop() {
+	defer f.wg.Done()
+	for {
+		err := f.replay(f.replayCtx)
+		f.mu.Lock()
+		if err != nil || len(f.pending) == 0 || f.degraded.Load() || f.closed.Load() {
+			f.replaying = false
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+	}
+}
+
+func (f *Failover) recoveredLocked() {
+	if !f.degraded.Load() {
+		return
+	}
+	f.degraded.Store(false)
+	f.onDegraded(false)
+	f.log.Info("ratelimit: primary limiter answers again", "pending_settles", len(f.pending),
+		"dropped_settles", f.dropped)
+}
+
+// enqueue keeps a primary settlement for replay.
+func (f *Failover) enqueue(p pendingSettle) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed.Load() {
+		return ErrClosed
+	}
+	if len(f.pending) >= f.maxPending {
+		f.dropped++
+		if !f.fullSaid {
+			f.fullSaid = true
+			f.log.Warn("ratelimit: settlement queue full, dropping settlements until the primary answers",
+				"max", f.maxPending)
+		}
+		return fmt.Errorf("ratelimit: settlement of lease %s dropped: %d already wait for the primary", p.lease.ID, len(f.pending))
+	}
+	f.pending = append(f.pending, p)
+	f.pendingN.Store(int64(len(f.pending)))
+	return nil
+}
+
+// replay settles queued settlements on the primary, oldest first, until
+// none is left or one fails; the failed one goes back to the head of the
+// queue unless it has failed maxReplayAttempts times.
+func (f *Failover) replay(ctx context.Context) error {
+	for {
+		f.mu.Lock()
+		if len(f.pending) == 0 {
+			f.mu.Unlock()
+			return nil
+		}
+		p := f.pending[0]
+		f.pending[0] = pendingSettle{}
+		f.pending = f.pending[1:]
+		f.pendingN.Store(int64(len(f.pending)))
+		f.mu.Unlock()
+
+		err := f.primary.Settle(ctx, p.lease, p.tokens, p.costMicros)
+		if err == nil {
+			f.mu.Lock()
+			f.recoveredLocked()
+			f.mu.Unlock()
+			continue
+		}
+		f.mu.Lock()
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			p.attempts++
+		}
+		if p.attempts >= maxReplayAttempts || errors.Is(err, ErrClosed) {
+			f.dropped++
+			f.log.Warn("ratelimit: settlement dropped after failed replays", "lease", p.lease.ID,
+				"attempts", p.attempts, "err", err)
+		} else {
+			f.pending = append([]pendingSettle{p}, f.pending...)
+			f.pendingN.Store(int64(len(f.pending)))
+		}
+		f.mu.Unlock()
+		f.primaryFailed(ctx, err, false)
+		return fmt.Errorf("ratelimit: replay settlement: %w", err)
+	}
+}

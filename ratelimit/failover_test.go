@@ -1,0 +1,552 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// waitFor bounds every poll in these tests; it is a deadlock guard, not a
+// timing assertion.
+const waitFor = 10 * time.Second
+
+// transitions records OnDegraded calls.
+type transitions struct {
+	mu  sync.Mutex
+	got []bool
+}
+
+func (tr *transitions) record(d bool) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.got = append(tr.got, d)
+}
+
+func (tr *transitions) check(t *testing.T, want ...bool) {
+	t.Helper()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if len(tr.got) != len(want) {
+		t.Fatalf("OnDegraded calls %v, want %v", tr.got, want)
+	}
+	for i := range want {
+		if tr.got[i] != want[i] {
+			t.Fatalf("OnDegraded calls %v, want %v", tr.got, want)
+		}
+	}
+}
+
+// lossHook lets a command run on Redis and then replaces its reply with an
+// error, as a connection that breaks after the write would: the caller
+// cannot tell whether the command was applied.
+type lossHook struct{ lose atomic.Int64 }
+
+var errReplyLost = errors.New("test: reply lost")
+
+func (h *lossHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lossHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.lose.Add(-1) >= 0 {
+			cmd.SetErr(errReplyLost)
+			return errReplyLost
+		}
+		return err
+	}
+}
+func (h *lossHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if h.lose.Add(-1) >= 0 {
+			for _, c := range cmds {
+				c.SetErr(errReplyLost)
+			}
+			return errReplyLost
+		}
+		return err
+	}
+}
+
+// gateHook counts round trips and, when armed, holds the next one until
+// released, so that a test can act while a probe is in flight.
+type gateHook struct {
+	n       atomic.Int64
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newGateHook() *gateHook {
+	return &gateHook{entered: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
+func (h *gateHook) pass() {
+	h.n.Add(1)
+	if h.armed.CompareAndSwap(true, false) {
+		h.entered <- struct{}{}
+		<-h.release
+	}
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.pass(); return next(ctx, cmd) }
+}
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.pass(); return next(ctx, cmds) }
+}
+
+// noRetry is the test clients' option: a dead server fails a call at once
+// instead of after go-redis's retries and dial retries (5 × 100ms by
+// default).
+var noRetry = redis.Options{MaxRetries: -1, DialerRetries: 1}
+
+func newTestFailover(t *testing.T, o FailoverOptions) *Failover {
+	t.Helper()
+	f := NewFailover(o)
+	t.Cleanup(func() { _ = f.Close() })
+	return f
+}
+
+func mustSettle(t testing.TB, l Limiter, ls *Lease, tokens, cost int64) {
+	t.Helper()
+	if err := l.Settle(context.Background(), ls, tokens, cost); err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+}
+
+// TestFailoverAllowOutage kills Redis between admissions: admissions go on
+// from the fallback without a single Redis call until RetryAfter, the probe
+// after a restart brings the primary back, and the settlements queued during
+// the outage are replayed so that Redis's concurrency count and TPM bucket
+// end where they would have without the outage.
+func TestFailoverAllowOutage(t *testing.T) {
+	srv := startPersistentRedisServer(t)
+	var h countHook
+	primary := NewRedis(srv.clientWith(t, noRetry, &h), RedisOptions{})
+	clock := &localClock{t: lt0}
+	var tr transitions
+	f := newTestFailover(t, FailoverOptions{
+		Primary: primary, Fallback: NewLocal(LocalOptions{Now: clock.Now}),
+		RetryAfter: time.Second, Now: clock.Now, OnDegraded: tr.record,
+	})
+	ctx := context.Background()
+	key := keySubject("fo", Limits{TPM: 6000, Concurrency: 3, TokensPerDay: 1_000_000}) // 100 tokens/s
+	req := Request{Subjects: []Subject{key}, Tokens: 1000}
+
+	start := time.Now()
+	a, b := mustAdmit(t, f, req), mustAdmit(t, f, req)
+	if !a.Allowed || !b.Allowed || a.Lease.issuer != primary || b.Lease.issuer != primary {
+		t.Fatalf("healthy admissions: %+v %+v", a, b)
+	}
+	tr.check(t)
+
+	srv.kill()
+	// The first failure is a Settle: it marks the primary down and keeps the
+	// settlement.
+	if err := f.Settle(ctx, a.Lease, 300, 0); err != nil {
+		t.Fatalf("Settle during the outage: %v", err)
+	}
+	if !f.Degraded() || f.Pending() != 1 {
+		t.Fatalf("after a failed Settle: degraded %v, pending %d", f.Degraded(), f.Pending())
+	}
+	tr.check(t, true)
+
+	h.n.Store(0)
+	for i := range 5 {
+		d := mustAdmit(t, f, req)
+		if !d.Allowed || d.Lease.issuer != f.fallback {
+			t.Fatalf("outage admission %d: %+v", i, d)
+		}
+		mustSettle(t, f, d.Lease, 100, 0)
+	}
+	mustSettle(t, f, b.Lease, 500, 0) // a primary lease, while the primary is down
+	if f.Pending() != 2 {
+		t.Fatalf("pending %d, want 2", f.Pending())
+	}
+	if st := peekKind(t, f, key, KindConcurrency); st.Used != 0 {
+		t.Fatalf("Peek while degraded: %+v, want the fallback's state", st)
+	}
+	if n := h.n.Load(); n != 0 {
+		t.Fatalf("%d Redis calls while degraded before RetryAfter", n)
+	}
+
+	srv.restart()
+	clock.Set(lt0.Add(time.Second - time.Millisecond))
+	if d := mustAdmit(t, f, req); d.Lease.issuer != f.fallback || h.n.Load() != 0 {
+		t.Fatalf("before RetryAfter: issuer %v, %d Redis calls", d.Lease.issuer, h.n.Load())
+	} else {
+		mustSettle(t, f, d.Lease, 0, 0)
+	}
+	clock.Set(lt0.Add(time.Second))
+	probe := mustAdmit(t, f, req)
+	if !probe.Allowed || probe.Lease.issuer != primary || f.Degraded() {
+		t.Fatalf("probe after restart: %+v, degraded %v", probe, f.Degraded())
+	}
+	tr.check(t, true, false)
+
+	// The replay runs in the background: poll Redis, bounded.
+	deadline := time.Now().Add(waitFor)
+	for f.Pending() != 0 || peekKind(t, primary, key, KindConcurrency).Used != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued settlements never replayed: pending %d, Redis %+v", f.Pending(),
+				peekKind(t, primary, key, KindConcurrency))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Reserved 3×1000, settled to 300 and 500 with the probe still open.
+	if st := peekKind(t, primary, key, KindTokensPerDay); st.Used != 1800 {
+		t.Fatalf("tokens per day %+v, want 1800", st)
+	}
+	st := peekKind(t, primary, key, KindTPM)
+	if tol := refill(time.Since(start), 6000); st.Remaining < 4200 || st.Remaining > 4200+tol {
+		t.Fatalf("TPM %+v, want 4200 remaining (+%d refill)", st, tol)
+	}
+	mustSettle(t, f, probe.Lease, 0, 0)
+	if st := peekKind(t, f, key, KindConcurrency); st.Used != 0 {
+		t.Fatalf("Redis concurrency after all settled: %+v", st)
+	}
+	if f.Dropped() != 0 {
+		t.Fatalf("dropped %d", f.Dropped())
+	}
+	tr.check(t, true, false)
+}
+
+// TestFailoverDeny refuses with ErrUnavailable while Redis is down, from
+// the very call that found it down, and without Redis calls afterwards.
+func TestFailoverDeny(t *testing.T) {
+	srv := startRedisServer(t)
+	var h countHook
+	clock := &localClock{t: lt0}
+	var tr transitions
+	f := newTestFailover(t, FailoverOptions{
+		Primary: NewRedis(srv.clientWith(t, noRetry, &h), RedisOptions{}),
+		Deny:    true, Now: clock.Now, OnDegraded: tr.record,
+	})
+	key := keySubject("deny", Limits{RPM: 100})
+	req := Request{Subjects: []Subject{key}}
+	if d := mustAdmit(t, f, req); !d.Allowed {
+		t.Fatal(d)
+	}
+	srv.kill()
+	if _, err := f.Admit(context.Background(), req); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Admit with Redis down: %v, want ErrUnavailable", err)
+	}
+	tr.check(t, true)
+	h.n.Store(0)
+	for range 3 {
+		if _, err := f.Admit(context.Background(), req); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Admit while degraded: %v", err)
+		}
+		if _, err := f.Peek(context.Background(), []Subject{key}); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Peek while degraded: %v", err)
+		}
+	}
+	if n := h.n.Load(); n != 0 {
+		t.Fatalf("%d Redis calls while degraded before RetryAfter", n)
+	}
+	srv.restart()
+	clock.Set(lt0.Add(DefaultFailoverRetryAfter))
+	if d := mustAdmit(t, f, req); !d.Allowed || f.Degraded() {
+		t.Fatalf("after restart: %+v, degraded %v", d, f.Degraded())
+	}
+	tr.check(t, true, false)
+}
+
+// TestRedisSettleRetryAppliesOnce loses the reply of a Settle that Redis
+// applied: the retry that follows must change nothing.
+func TestRedisSettleRetryAppliesOnce(t *testing.T) {
+	srv := startRedisServer(t)
+	var loss lossHook
+	rl := NewRedis(srv.client(t, &loss), RedisOptions{})
+	key := keySubject("once", Limits{TPM: 6000, Concurrency: 2, TokensPerDay: 1e6, CostPerDayMicros: 1e6})
+	team := teamSubject("once", Limits{TPM: 60000, CostPerMonthMicros: 1e6})
+	req := Request{Subjects: []Subject{key, team}, Tokens: 1000, CostMicros: 100}
+	// Settle a first lease so that Redis has the script: a NOSCRIPT reply
+	// replaced by a lost reply would hide that the script never ran.
+	mustSettle(t, rl, mustAdmit(t, rl, req).Lease, 0, 0)
+	d := mustAdmit(t, rl, req)
+	start := time.Now()
+
+	loss.lose.Store(1)
+	if err := rl.Settle(context.Background(), d.Lease, 200, 20); !errors.Is(err, errReplyLost) {
+		t.Fatalf("Settle with a lost reply: %v", err)
+	}
+	before, err := rl.Peek(context.Background(), []Subject{key, team})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the retry, then a Settle of a settled lease
+		mustSettle(t, rl, d.Lease, 200, 20)
+	}
+	after, err := rl.Peek(context.Background(), []Subject{key, team})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[Kind]int64{KindConcurrency: 0, KindTokensPerDay: 200, KindCostPerDay: 20, KindCostPerMonth: 20}
+	if len(after) != len(before) || len(after) != 6 {
+		t.Fatalf("Peek: %+v then %+v", before, after)
+	}
+	for i, a := range after {
+		b := before[i]
+		if w, ok := want[a.Kind]; ok && (a.Used != w || b.Used != w) {
+			t.Fatalf("%v %v: used %d then %d, want %d (applied once)", a.Scope, a.Kind, b.Used, a.Used, w)
+		}
+		if tol := refill(time.Since(start), a.Limit); a.Kind == KindTPM && (a.Remaining < b.Remaining || a.Remaining > b.Remaining+tol) {
+			t.Fatalf("%v TPM moved by the retry: %+v then %+v", a.Scope, b, a)
+		}
+	}
+}
+
+// TestFailoverReplayOfAppliedSettleIsHarmless loses a Settle's reply under
+// the Failover: the settlement is queued and replayed after the probe, and
+// Redis applies it once.
+func TestFailoverReplayOfAppliedSettleIsHarmless(t *testing.T) {
+	srv := startRedisServer(t)
+	var loss lossHook
+	primary := NewRedis(srv.clientWith(t, noRetry, &loss), RedisOptions{})
+	clock := &localClock{t: lt0}
+	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{}), Now: clock.Now})
+	key := keySubject("lost", Limits{Concurrency: 5, TokensPerDay: 1e6})
+	req := Request{Subjects: []Subject{key}, Tokens: 1000}
+	mustSettle(t, f, mustAdmit(t, f, req).Lease, 0, 0) // loads the scripts
+	d := mustAdmit(t, f, req)
+	loss.lose.Store(1)
+	mustSettle(t, f, d.Lease, 10, 0)
+	if !f.Degraded() || f.Pending() != 1 {
+		t.Fatalf("degraded %v, pending %d", f.Degraded(), f.Pending())
+	}
+	clock.Set(lt0.Add(DefaultFailoverRetryAfter))
+	probe := mustAdmit(t, f, req) // reserves 1000 more
+	if probe.Lease.issuer != primary {
+		t.Fatal("no probe")
+	}
+	if err := f.Retry(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(waitFor)
+	for f.Pending() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("never replayed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := peekKind(t, primary, key, KindTokensPerDay); st.Used != 1010 {
+		t.Fatalf("tokens per day %+v, want 10 settled + 1000 open", st)
+	}
+	if st := peekKind(t, primary, key, KindConcurrency); st.Used != 1 {
+		t.Fatalf("concurrency %+v, want the probe's lease only", st)
+	}
+}
+
+// TestFailoverOneProbe holds the probe in flight: meanwhile every other
+// admission is answered by the fallback without touching Redis.
+func TestFailoverOneProbe(t *testing.T) {
+	srv := startRedisServer(t)
+	gate := newGateHook()
+	primary := NewRedis(srv.clientWith(t, noRetry, gate), RedisOptions{})
+	clock := &localClock{t: lt0}
+	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{}), Now: clock.Now})
+	req := Request{Subjects: []Subject{keySubject("probe", Limits{RPM: 1000})}}
+
+	srv.kill()
+	if d := mustAdmit(t, f, req); d.Lease.issuer != f.fallback {
+		t.Fatal("the failing call was not answered by the fallback")
+	}
+	srv.restart()
+	clock.Set(lt0.Add(DefaultFailoverRetryAfter))
+	gate.n.Store(0)
+	gate.armed.Store(true)
+	probed := make(chan Decision, 1)
+	go func() {
+		d, _ := f.Admit(context.Background(), req)
+		probed <- d
+	}()
+	select {
+	case <-gate.entered:
+	case <-time.After(waitFor):
+		t.Fatal("the probe never reached Redis")
+	}
+	for range 10 {
+		if d := mustAdmit(t, f, req); d.Lease.issuer != f.fallback {
+			t.Fatal("a second caller probed")
+		}
+	}
+	if n := gate.n.Load(); n != 1 {
+		t.Fatalf("%d Redis calls, want the probe's only", n)
+	}
+	close(gate.release)
+	if d := <-probed; !d.Allowed || d.Lease.issuer != primary || f.Degraded() {
+		t.Fatalf("probe: %+v, degraded %v", d, f.Degraded())
+	}
+}
+
+// TestFailoverQueueBound drops settlements past MaxPending, and Close drops
+// (and counts) what is still queued.
+func TestFailoverQueueBound(t *testing.T) {
+	srv := startRedisServer(t)
+	f := NewFailover(FailoverOptions{
+		Primary:  NewRedis(srv.clientWith(t, noRetry), RedisOptions{}),
+		Fallback: NewLocal(LocalOptions{}), MaxPending: 2,
+	})
+	req := Request{Subjects: []Subject{keySubject("q", Limits{Concurrency: 10})}}
+	var leases []*Lease
+	for range 3 {
+		leases = append(leases, mustAdmit(t, f, req).Lease)
+	}
+	srv.kill()
+	mustSettle(t, f, leases[0], 0, 0)
+	mustSettle(t, f, leases[1], 0, 0)
+	if err := f.Settle(context.Background(), leases[2], 0, 0); err == nil {
+		t.Fatal("Settle past MaxPending reported no error")
+	}
+	if f.Pending() != 2 || f.Dropped() != 1 {
+		t.Fatalf("pending %d, dropped %d; want 2, 1", f.Pending(), f.Dropped())
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f.Pending() != 0 || f.Dropped() != 3 {
+		t.Fatalf("after Close: pending %d, dropped %d; want 0, 3", f.Pending(), f.Dropped())
+	}
+	if _, err := f.Admit(context.Background(), req); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Admit after Close: %v", err)
+	}
+	if err := f.Settle(context.Background(), leases[0], 0, 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Settle after Close: %v", err)
+	}
+}
+
+// TestFailoverCloseStopsReplay closes the Failover while its replay
+// goroutine works through a long queue; TestMain's goleak check fails the
+// package if the goroutine outlives Close.
+func TestFailoverCloseStopsReplay(t *testing.T) {
+	srv := startRedisServer(t)
+	clock := &localClock{t: lt0}
+	f := NewFailover(FailoverOptions{
+		Primary:  NewRedis(srv.clientWith(t, noRetry), RedisOptions{}),
+		Fallback: NewLocal(LocalOptions{}), Now: clock.Now,
+	})
+	req := Request{Subjects: []Subject{keySubject("close", Limits{Concurrency: 1000})}}
+	var leases []*Lease
+	for range 200 {
+		leases = append(leases, mustAdmit(t, f, req).Lease)
+	}
+	srv.kill()
+	for _, l := range leases {
+		mustSettle(t, f, l, 0, 0)
+	}
+	srv.restart()
+	clock.Set(lt0.Add(DefaultFailoverRetryAfter))
+	mustAdmit(t, f, req) // the probe starts the replay
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p := f.Pending(); p != 0 {
+		t.Fatalf("pending %d after Close", p)
+	}
+}
+
+// TestFailoverCallerContext: a cancelled caller says nothing about Redis.
+// Admit returns the error without degrading; Settle keeps the settlement
+// and the next successful call replays it.
+func TestFailoverCallerContext(t *testing.T) {
+	srv := startRedisServer(t)
+	primary := NewRedis(srv.clientWith(t, noRetry), RedisOptions{})
+	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{})})
+	key := keySubject("ctx", Limits{Concurrency: 5})
+	req := Request{Subjects: []Subject{key}}
+	d := mustAdmit(t, f, req)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := f.Admit(ctx, req); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Admit with a cancelled ctx: %v", err)
+	}
+	if err := f.Settle(ctx, d.Lease, 0, 0); err != nil {
+		t.Fatalf("Settle with a cancelled ctx: %v", err)
+	}
+	if f.Degraded() || f.Pending() != 1 {
+		t.Fatalf("degraded %v, pending %d; want false, 1", f.Degraded(), f.Pending())
+	}
+	mustAdmit(t, f, req)
+	deadline := time.Now().Add(waitFor)
+	for f.Pending() != 0 || peekKind(t, primary, key, KindConcurrency).Used != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("never replayed: pending %d", f.Pending())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestFailoverDeadlineDuringCall: a deadline that passes while Redis has
+// not answered marks it down, and the same call is answered by the
+// fallback.
+func TestFailoverDeadlineDuringCall(t *testing.T) {
+	srv := startRedisServer(t)
+	gate := newGateHook()
+	f := newTestFailover(t, FailoverOptions{
+		Primary:  NewRedis(srv.clientWith(t, noRetry, gate), RedisOptions{}),
+		Fallback: NewLocal(LocalOptions{}),
+	})
+	req := Request{Subjects: []Subject{keySubject("slow", Limits{RPM: 100})}}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	gate.armed.Store(true)
+	go func() {
+		<-gate.entered
+		<-ctx.Done()
+		close(gate.release)
+	}()
+	d, err := f.Admit(ctx, req)
+	if err != nil || !d.Allowed || d.Lease.issuer != f.fallback || !f.Degraded() {
+		t.Fatalf("Admit past its deadline: %+v, %v, degraded %v", d, err, f.Degraded())
+	}
+}
+
+func TestNewFailoverNeedsAFallbackOrDeny(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("NewFailover without a fallback in allow mode did not panic")
+		}
+	}()
+	NewFailover(FailoverOptions{Primary: NewLocal(LocalOptions{})})
+}
+
+// BenchmarkFailoverOverhead compares Admit+Settle of a key and its team on
+// a bare limiter and on a healthy Failover around it: on Local, where the
+// Failover's own cost is visible, and on Redis.
+func BenchmarkFailoverOverhead(b *testing.B) {
+	srv := startRedisServer(b)
+	req := Request{Subjects: []Subject{
+		keySubject("bench", Limits{RPM: 1e9, TPM: 1e12, Concurrency: 1e6, TokensPerDay: 1e15}),
+		teamSubject("bench", Limits{RPM: 1e9, CostPerDayMicros: 1e15}),
+	}, Tokens: 100, CostMicros: 10}
+	run := func(b *testing.B, l Limiter) {
+		defer l.Close()
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			d, err := l.Admit(ctx, req)
+			if err != nil || !d.Allowed {
+				b.Fatal(d, err)
+			}
+			if err := l.Settle(ctx, d.Lease, 90, 9); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("local", func(b *testing.B) { run(b, NewLocal(LocalOptions{})) })
+	b.Run("failover-local", func(b *testing.B) {
+		run(b, NewFailover(FailoverOptions{Primary: NewLocal(LocalOptions{}), Fallback: NewLocal(LocalOptions{})}))
+	})
+	client := srv.client(b)
+	b.Run("redis", func(b *testing.B) { run(b, NewRedis(client, RedisOptions{})) })
+	b.Run("failover-redis", func(b *testing.B) {
+		run(b, NewFailover(FailoverOptions{Primary: NewRedis(client, RedisOptions{}), Fallback: NewLocal(LocalOptions{})}))
+	})
+}

@@ -1,0 +1,13 @@
+package ratelimit
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package if a test leaves a goroutine behind: a
+// Failover replay not stopped by Close, a Redis client not closed.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
