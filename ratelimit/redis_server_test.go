@@ -33,9 +33,8 @@ func startPersistentRedisServer(t testing.TB) *redisServer {
 	return &redisServer{redistest.Start(t, redistest.Persistent())}
 }
 
-func (s *redisServer) addr() string { return s.Addr() }
-func (s *redisServer) kill()        { s.Kill() }
-func (s *redisServer) restart()     { s.Restart() }
+func (s *redisServer) kill()    { s.Kill() }
+func (s *redisServer) restart() { s.Restart() }
 
 func (s *redisServer) client(t testing.TB, hooks ...redis.Hook) *redis.Client {
 	return s.Client(t, hooks...)
