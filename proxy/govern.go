@@ -316,22 +316,6 @@ func (ex *exchange) settle() {
 	}
 }
 
-// tightest picks, among states of kind k, the one with the least remaining
-// (the longest reset on a tie): the limit a caller meets first.
-func tightest(states []ratelimit.State, k ratelimit.Kind) (ratelimit.State, bool) {
-	var best ratelimit.State
-	found := false
-	for _, s := range states {
-		if s.Kind != k {
-			continue
-		}
-		if !found || s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.Reset > best.Reset {
-			best, found = s, true
-		}
-	}
-	return best, found
-}
-
 // rateHeaderNames are the rate-limit header names in canonical form, per
 // dialect and unit (requests, tokens), in the order limit, remaining,
 // reset; writing them straight into the map skips canonicalising them on
@@ -356,9 +340,9 @@ func setRateLimitHeaders(h http.Header, d llm.Dialect, states []ratelimit.State,
 	if d == llm.DialectAnthropic {
 		dialect = 1
 	}
-	for unit, k := range [...]ratelimit.Kind{ratelimit.KindRPM, ratelimit.KindTPM} {
-		st, ok := tightest(states, k)
-		if !ok {
+	req, tok := ratelimit.Tightest(states)
+	for unit, st := range [...]*ratelimit.State{req, tok} {
+		if st == nil {
 			continue
 		}
 		names := &rateHeaderNames[dialect][unit]

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +26,7 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/spend"
 )
 
 func runDemo(args []string, stdout, stderr io.Writer) error {
@@ -61,6 +65,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	// The gateway, on the embedded demo config.
 	cfg := config.DemoConfig("http://" + mockLn.Addr().String())
 	cfg.Auth.RequireKey = false
+	demoGovernance(&cfg)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s is taken (%v); using a free port\n", *listen, err)
@@ -86,6 +91,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "burst done in %s\n\n", time.Since(started).Round(time.Millisecond))
 	printDemoTable(stdout, col.snapshot(), gw)
+	printDemoSpend(ctx, stdout, gw)
 	if failures > 0 {
 		fmt.Fprintf(stdout, "\n%d requests failed on the client side\n", failures)
 	}
@@ -164,7 +170,7 @@ func sendOne(ctx context.Context, client *http.Client, base string, i int) error
 	stream := i%2 == 0
 	prompt := demoPrompt([]int{40, 400, 1600, 4000}[i/4%4])
 	var url, body string
-	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer demo-key"}}
+	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + demoKeys[i%len(demoKeys)]}}
 	if i/2%2 == 0 {
 		url = base + "/v1/chat/completions"
 		body = fmt.Sprintf(`{"model":"demo-gpt","stream":%t,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
@@ -307,4 +313,40 @@ func mergeBuckets(upper *[]float64, cum *[]uint64, bs []*dto.Bucket) {
 			(*cum)[j] += b.GetCumulativeCount()
 		}
 	}
+}
+
+// demoKeys are the demo's callers, one per team; in passthrough mode they
+// reach the fake upstream, which accepts any key.
+var demoKeys = []string{"demo-key-search", "demo-key-ads"}
+
+// demoGovernance gives the demo two teams, a [[keys]] entry for each demo
+// key and prices for the demo models, so spend per team can be shown.
+func demoGovernance(cfg *config.Config) {
+	cfg.Models = []config.Model{
+		{Pattern: "demo-gpt*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10},
+		{Pattern: "demo-claude*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15},
+	}
+	for i, k := range demoKeys {
+		team := strings.TrimPrefix(k, "demo-key-")
+		sum := sha256.Sum256([]byte(k))
+		cfg.Teams = append(cfg.Teams, config.Team{Name: team})
+		cfg.Keys = append(cfg.Keys, config.Key{Name: "demo-" + strconv.Itoa(i+1), SHA256: hex.EncodeToString(sum[:]), Team: team})
+	}
+}
+
+// printDemoSpend prints the ledger per team and model.
+func printDemoSpend(ctx context.Context, w io.Writer, gw *runningGateway) {
+	rows, err := gw.gov.ledger.Query(ctx, spend.Filter{})
+	if err != nil {
+		fmt.Fprintf(w, "\nspend: %v\n", err)
+		return
+	}
+	fmt.Fprintln(w, "\nspend (priced by the demo's [[models]]):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "team\tkey\tmodel\trequests\tinput\toutput\tcost USD\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t\n", r.Team, r.KeyID, r.Model, r.Requests, r.Input, r.Output,
+			microsUSD(r.CostMicros))
+	}
+	_ = tw.Flush()
 }

@@ -5,6 +5,8 @@
 //	gateway demo                         fake upstream + gateway + traffic, then the figures
 //	gateway mock-upstream                the fake upstream alone
 //	gateway check-config -config FILE    validate a config file
+//	gateway hash-key < keyfile           print a key's SHA-256 for [[keys]]
+//	gateway spend -url URL               spend per key, team, model and day
 //	gateway version                      print the version
 package main
 
@@ -37,6 +39,8 @@ func commands() []command {
 		{"demo", "start a fake upstream and the gateway on loopback, send traffic, print the figures", runDemo},
 		{"mock-upstream", "serve the fake OpenAI/Anthropic upstream alone", runMock},
 		{"check-config", "validate a config file and print the effective settings", runCheckConfig},
+		{"hash-key", "print the SHA-256 of a gateway key (read from stdin) for [[keys]]", runHashKey},
+		{"spend", "print what keys and teams spent (or their limits) from a running gateway", runSpend},
 		{"version", "print the version", runVersion},
 	}
 }

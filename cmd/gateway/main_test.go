@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -204,6 +205,9 @@ func TestServeBinarySIGTERM(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(bin, "serve", "-config", cfgPath)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// The default [spend] state_file is relative to the working directory.
+	workDir := t.TempDir()
+	cmd.Dir = workDir
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +252,22 @@ func TestServeBinarySIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "stopped") {
 		t.Errorf("no clean stop in the log: %s", stderr.String())
+	}
+	// The spend of the stream was written to the state file at shutdown.
+	state, err := os.ReadFile(filepath.Join(workDir, "tollgate-spend.json"))
+	if err != nil {
+		t.Fatalf("no state file after shutdown: %v", err)
+	}
+	var saved struct {
+		Rows []struct {
+			KeyID    string `json:"key_id"`
+			Requests int64  `json:"requests"`
+			Output   int64  `json:"output"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(state, &saved); err != nil || len(saved.Rows) != 1 || saved.Rows[0].Output != 25 ||
+		saved.Rows[0].Requests != 1 || strings.Contains(string(state), "sk-signal-test") {
+		t.Errorf("state file: %s", state)
 	}
 }
 

@@ -63,6 +63,7 @@ type runningGateway struct {
 	srv      *http.Server
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
+	gov      *governance
 	log      *slog.Logger
 	cancel   func()     // cancels every request's base context, with proxy.ErrShutdown
 	done     chan error // Serve's result
@@ -78,10 +79,18 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	if err != nil {
 		return nil, fmt.Errorf("registering metrics: %w", err)
 	}
-	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
-		OnRecord: onRecord})
+	gov, err := openGovernance(cfg, m, ops)
 	if err != nil {
 		return nil, err
+	}
+	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
+		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger})
+	if err != nil {
+		_ = gov.Close()
+		return nil, err
+	}
+	if bc := gw.BudgetCollector(prometheus.Labels(cfg.Metrics.Labels)); bc != nil {
+		reg.MustRegister(bc)
 	}
 	baseCtx, cancelCause := context.WithCancelCause(context.Background())
 	cancel := func() { cancelCause(proxy.ErrShutdown) }
@@ -92,7 +101,7 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		BaseContext:       func(net.Listener) context.Context { return baseCtx },
 		ErrorLog:          slog.NewLogLogger(ops.Handler(), slog.LevelWarn),
 	}
-	rg := &runningGateway{gw: gw, srv: srv, registry: reg, metrics: m, log: ops, cancel: cancel,
+	rg := &runningGateway{gw: gw, srv: srv, registry: reg, metrics: m, gov: gov, log: ops, cancel: cancel,
 		done: make(chan error, 1), addr: ln.Addr().String()}
 	go func() {
 		err := srv.Serve(ln)
@@ -129,7 +138,16 @@ func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 		}
 	}
 	rg.cancel()
-	if serveErr := <-rg.done; serveErr != nil {
+	serveErr := <-rg.done
+	// Every handler has returned, so every exchange is settled and in the
+	// ledger: its last flush loses nothing.
+	if gerr := rg.gov.Close(); gerr != nil {
+		rg.log.Error("closing limits and spend", "err", gerr)
+		if serveErr == nil {
+			serveErr = gerr
+		}
+	}
+	if serveErr != nil {
 		return serveErr
 	}
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {

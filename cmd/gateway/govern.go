@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/ratelimit"
+	"github.com/tollgate-llm/tollgate/spend"
+)
+
+// governance holds the limiter and the spend ledger a gateway runs with, and
+// the Redis client they share when [redis] is set.
+type governance struct {
+	limiter ratelimit.Limiter
+	ledger  spend.Ledger
+	redis   redis.UniversalClient
+}
+
+// openGovernance builds the limiter and the ledger from cfg: shared through
+// Redis when [redis] addrs are set (with an in-process fallback limiter, per
+// ratelimit.on_redis_error), in the process otherwise, with spend kept in
+// [spend] state_file across restarts.
+func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*governance, error) {
+	flush := config.Seconds(cfg.Spend.FlushIntervalSeconds)
+	local := ratelimit.NewLocal(ratelimit.LocalOptions{})
+	if !cfg.UsesRedis() {
+		ledger, err := spend.NewLocal(spend.LocalOptions{StateFile: cfg.Spend.StateFile, FlushInterval: flush,
+			Logger: log})
+		if err != nil {
+			_ = local.Close()
+			return nil, err
+		}
+		return &governance{limiter: local, ledger: ledger}, nil
+	}
+	rc := cfg.Redis
+	opts := &redis.UniversalOptions{
+		Addrs:        rc.Addrs,
+		MasterName:   rc.MasterName,
+		Username:     rc.Username,
+		Password:     rc.Password.Reveal(),
+		DB:           rc.DB,
+		DialTimeout:  config.Millis(rc.DialTimeoutMs),
+		ReadTimeout:  config.Millis(rc.TimeoutMs),
+		WriteTimeout: config.Millis(rc.TimeoutMs),
+		// Failing fast lets the limiter fall back instead of retrying
+		// against a Redis that is down while the request waits: go-redis
+		// would otherwise retry commands, and dial 5 times 100 ms apart.
+		MaxRetries:    -1,
+		DialerRetries: 1,
+	}
+	if rc.TLS {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	client := redis.NewUniversalClient(opts)
+	limiter := ratelimit.NewFailover(ratelimit.FailoverOptions{
+		Primary:    ratelimit.NewRedis(client, ratelimit.RedisOptions{Prefix: rc.KeyPrefix + "rl:"}),
+		Fallback:   local,
+		Deny:       cfg.RateLimit.OnRedisError == "deny",
+		RetryAfter: config.Seconds(cfg.RateLimit.RedisRetrySeconds),
+		OnDegraded: func(d bool) { m.SetDegraded("ratelimit", d) },
+		Logger:     log,
+	})
+	ledger := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
+		OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
+	return &governance{limiter: limiter, ledger: ledger, redis: client}, nil
+}
+
+// Close flushes the ledger and releases everything; it reports what failed.
+func (g *governance) Close() error {
+	var errs []error
+	if f, ok := g.limiter.(*ratelimit.Failover); ok {
+		// Settlements queued while Redis was down: write them now if Redis
+		// is back, or they are dropped (their leases expire in Redis).
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := f.Retry(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("replaying queued rate-limit settlements: %w", err))
+		}
+		cancel()
+	}
+	if err := g.ledger.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the spend ledger: %w", err))
+	}
+	if err := g.limiter.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the limiter: %w", err))
+	}
+	if g.redis != nil {
+		if err := g.redis.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing the Redis client: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

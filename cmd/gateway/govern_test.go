@@ -1,0 +1,676 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/internal/redistest"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/proxy"
+)
+
+const (
+	testKeyA   = "tg-replica-test-key-a-000"
+	testKeyB   = "tg-replica-test-key-b-000"
+	testAdmin  = "admin-token-replica-tests"
+	upKey      = "sk-upstream-replica-tests"
+	testMaxTok = 100
+)
+
+func hashKey(k string) string {
+	s := sha256.Sum256([]byte(k))
+	return hex.EncodeToString(s[:])
+}
+
+func p64(v int64) *int64 { return &v }
+
+// govConfig is a config in mode "keys" with keys a (team "red") and b (team
+// "blue") in front of upstreamURL, priced, with the admin API on.
+func govConfig(upstreamURL string) config.Config {
+	cfg := config.DemoConfig(upstreamURL)
+	cfg.Auth.Mode = "keys"
+	cfg.Upstreams[0].APIKeyEnv, cfg.Upstreams[0].APIKey = "UP_KEY", upKey
+	cfg.Admin.TokenEnv, cfg.Admin.Token = "ADMIN_TOKEN", testAdmin
+	cfg.Models = []config.Model{{Pattern: "claude-*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15}}
+	cfg.Teams = []config.Team{{Name: "red"}, {Name: "blue"}}
+	cfg.Keys = []config.Key{
+		{Name: "a", SHA256: hashKey(testKeyA), Team: "red"},
+		{Name: "b", SHA256: hashKey(testKeyB), Team: "blue"},
+	}
+	cfg.Spend.FlushIntervalSeconds = 0.05
+	cfg.RateLimit.RedisRetrySeconds = 0.1
+	return cfg
+}
+
+// replica is one running gateway and the records it finished.
+type replica struct {
+	rg      *runningGateway
+	url     string
+	mu      sync.Mutex
+	recs    []llm.Record
+	once    sync.Once
+	stopErr error
+}
+
+func (r *replica) records() []llm.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]llm.Record(nil), r.recs...)
+}
+
+// startReplica starts a gateway for cfg on a loopback port. It is shut down
+// in t.Cleanup unless the test stops it first.
+func startReplica(t *testing.T, cfg config.Config) *replica {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{}
+	rg, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, func(rec *llm.Record) {
+		r.mu.Lock()
+		r.recs = append(r.recs, *rec)
+		r.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.rg, r.url = rg, "http://"+rg.addr
+	t.Cleanup(func() { _ = r.stop() })
+	return r
+}
+
+// stop shuts the gateway down (once): it drains, then flushes its spend.
+func (r *replica) stop() error {
+	r.once.Do(func() { r.stopErr = r.rg.shutdown(0, 5*time.Second) })
+	return r.stopErr
+}
+
+// messagesBody is an Anthropic Messages request; n makes bodies differ.
+func messagesBody(n int, stream bool) string {
+	return fmt.Sprintf(`{"model":"claude-test","max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":"request %06d"}]}`,
+		testMaxTok, stream, n)
+}
+
+// reserved is what the gateway reserves for a body: ceil(len/4) prompt
+// tokens plus max_tokens. mockllm counts input the same way and stops at
+// max_tokens, so a request's real usage equals its reservation.
+func reserved(body string) int64 { return int64(len(body)+3)/4 + testMaxTok }
+
+// loadResult counts a load run's answers.
+type loadResult struct {
+	ok, limited, other atomic.Int64
+	tokens             atomic.Int64 // reservation of the admitted requests
+	input, output      atomic.Int64 // usage the upstream reported in the 200 bodies
+	firstSend          time.Time
+	lastSend           atomic.Int64 // unix nanos of the last request sent
+}
+
+// load sends non-streamed requests with key from workers goroutines,
+// round-robin over the replicas, for d (and at most max requests).
+func load(t *testing.T, reps []*replica, key string, workers int, d time.Duration, max int64) *loadResult {
+	t.Helper()
+	res := &loadResult{firstSend: time.Now()}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	deadline := res.firstSend.Add(d)
+	var seq atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; time.Now().Before(deadline); i += workers {
+				n := seq.Add(1)
+				if n > max {
+					return
+				}
+				body := messagesBody(int(n), false)
+				req, _ := http.NewRequest(http.MethodPost, reps[int(n)%len(reps)].url+"/v1/messages", strings.NewReader(body))
+				req.Header.Set("X-Api-Key", key)
+				req.Header.Set("Content-Type", "application/json")
+				res.lastSend.Store(time.Now().UnixNano())
+				resp, err := client.Do(req)
+				if err != nil {
+					res.other.Add(1)
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
+					res.ok.Add(1)
+					res.tokens.Add(reserved(body))
+					var m struct {
+						Usage struct {
+							InputTokens  int64 `json:"input_tokens"`
+							OutputTokens int64 `json:"output_tokens"`
+						} `json:"usage"`
+					}
+					if json.Unmarshal(b, &m) != nil {
+						res.other.Add(1)
+					}
+					res.input.Add(m.Usage.InputTokens)
+					res.output.Add(m.Usage.OutputTokens)
+				case http.StatusTooManyRequests:
+					res.limited.Add(1)
+				default:
+					res.other.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// within1pct checks an admitted amount against a GCRA bucket of burst
+// limit refilling limit per minute: never more than the bucket allows by the
+// last send, and at least 99% of what it held by then.
+func within1pct(t *testing.T, what string, admitted, limit int64, res *loadResult, unit int64) {
+	t.Helper()
+	active := time.Unix(0, res.lastSend.Load()).Sub(res.firstSend)
+	allowed := float64(limit) + float64(limit)*active.Minutes()
+	// A request admitted needs its whole reservation, so the last request's
+	// worth of tokens may stay unused.
+	low := 0.99*allowed - float64(unit)
+	t.Logf("%s: admitted %d over %v; bucket allowed %.1f (limit %d)", what, admitted, active.Round(time.Millisecond), allowed, limit)
+	if float64(admitted) > allowed+float64(unit) || float64(admitted) < low {
+		t.Errorf("%s: admitted %d, want within 1%% of %.1f", what, admitted, allowed)
+	}
+}
+
+// TestReplicasShareLimits: three gateways on one real redis-server, under
+// concurrent load, admit within 1% of the key's RPM and the team's TPM over
+// the window, and never more streams at once than the concurrency cap.
+func TestReplicasShareLimits(t *testing.T) {
+	srv := redistest.Start(t)
+	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+
+	t.Run("rpm", func(t *testing.T) {
+		cfg := govConfig(up.URL)
+		cfg.Redis.Addrs = []string{srv.Addr()}
+		cfg.Redis.KeyPrefix = "t-rpm:"
+		cfg.Keys[0].RPM = p64(240)
+		reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
+		res := load(t, reps, testKeyA, 12, 2*time.Second, 5000)
+		if res.other.Load() != 0 || res.limited.Load() == 0 {
+			t.Fatalf("ok %d, 429 %d, other %d: the load did not reach the limit cleanly", res.ok.Load(),
+				res.limited.Load(), res.other.Load())
+		}
+		within1pct(t, "RPM 240", res.ok.Load(), 240, res, 1)
+	})
+
+	t.Run("tpm", func(t *testing.T) {
+		cfg := govConfig(up.URL)
+		cfg.Redis.Addrs = []string{srv.Addr()}
+		cfg.Redis.KeyPrefix = "t-tpm:"
+		cfg.Teams[0].TPM = p64(30000)
+		reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
+		res := load(t, reps, testKeyA, 12, 2*time.Second, 5000)
+		if res.other.Load() != 0 || res.limited.Load() == 0 {
+			t.Fatalf("ok %d, 429 %d, other %d", res.ok.Load(), res.limited.Load(), res.other.Load())
+		}
+		// The premise: every admitted request used exactly what it
+		// reserved, so admitted tokens are what the bucket gave out.
+		for _, r := range reps {
+			for _, rec := range r.records() {
+				if rec.Status == http.StatusOK && rec.Usage.Input+rec.Usage.Output != rec.Usage.Input+testMaxTok {
+					t.Fatalf("usage %+v: output is not max_tokens", rec.Usage)
+				}
+			}
+		}
+		within1pct(t, "TPM 30000", res.tokens.Load(), 30000, res, reserved(messagesBody(0, false)))
+	})
+
+	t.Run("concurrency", func(t *testing.T) {
+		slow := mockllm.New(mockllm.Options{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond,
+			OutputTokens: 1000, RequireKey: upKey})
+		sup := httptest.NewServer(slow)
+		t.Cleanup(sup.Close)
+		cfg := govConfig(sup.URL)
+		cfg.Redis.Addrs = []string{srv.Addr()}
+		cfg.Redis.KeyPrefix = "t-conc:"
+		cfg.Keys[0].Concurrency = p64(4)
+		reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
+		res := load(t, reps, testKeyA, 16, 1500*time.Millisecond, 3000)
+		peak := slow.Stats().PeakInFlight
+		t.Logf("concurrency 4: ok %d, 429 %d, upstream peak in flight %d", res.ok.Load(), res.limited.Load(), peak)
+		if res.other.Load() != 0 || res.limited.Load() == 0 || res.ok.Load() == 0 {
+			t.Fatalf("ok %d, 429 %d, other %d", res.ok.Load(), res.limited.Load(), res.other.Load())
+		}
+		if peak > 4 {
+			t.Errorf("upstream saw %d requests at once, over the cap of 4", peak)
+		}
+		if peak < 2 {
+			t.Errorf("upstream peak %d: the load never used the cap, the test proves nothing", peak)
+		}
+		// Every slot is released at the end.
+		lim := adminLimits(t, reps[0].url)
+		if l := lim.find("key", "a", "concurrency"); l == nil || l.Used != 0 {
+			t.Errorf("concurrency after the load: %+v", l)
+		}
+	})
+}
+
+type limitsReport struct{ proxy.LimitsReport }
+
+func (r limitsReport) find(scope, id, limit string) *proxy.LimitState {
+	for _, s := range r.Subjects {
+		if s.Scope == scope && s.ID == id {
+			for i := range s.Limits {
+				if s.Limits[i].Limit == limit {
+					return &s.Limits[i]
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func adminJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	body, err := adminGet(url, testAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func adminLimits(t *testing.T, base string) limitsReport {
+	var r limitsReport
+	adminJSON(t, base+"/admin/limits", &r.LimitsReport)
+	return r
+}
+
+func adminSpend(t *testing.T, base, query string) proxy.SpendReport {
+	var r proxy.SpendReport
+	adminJSON(t, base+"/admin/spend?"+query, &r)
+	return r
+}
+
+// usageSum adds up what a set of records billed, per key.
+type usageSum struct{ requests, input, output, cost int64 }
+
+func billed(recs []llm.Record, into map[string]*usageSum) {
+	for _, r := range recs {
+		if r.Status != http.StatusOK || r.Route == llm.RouteOther {
+			continue
+		}
+		s := into[r.KeyID]
+		if s == nil {
+			s = &usageSum{}
+			into[r.KeyID] = s
+		}
+		s.requests++
+		s.input += r.Usage.Input
+		s.output += r.Usage.Output
+		s.cost += r.CostMicros
+	}
+}
+
+// spendByKey reads /admin/spend and sums it per key.
+func spendByKey(t *testing.T, base string) map[string]*usageSum {
+	out := map[string]*usageSum{}
+	for _, row := range adminSpend(t, base, "").Rows {
+		s := out[row.KeyID]
+		if s == nil {
+			s = &usageSum{}
+			out[row.KeyID] = s
+		}
+		s.requests += row.Requests
+		s.input += row.InputTokens
+		s.output += row.OutputTokens
+		s.cost += row.CostMicros
+	}
+	return out
+}
+
+func sameSums(t *testing.T, what string, got, want map[string]*usageSum) {
+	t.Helper()
+	if len(want) == 0 {
+		t.Fatalf("%s: nothing was billed", what)
+	}
+	for k, w := range want {
+		if g := got[k]; g == nil || *g != *w {
+			t.Errorf("%s: key %s: ledger %+v, upstream usage %+v", what, k, g, w)
+		}
+	}
+	for k := range got {
+		if want[k] == nil {
+			t.Errorf("%s: ledger has key %s nobody used", what, k)
+		}
+	}
+}
+
+// cancelledStream sends a streamed request and hangs up after reading a few
+// events.
+func cancelledStream(t *testing.T, base, key string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/messages",
+		strings.NewReader(messagesBody(n, true)))
+	req.Header.Set("X-Api-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for range 12 { // message_start, content_block_start, a few deltas
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatalf("stream ended early: %v", err)
+		}
+	}
+}
+
+// TestSpendExactAcrossRedisRestart: three replicas bill to one Redis while
+// it is killed and restarted mid-load (limits fall back in-process, spend
+// waits in memory); after the load every key's spend equals the usage the
+// upstream reported, to the token, including streams clients cancelled.
+func TestSpendExactAcrossRedisRestart(t *testing.T) {
+	srv := redistest.Start(t, redistest.Persistent())
+	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, ITL: time.Millisecond, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Redis.Addrs = []string{srv.Addr()}
+	cfg.Keys[0].RPM = p64(1_000_000) // limited, so admission goes through Redis too
+	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
+
+	done := make(chan *loadResult, 2)
+	go func() { done <- load(t, reps, testKeyA, 4, 1500*time.Millisecond, 100000) }()
+	go func() { done <- load(t, reps, testKeyB, 2, 1500*time.Millisecond, 100000) }()
+	time.Sleep(300 * time.Millisecond)
+	srv.Kill()
+	for i := range 3 {
+		cancelledStream(t, reps[i].url, testKeyA, 900000+i)
+	}
+	// Bounded wait until some replica has noticed, for limits and spend.
+	for _, comp := range []string{"ratelimit", "spend"} {
+		seen := false
+		for i := 0; i < 200 && !seen; i++ {
+			for _, r := range reps {
+				if gaugeValue(t, r, "tollgate_degraded", comp) == 1 {
+					seen = true
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !seen {
+			t.Errorf("no replica reports tollgate_degraded{component=%q} = 1 while Redis is down", comp)
+		}
+	}
+	srv.Start()
+	cancelledStream(t, reps[1].url, testKeyB, 900100)
+	r1, r2 := <-done, <-done
+	if r1.other.Load()+r2.other.Load() != 0 || r1.limited.Load()+r2.limited.Load() != 0 {
+		t.Fatalf("load: other %d, 429 %d: every request should pass while Redis is down (on_redis_error = allow)",
+			r1.other.Load()+r2.other.Load(), r1.limited.Load()+r2.limited.Load())
+	}
+
+	// Stop the replicas: each flushes what it still holds to Redis.
+	want := map[string]*usageSum{}
+	for _, r := range reps[1:] {
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first replica stays up to answer the admin API; flush it directly.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := reps[0].rg.gov.ledger.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reps {
+		billed(r.records(), want)
+	}
+	var cancelled int
+	for _, r := range reps {
+		for _, rec := range r.records() {
+			if rec.Outcome == llm.OutcomeClientCancel {
+				cancelled++
+				if rec.Usage.Output == 0 || rec.Usage.Output >= testMaxTok {
+					t.Errorf("cancelled stream billed %d output tokens", rec.Usage.Output)
+				}
+			}
+		}
+	}
+	if cancelled != 4 {
+		t.Errorf("%d cancelled streams recorded, want 4", cancelled)
+	}
+	// The records' usage is the upstream's: the completed requests' sum is
+	// what the clients read in the response bodies.
+	var in, out, cin, cout int64
+	for _, r := range reps {
+		for _, rec := range r.records() {
+			if rec.Status == http.StatusOK && rec.Outcome == llm.OutcomeOK {
+				in, out = in+rec.Usage.Input, out+rec.Usage.Output
+			}
+		}
+	}
+	for _, res := range []*loadResult{r1, r2} {
+		cin, cout = cin+res.input.Load(), cout+res.output.Load()
+	}
+	if in != cin || out != cout || cin == 0 {
+		t.Errorf("records: %d in / %d out; response bodies: %d in / %d out", in, out, cin, cout)
+	}
+	t.Logf("billed: a %+v, b %+v", *want["a"], *want["b"])
+	sameSums(t, "after Redis kill and restart", spendByKey(t, reps[0].url), want)
+}
+
+// TestSpendExactAcrossRestart: without Redis, spend lives in the process and
+// its state file; a gateway stopped and started again on the same file
+// loses nothing.
+func TestSpendExactAcrossRestart(t *testing.T) {
+	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, ITL: time.Millisecond, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Spend.StateFile = filepath.Join(t.TempDir(), "spend.json")
+	want := map[string]*usageSum{}
+	for run := range 2 {
+		r := startReplica(t, cfg)
+		res := load(t, []*replica{r}, testKeyA, 3, 300*time.Millisecond, 200)
+		load(t, []*replica{r}, testKeyB, 1, 200*time.Millisecond, 50)
+		cancelledStream(t, r.url, testKeyA, 800000+run)
+		if res.ok.Load() == 0 {
+			t.Fatal("no request passed")
+		}
+		if run == 1 {
+			// Read before stopping: the ledger in memory is the file's
+			// content plus this run.
+			if err := r.rg.gov.ledger.Flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			billed(r.records(), want)
+			sameSums(t, "after a restart", spendByKey(t, r.url), want)
+			break
+		}
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+		billed(r.records(), want)
+	}
+}
+
+// TestRedisDownDeny: with on_redis_error = "deny", requests get 503 in their
+// dialect while Redis is down, the degraded gauge says so, and service
+// returns with Redis.
+func TestRedisDownDeny(t *testing.T) {
+	srv := redistest.Start(t)
+	mock := mockllm.New(mockllm.Options{OutputTokens: 3, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Redis.Addrs = []string{srv.Addr()}
+	cfg.RateLimit.OnRedisError = "deny"
+	cfg.Keys[0].RPM = p64(100000)
+	r := startReplica(t, cfg)
+	send := func() (int, string, http.Header) {
+		req, _ := http.NewRequest(http.MethodPost, r.url+"/v1/messages", strings.NewReader(messagesBody(1, false)))
+		req.Header.Set("X-Api-Key", testKeyA)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	if code, body, _ := send(); code != http.StatusOK {
+		t.Fatalf("Redis up: %d %s", code, body)
+	}
+	srv.Kill()
+	code, body, h := send()
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"type":"error"`) || h.Get("Retry-After") == "" {
+		t.Errorf("Redis down, deny: %d %s", code, body)
+	}
+	if g := gaugeValue(t, r, "tollgate_degraded", "ratelimit"); g != 1 {
+		t.Errorf("tollgate_degraded{component=ratelimit} = %v while Redis is down", g)
+	}
+	srv.Start()
+	// Bounded wait for the limiter's retry interval (0.1 s) to pass.
+	var ok bool
+	for range 100 {
+		if code, _, _ := send(); code == http.StatusOK {
+			ok = true
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !ok {
+		t.Fatal("requests still refused after Redis came back")
+	}
+	if g := gaugeValue(t, r, "tollgate_degraded", "ratelimit"); g != 0 {
+		t.Errorf("tollgate_degraded{component=ratelimit} = %v after Redis returned", g)
+	}
+}
+
+func gaugeValue(t *testing.T, r *replica, name, component string) float64 {
+	t.Helper()
+	mfs, err := r.rg.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "component" && lp.GetValue() == component {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// TestHashKey: hash-key prints the SHA-256 of the key on stdin, which a
+// [[keys]] table accepts; -generate makes a new key and its hash.
+func TestHashKey(t *testing.T) {
+	defer func(r io.Reader) { stdin = r }(stdin)
+	stdin = strings.NewReader(testKeyA + "\n")
+	var out, errb strings.Builder
+	if code := run([]string{"hash-key"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if got := strings.TrimSpace(out.String()); got != hashKey(testKeyA) {
+		t.Errorf("hash-key printed %q, want the SHA-256 %s", got, hashKey(testKeyA))
+	}
+	for _, bad := range []string{"", "\n", " padded-key\n"} {
+		stdin = strings.NewReader(bad)
+		if code := run([]string{"hash-key"}, io.Discard, io.Discard); code != 1 {
+			t.Errorf("hash-key of %q: exit %d, want 1", bad, code)
+		}
+	}
+
+	out.Reset()
+	if code := run([]string{"hash-key", "-generate"}, &out, &errb); code != 0 {
+		t.Fatalf("-generate: exit %d: %s", code, errb.String())
+	}
+	var key, sum string
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		switch k {
+		case "key":
+			key = strings.TrimSpace(v)
+		case "sha256":
+			sum = strings.TrimSpace(v)
+		}
+	}
+	if !strings.HasPrefix(key, "tg-") || len(key) < 40 || sum != hashKey(key) {
+		t.Errorf("-generate printed key %q sha256 %q", key, sum)
+	}
+}
+
+// TestSpendCommand: `gateway spend` prints the admin API's spend as a table
+// whose total is the ledger's, and `-limits` the limits.
+func TestSpendCommand(t *testing.T) {
+	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Teams[1].TokensPerDay = p64(1_000_000)
+	r := startReplica(t, cfg)
+	res := load(t, []*replica{r}, testKeyB, 1, 5*time.Second, 3)
+	if res.ok.Load() != 3 {
+		t.Fatalf("%d of 3 requests passed", res.ok.Load())
+	}
+	t.Setenv("TEST_ADMIN_TOKEN", testAdmin)
+	var out, errb strings.Builder
+	if code := run([]string{"spend", "-url", r.url, "-token-env", "TEST_ADMIN_TOKEN"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	rep := adminSpend(t, r.url, "")
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "cost USD") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	total := strings.Fields(lines[2])
+	wantCost := microsUSD(rep.Total.CostMicros)
+	if total[0] != "total" || total[len(total)-1] != wantCost || !strings.Contains(lines[1], " b ") {
+		t.Errorf("table:\n%s\nwant a row for key b and a total of %s", out.String(), wantCost)
+	}
+	if rep.Total.Requests != 3 || rep.Total.InputTokens != res.input.Load() || rep.Total.OutputTokens != res.output.Load() {
+		t.Errorf("spend %+v, upstream usage %d in / %d out", rep.Total, res.input.Load(), res.output.Load())
+	}
+
+	out.Reset()
+	if code := run([]string{"spend", "-limits", "-url", r.url, "-token-env", "TEST_ADMIN_TOKEN"}, &out, &errb); code != 0 {
+		t.Fatalf("-limits: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "tokens_per_day") || !strings.Contains(out.String(), "blue") {
+		t.Errorf("-limits:\n%s", out.String())
+	}
+	if code := run([]string{"spend", "-url", r.url, "-token-env", "UNSET_TOKEN_VAR_X"}, io.Discard, &errb); code != 1 {
+		t.Errorf("without a token: exit %d", code)
+	}
+}
