@@ -124,23 +124,36 @@ type loadResult struct {
 	input, output      atomic.Int64 // usage the upstream reported in the 200 bodies
 	firstSend          time.Time
 	lastSend           atomic.Int64 // unix nanos of the last request sent
+	// firstLimited is when the first 429 arrived (unix nanos): the bucket
+	// was empty then. steadyOK and steadyTokens count what was admitted
+	// among the requests sent after it, i.e. only what the bucket refilled.
+	firstLimited           atomic.Int64
+	steadyOK, steadyTokens atomic.Int64
 }
 
 // load sends non-streamed requests with key from workers goroutines,
-// round-robin over the replicas, for d (and at most max requests).
-func load(t *testing.T, reps []*replica, key string, workers int, d time.Duration, max int64) *loadResult {
+// round-robin over the replicas, for d (and at most max requests), or, when
+// steady > 0, until steady after the first 429.
+func load(t *testing.T, reps []*replica, key string, workers int, d, steady time.Duration, max int64) *loadResult {
 	t.Helper()
 	res := &loadResult{firstSend: time.Now()}
+	deadline := res.firstSend.Add(d)
+	stop := func() bool {
+		now := time.Now()
+		if fl := res.firstLimited.Load(); steady > 0 && fl != 0 && now.Sub(time.Unix(0, fl)) > steady {
+			return true
+		}
+		return !now.Before(deadline)
+	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}, Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
-	deadline := res.firstSend.Add(d)
 	var seq atomic.Int64
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; time.Now().Before(deadline); i += workers {
+			for i := w; !stop(); i += workers {
 				n := seq.Add(1)
 				if n > max {
 					return
@@ -149,7 +162,8 @@ func load(t *testing.T, reps []*replica, key string, workers int, d time.Duratio
 				req, _ := http.NewRequest(http.MethodPost, reps[int(n)%len(reps)].url+"/v1/messages", strings.NewReader(body))
 				req.Header.Set("X-Api-Key", key)
 				req.Header.Set("Content-Type", "application/json")
-				res.lastSend.Store(time.Now().UnixNano())
+				sent := time.Now().UnixNano()
+				res.lastSend.Store(sent)
 				resp, err := client.Do(req)
 				if err != nil {
 					res.other.Add(1)
@@ -161,6 +175,10 @@ func load(t *testing.T, reps []*replica, key string, workers int, d time.Duratio
 				case http.StatusOK:
 					res.ok.Add(1)
 					res.tokens.Add(reserved(body))
+					if fl := res.firstLimited.Load(); fl != 0 && sent >= fl {
+						res.steadyOK.Add(1)
+						res.steadyTokens.Add(reserved(body))
+					}
 					var m struct {
 						Usage struct {
 							InputTokens  int64 `json:"input_tokens"`
@@ -174,6 +192,7 @@ func load(t *testing.T, reps []*replica, key string, workers int, d time.Duratio
 					res.output.Add(m.Usage.OutputTokens)
 				case http.StatusTooManyRequests:
 					res.limited.Add(1)
+					res.firstLimited.CompareAndSwap(0, time.Now().UnixNano())
 				default:
 					res.other.Add(1)
 				}
@@ -184,19 +203,27 @@ func load(t *testing.T, reps []*replica, key string, workers int, d time.Duratio
 	return res
 }
 
-// within1pct checks an admitted amount against a GCRA bucket of burst
-// limit refilling limit per minute: never more than the bucket allows by the
-// last send, and at least 99% of what it held by then.
-func within1pct(t *testing.T, what string, admitted, limit int64, res *loadResult, unit int64) {
+// within1pct checks what a bucket of burst limit, refilling limit per
+// minute, admitted: over the whole run never more than it held (the burst
+// plus the refill until the last send), and, once it was empty (the first
+// 429), within 1% of its refill rate over the rest of the run. unit is one
+// request's worth: a request needs its whole reservation, so up to one may
+// be refused at the edges.
+func within1pct(t *testing.T, what string, admitted, steady, limit int64, res *loadResult, unit int64) {
 	t.Helper()
-	active := time.Unix(0, res.lastSend.Load()).Sub(res.firstSend)
+	last := time.Unix(0, res.lastSend.Load())
+	active := last.Sub(res.firstSend)
 	allowed := float64(limit) + float64(limit)*active.Minutes()
-	// A request admitted needs its whole reservation, so the last request's
-	// worth of tokens may stay unused.
-	low := 0.99*allowed - float64(unit)
-	t.Logf("%s: admitted %d over %v; bucket allowed %.1f (limit %d)", what, admitted, active.Round(time.Millisecond), allowed, limit)
-	if float64(admitted) > allowed+float64(unit) || float64(admitted) < low {
-		t.Errorf("%s: admitted %d, want within 1%% of %.1f", what, admitted, allowed)
+	window := last.Sub(time.Unix(0, res.firstLimited.Load()))
+	refill := float64(limit) * window.Minutes()
+	t.Logf("%s: admitted %d over %v (the bucket held %.1f); after it emptied, %d over %v (refill %.1f, %+.2f%%)",
+		what, admitted, active.Round(time.Millisecond), allowed, steady, window.Round(time.Millisecond), refill,
+		100*(float64(steady)-refill)/refill)
+	if float64(admitted) > allowed+float64(unit) {
+		t.Errorf("%s: admitted %d, more than the bucket held (%.1f)", what, admitted, allowed)
+	}
+	if d := float64(steady) - refill; d > 0.01*refill+float64(unit) || -d > 0.01*refill+float64(unit) {
+		t.Errorf("%s: admitted %d after the bucket emptied, want within 1%% of the refill %.1f", what, steady, refill)
 	}
 }
 
@@ -209,40 +236,43 @@ func TestReplicasShareLimits(t *testing.T) {
 	up := httptest.NewServer(mock)
 	t.Cleanup(up.Close)
 
-	t.Run("rpm", func(t *testing.T) {
+	// overLimit runs 12 clients against three replicas sharing srv under
+	// prefix until 2 s after the bucket first refused (at most 20 s or 60,000
+	// requests), and checks the load went past the limit cleanly.
+	overLimit := func(t *testing.T, prefix string, limit func(*config.Config)) ([]*replica, *loadResult) {
+		t.Helper()
 		cfg := govConfig(up.URL)
 		cfg.Redis.Addrs = []string{srv.Addr()}
-		cfg.Redis.KeyPrefix = "t-rpm:"
-		cfg.Keys[0].RPM = p64(240)
+		cfg.Redis.KeyPrefix = prefix
+		limit(&cfg)
 		reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
-		res := load(t, reps, testKeyA, 12, 2*time.Second, 5000)
-		if res.other.Load() != 0 || res.limited.Load() == 0 {
+		res := load(t, reps, testKeyA, 12, 20*time.Second, 2*time.Second, 60000)
+		if res.other.Load() != 0 || res.limited.Load() == 0 || res.firstLimited.Load() == 0 {
 			t.Fatalf("ok %d, 429 %d, other %d: the load did not reach the limit cleanly", res.ok.Load(),
 				res.limited.Load(), res.other.Load())
 		}
-		within1pct(t, "RPM 240", res.ok.Load(), 240, res, 1)
+		return reps, res
+	}
+
+	t.Run("rpm", func(t *testing.T) {
+		_, res := overLimit(t, "t-rpm:", func(c *config.Config) { c.Keys[0].RPM = p64(6000) })
+		within1pct(t, "RPM 6000", res.ok.Load(), res.steadyOK.Load(), 6000, res, 1)
 	})
 
 	t.Run("tpm", func(t *testing.T) {
-		cfg := govConfig(up.URL)
-		cfg.Redis.Addrs = []string{srv.Addr()}
-		cfg.Redis.KeyPrefix = "t-tpm:"
-		cfg.Teams[0].TPM = p64(30000)
-		reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
-		res := load(t, reps, testKeyA, 12, 2*time.Second, 5000)
-		if res.other.Load() != 0 || res.limited.Load() == 0 {
-			t.Fatalf("ok %d, 429 %d, other %d", res.ok.Load(), res.limited.Load(), res.other.Load())
-		}
+		reps, res := overLimit(t, "t-tpm:", func(c *config.Config) { c.Teams[0].TPM = p64(600000) })
 		// The premise: every admitted request used exactly what it
-		// reserved, so admitted tokens are what the bucket gave out.
+		// reserved (the bodies all have one length), so admitted tokens
+		// are what the bucket gave out.
+		each := reserved(messagesBody(0, false))
 		for _, r := range reps {
 			for _, rec := range r.records() {
-				if rec.Status == http.StatusOK && rec.Usage.Input+rec.Usage.Output != rec.Usage.Input+testMaxTok {
-					t.Fatalf("usage %+v: output is not max_tokens", rec.Usage)
+				if rec.Status == http.StatusOK && rec.Usage.Input+rec.Usage.Output != each {
+					t.Fatalf("usage %+v, reserved %d: the test's premise does not hold", rec.Usage, each)
 				}
 			}
 		}
-		within1pct(t, "TPM 30000", res.tokens.Load(), 30000, res, reserved(messagesBody(0, false)))
+		within1pct(t, "TPM 600000", res.tokens.Load(), res.steadyTokens.Load(), 600000, res, each)
 	})
 
 	t.Run("concurrency", func(t *testing.T) {
@@ -255,7 +285,7 @@ func TestReplicasShareLimits(t *testing.T) {
 		cfg.Redis.KeyPrefix = "t-conc:"
 		cfg.Keys[0].Concurrency = p64(4)
 		reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
-		res := load(t, reps, testKeyA, 16, 1500*time.Millisecond, 3000)
+		res := load(t, reps, testKeyA, 16, 1500*time.Millisecond, 0, 3000)
 		peak := slow.Stats().PeakInFlight
 		t.Logf("concurrency 4: ok %d, 429 %d, upstream peak in flight %d", res.ok.Load(), res.limited.Load(), peak)
 		if res.other.Load() != 0 || res.limited.Load() == 0 || res.ok.Load() == 0 {
@@ -404,8 +434,8 @@ func TestSpendExactAcrossRedisRestart(t *testing.T) {
 	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
 
 	done := make(chan *loadResult, 2)
-	go func() { done <- load(t, reps, testKeyA, 4, 1500*time.Millisecond, 100000) }()
-	go func() { done <- load(t, reps, testKeyB, 2, 1500*time.Millisecond, 100000) }()
+	go func() { done <- load(t, reps, testKeyA, 4, 1500*time.Millisecond, 0, 100000) }()
+	go func() { done <- load(t, reps, testKeyB, 2, 1500*time.Millisecond, 0, 100000) }()
 	time.Sleep(300 * time.Millisecond)
 	srv.Kill()
 	for i := range 3 {
@@ -496,8 +526,8 @@ func TestSpendExactAcrossRestart(t *testing.T) {
 	want := map[string]*usageSum{}
 	for run := range 2 {
 		r := startReplica(t, cfg)
-		res := load(t, []*replica{r}, testKeyA, 3, 300*time.Millisecond, 200)
-		load(t, []*replica{r}, testKeyB, 1, 200*time.Millisecond, 50)
+		res := load(t, []*replica{r}, testKeyA, 3, 300*time.Millisecond, 0, 200)
+		load(t, []*replica{r}, testKeyB, 1, 200*time.Millisecond, 0, 50)
 		cancelledStream(t, r.url, testKeyA, 800000+run)
 		if res.ok.Load() == 0 {
 			t.Fatal("no request passed")
@@ -640,7 +670,7 @@ func TestSpendCommand(t *testing.T) {
 	cfg := govConfig(up.URL)
 	cfg.Teams[1].TokensPerDay = p64(1_000_000)
 	r := startReplica(t, cfg)
-	res := load(t, []*replica{r}, testKeyB, 1, 5*time.Second, 3)
+	res := load(t, []*replica{r}, testKeyB, 1, 5*time.Second, 0, 3)
 	if res.ok.Load() != 3 {
 		t.Fatalf("%d of 3 requests passed", res.ok.Load())
 	}
