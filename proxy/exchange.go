@@ -44,6 +44,9 @@ type exchange struct {
 	// headersSent is set once the response status is written: after that
 	// an error can no longer be reported as a status.
 	headersSent bool
+	// metered is set for a forwarded request (another /v1/* path) whose
+	// body names a model: it is admitted and billed like a dialect request.
+	metered bool
 	// promptEstimate is the prompt size in tokens guessed from the body
 	// (about 4 bytes a token), -1 when unknown. It only places a request
 	// whose upstream reported no usage in an input-size bucket.
@@ -66,6 +69,8 @@ type exchange struct {
 // dialectHandler serves POST /v1/chat/completions and POST /v1/messages.
 func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		g.open.Add(1)
+		defer g.open.Add(-1)
 		ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
 		ex.rec.Timing.In = g.now()
 		ex.rec.Route, ex.rec.Dialect = route, d
@@ -82,6 +87,8 @@ func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFun
 // forwardHandler serves every other /v1/* path: the request goes to the
 // upstream unchanged and only its end-to-end latency is measured.
 func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
+	g.open.Add(1)
+	defer g.open.Add(-1)
 	ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
 	ex.rec.Timing.In = g.now()
 	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
@@ -207,8 +214,22 @@ func (ex *exchange) serve() {
 			}
 		}
 	}
+	if d == llm.DialectNone && r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens") {
+		// Another model API (embeddings, responses, completions): metered
+		// too when its body names a model, so that no path gets around a
+		// key's limits, its team's models or the ledger.
+		if info, ok := inspectForwarded(body); ok {
+			if info.Stream && g.gov.keysMode {
+				ex.fail(errUnmeteredStream(r.URL.Path), llm.OutcomeBadRequest)
+				return
+			}
+			ex.info, ex.metered = info, true
+			ex.rec.Model = info.Model
+			ex.promptEstimate = int64(len(body)+3) / 4
+		}
+	}
 	ex.modelLabel = g.metrics.Model(ex.rec.Model)
-	if d != llm.DialectNone && !ex.admit() {
+	if (d != llm.DialectNone || ex.metered) && !ex.admit() {
 		return
 	}
 
@@ -282,6 +303,12 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	if !callerKeyUp {
 		req.Header.Del("Authorization")
 		req.Header.Del("X-Api-Key")
+		if g.gov.keysMode {
+			// With the gateway's upstream key, the caller must not pick the
+			// organisation or project that is billed.
+			req.Header.Del("Openai-Organization")
+			req.Header.Del("Openai-Project")
+		}
 		if k := up.cfg.APIKey.Reveal(); k != "" {
 			setUpstreamKey(req.Header, ex.rec.Dialect, r, k)
 		}
@@ -300,8 +327,13 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	ex.rec.UpstreamRequestID = upstreamRequestID(resp.Header)
 	h := ex.w.Header()
 	copyResponseHeaders(h, resp.Header)
+	if g.gov.keysMode || len(ex.rlStates) > 0 {
+		// The upstream's rate-limit headers describe the gateway's upstream
+		// account, not the caller: a governed caller sees only its own
+		// limits, never a mix of both.
+		deleteUpstreamAccountHeaders(h, g.gov.keysMode)
+	}
 	if len(ex.rlStates) > 0 {
-		// The caller's own limits, not the upstream account's.
 		setRateLimitHeaders(h, ex.rec.Dialect, ex.rlStates, g.now())
 	}
 
@@ -324,11 +356,11 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	default:
 		ex.rec.Stream = false // answered in one piece, whatever was asked
 		limit := 0
-		if ex.rec.Dialect != llm.DialectNone {
+		if ex.rec.Dialect != llm.DialectNone || ex.metered {
 			limit = g.cfg.Server.MaxEventBytes
 		}
 		ex.copyBody(ctx, resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
-		if ex.rec.Outcome == llm.OutcomeOK && ex.rec.Dialect != llm.DialectNone {
+		if ex.rec.Outcome == llm.OutcomeOK && (ex.rec.Dialect != llm.DialectNone || ex.metered) {
 			if len(ex.captured) >= limit {
 				g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
 					"upstream", ex.up.cfg.Name, "limit_bytes", limit)
@@ -396,6 +428,10 @@ func (ex *exchange) usageFromBody() {
 		u, ok = sseparse.UsageFromOpenAIBody(ex.captured)
 	case llm.DialectAnthropic:
 		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+	default: // a metered forwarded answer: prompt_tokens or input_tokens
+		if u, ok = sseparse.UsageFromOpenAIBody(ex.captured); !ok {
+			u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+		}
 	}
 	if ok {
 		ex.rec.Usage = u

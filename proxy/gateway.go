@@ -5,6 +5,8 @@
 package proxy
 
 import (
+	"context"
+	"fmt"
 	"errors"
 	"log/slog"
 	"net"
@@ -68,6 +70,7 @@ type Gateway struct {
 	upstreams []*upstream
 	byConfig  map[*config.Upstream]*upstream
 	draining  atomic.Bool
+	open      atomic.Int64 // exchanges whose finish has not run yet
 	bufPool   sync.Pool // *[]byte relay buffers
 	states    sync.Pool // *streamState
 }
@@ -188,6 +191,24 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
 	}
 	ex.fail(e, llm.OutcomeBadRequest)
 	ex.finish()
+}
+
+// Wait returns once every exchange has finished (settled, billed and
+// logged), or with ctx's error. http.Server.Shutdown waits for handlers,
+// but Close does not: after a forced close the caller waits here before
+// closing the limiter and the ledger, so that no exchange bills into a
+// closed ledger.
+func (g *Gateway) Wait(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for g.open.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("proxy: %d exchanges still open: %w", g.open.Load(), ctx.Err())
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // Drain marks the gateway as shutting down: /readyz answers 503 from now on,

@@ -214,12 +214,28 @@ func (ex *exchange) admit() bool {
 		return true
 	}
 	maxTok := ex.info.MaxTokens
-	if maxTok < 0 {
+	switch {
+	case maxTok >= 0:
+	case ex.metered:
+		// Embeddings and the like generate nothing; an API that does is
+		// charged its real output at settlement.
+		maxTok = 0
+	default:
 		maxTok = gv.defaultMaxTokens
 	}
 	prompt := max(ex.promptEstimate, 0)
 	estimate := llm.Usage{Input: prompt, Output: maxTok, HasInput: true, HasOutput: true}
-	cost, _ := gv.prices.Cost(ex.rec.Model, estimate)
+	cost, priced := gv.prices.Cost(ex.rec.Model, estimate)
+	if !priced {
+		for _, s := range subjects {
+			if s.Limits.CostPerDayMicros > 0 || s.Limits.CostPerMonthMicros > 0 {
+				// An unpriced model costs 0 and would slip past the budget.
+				ex.fail(errUnpricedModel(ex.who(ratelimit.State{Scope: s.Scope, ID: s.ID}), ex.rec.Model),
+					llm.OutcomeRejected)
+				return false
+			}
+		}
+	}
 	dec, err := gv.limiter.Admit(ex.r.Context(), ratelimit.Request{
 		Subjects: subjects, Tokens: satAdd(prompt, maxTok), CostMicros: cost,
 	})
@@ -276,9 +292,11 @@ func satAdd(a, b int64) int64 {
 // upstream's usage or else the prompt estimate), nothing otherwise.
 func (ex *exchange) billable() (llm.Usage, bool) {
 	rec := &ex.rec
-	if rec.Route == llm.RouteOther || rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 400 {
-		// Not a model call, or the upstream did not answer with one: an
-		// upstream error or a caller gone before the answer is not billed.
+	if rec.Route == llm.RouteOther && !(ex.metered && (rec.Usage.HasInput || rec.Usage.HasOutput)) ||
+		rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 400 {
+		// Not a model call (or a forwarded one whose answer reported no
+		// usage), or the upstream did not answer with one: an upstream
+		// error or a caller gone before the answer is not billed.
 		return llm.Usage{}, false
 	}
 	u := rec.Usage
@@ -348,7 +366,7 @@ func setRateLimitHeaders(h http.Header, d llm.Dialect, states []ratelimit.State,
 		names := &rateHeaderNames[dialect][unit]
 		var reset string
 		if dialect == 1 {
-			reset = now.Add(st.Reset).UTC().Truncate(time.Second).Format(time.RFC3339)
+			reset = ceilSecond(now.Add(st.Reset)).Format(time.RFC3339)
 		} else {
 			reset = resetDuration(st.Reset)
 		}
@@ -356,6 +374,29 @@ func setRateLimitHeaders(h http.Header, d llm.Dialect, states []ratelimit.State,
 		h[names[1]] = []string{strconv.FormatInt(max(st.Remaining, 0), 10)}
 		h[names[2]] = []string{reset}
 	}
+}
+
+// deleteUpstreamAccountHeaders removes the upstream's rate-limit headers
+// and, when the upstream was called with the gateway's own key
+// (ownAccount), the headers naming its organisation and project.
+func deleteUpstreamAccountHeaders(h http.Header, ownAccount bool) {
+	for k := range h {
+		if strings.HasPrefix(k, "X-Ratelimit-") || strings.HasPrefix(k, "Anthropic-Ratelimit-") ||
+			strings.HasPrefix(k, "Anthropic-Priority-") ||
+			ownAccount && (k == "Openai-Organization" || k == "Openai-Project") {
+			delete(h, k)
+		}
+	}
+}
+
+// ceilSecond rounds t up to a whole second, in UTC: RFC 3339 resets have
+// second precision, and a reset shown early would invite a retry too soon.
+func ceilSecond(t time.Time) time.Time {
+	t = t.UTC()
+	if tr := t.Truncate(time.Second); !tr.Equal(t) {
+		return tr.Add(time.Second)
+	}
+	return t
 }
 
 // resetDuration renders a reset like OpenAI does ("1s", "6m0s", "12ms").
@@ -409,7 +450,7 @@ func errRateLimited(dec ratelimit.Decision, who string, now time.Time) *apiError
 		if st.Kind == ratelimit.KindCostPerMonth {
 			window = "month"
 		}
-		renews := now.Add(dec.RetryAfter).UTC().Truncate(time.Second).Format(time.RFC3339)
+		renews := ceilSecond(now.Add(dec.RetryAfter)).Format(time.RFC3339)
 		return &apiError{Status: http.StatusTooManyRequests, Kind: "insufficient_quota", Code: "insufficient_quota",
 			AnthropicKind: "rate_limit_error",
 			Msg: "Budget spent for " + who + " on " + name + ": Limit " + limit + ", Used " + used +
@@ -441,6 +482,20 @@ func errModelNotAllowed(team, model string) *apiError {
 	return &apiError{Status: http.StatusForbidden, Kind: "invalid_request_error", Code: "model_not_allowed",
 		AnthropicKind: "permission_error", Param: "model",
 		Msg: "team " + strconv.Quote(team) + " may not use model " + strconv.Quote(model)}
+}
+
+func errUnmeteredStream(path string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "unmetered_stream",
+		AnthropicKind: "invalid_request_error", Param: "stream",
+		Msg: "streamed requests are metered only on /v1/chat/completions and /v1/messages; this gateway " +
+			"issues its own keys and does not relay unmetered streams on " + path + ": set \"stream\": false"}
+}
+
+func errUnpricedModel(who, model string) *apiError {
+	return &apiError{Status: http.StatusForbidden, Kind: "invalid_request_error", Code: "model_not_priced",
+		AnthropicKind: "permission_error", Param: "model",
+		Msg: who + " has a cost budget, and model " + strconv.Quote(model) +
+			" has no price in this gateway's [[models]]; its cost could not be counted"}
 }
 
 func errLimiterUnavailable() *apiError {

@@ -639,3 +639,168 @@ func TestPassthroughNamedKey(t *testing.T) {
 		t.Errorf("unlisted key recorded as %q / %q", rec.KeyID, rec.Team)
 	}
 }
+
+// fakeAPI is an upstream for the /v1/* paths mockllm does not speak: it
+// answers every POST with an OpenAI-style embeddings body and usage, along
+// with the upstream account's own rate-limit and organisation headers.
+type fakeAPI struct {
+	mu   sync.Mutex
+	reqs []*http.Request
+}
+
+func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.reqs = append(f.reqs, r.Clone(context.Background()))
+	f.mu.Unlock()
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Ratelimit-Limit-Tokens", "30000000")
+	h.Set("X-Ratelimit-Remaining-Requests", "9999")
+	h.Set("Anthropic-Ratelimit-Tokens-Limit", "400000")
+	h.Set("Openai-Organization", "org-upstream-account")
+	if r.Method == http.MethodGet {
+		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"gpt-test","object":"model"}]}`))
+		return
+	}
+	_, _ = w.Write([]byte(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],` +
+		`"model":"text-embed-test","usage":{"prompt_tokens":11,"total_tokens":11}}`))
+}
+
+func (f *fakeAPI) requests() []*http.Request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*http.Request(nil), f.reqs...)
+}
+
+// TestForwardedPathsAreGoverned: in mode "keys", other /v1/* paths cannot
+// get around a key's limits, its team's models or the ledger: a POST naming
+// a model is admitted, checked and billed like a dialect request; a stream
+// there is refused (it could not be metered); GET /v1/models and
+// count_tokens pass unmetered but still need a gateway key. The upstream
+// account's rate-limit and organisation headers never reach the caller,
+// and the caller cannot choose the upstream organisation.
+func TestForwardedPathsAreGoverned(t *testing.T) {
+	api := &fakeAPI{}
+	up := httptest.NewServer(api)
+	t.Cleanup(up.Close)
+	lim := ratelimit.NewLocal(ratelimit.LocalOptions{})
+	t.Cleanup(func() { _ = lim.Close() })
+	ledger, err := spend.NewLocal(spend.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ledger.Close() })
+	tg := newTestGatewayWith(t, up.URL, func(c *config.Config) {
+		c.Auth.Mode = "keys"
+		c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", upstreamKey
+		c.Models = []config.Model{
+			{Pattern: "text-embed-*", InputUSDPerMTok: 0.02, OutputUSDPerMTok: 0},
+			{Pattern: "claude-test*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15},
+		}
+		c.Teams = []config.Team{{Name: "search"}, {Name: "ads", Models: []string{"claude-test*"}}}
+		c.Keys = []config.Key{
+			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search", Limits: config.Limits{RPM: i64(2)}},
+			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
+		}
+	}, func(o *Options) { o.Limiter, o.Ledger = lim, ledger })
+	embed := `{"model":"text-embed-test","input":"hello"}`
+	alpha := map[string]string{"Authorization": "Bearer " + keyAlpha, "OpenAI-Organization": "org-caller-choice"}
+
+	resp, body := post(t, tg.URL+"/v1/embeddings", embed, alpha)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("embeddings: %d %s", resp.StatusCode, body)
+	}
+	h := resp.Header
+	if h.Get("X-Ratelimit-Limit-Requests") != "2" || h.Get("X-Ratelimit-Remaining-Requests") != "1" ||
+		h.Get("X-Ratelimit-Limit-Tokens") != "" || h.Get("Anthropic-Ratelimit-Tokens-Limit") != "" ||
+		h.Get("Openai-Organization") != "" {
+		t.Errorf("headers mix the upstream account with the key's own: %v", h)
+	}
+	got := api.requests()[0].Header
+	if got.Get("Authorization") != "Bearer "+upstreamKey || got.Get("Openai-Organization") != "" {
+		t.Errorf("upstream got Authorization %q, OpenAI-Organization %q", got.Get("Authorization"), got.Get("Openai-Organization"))
+	}
+	if rec := tg.record(t); rec.Model != "text-embed-test" || rec.Usage.Input != 11 || rec.CostMicros != 0 {
+		// 11 tokens at $0.02 per Mtok round to 0 µ$.
+		t.Errorf("record: model %q usage %+v cost %d", rec.Model, rec.Usage, rec.CostMicros)
+	}
+	rows, err := ledger.Query(context.Background(), spend.Filter{Model: "text-embed-test"})
+	if err != nil || len(rows) != 1 || rows[0].Input != 11 || rows[0].Requests != 1 || rows[0].KeyID != "alpha" {
+		t.Errorf("ledger: %+v %v", rows, err)
+	}
+
+	// The key's RPM counts here too.
+	post(t, tg.URL+"/v1/embeddings", embed, alpha)
+	tg.record(t)
+	if resp, body := post(t, tg.URL+"/v1/embeddings", embed, alpha); resp.StatusCode != http.StatusTooManyRequests ||
+		!strings.Contains(string(body), "rate_limit_exceeded") {
+		t.Errorf("third embeddings request with RPM 2: %d %s", resp.StatusCode, body)
+	}
+	tg.record(t)
+	// A team held to claude-test* cannot embed with another model.
+	beta := map[string]string{"Authorization": "Bearer " + keyBeta}
+	if resp, body := post(t, tg.URL+"/v1/embeddings", embed, beta); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("embeddings with a model outside the team's patterns: %d %s", resp.StatusCode, body)
+	}
+	tg.record(t)
+	// A stream on a path the gateway cannot meter.
+	if resp, body := post(t, tg.URL+"/v1/responses", `{"model":"claude-test","stream":true,"input":"hi"}`, beta); resp.StatusCode != http.StatusBadRequest ||
+		!strings.Contains(string(body), "unmetered_stream") {
+		t.Errorf("forwarded stream in keys mode: %d %s", resp.StatusCode, body)
+	}
+	tg.record(t)
+	// count_tokens and GET /v1/models are not metered, but need a key.
+	for _, k := range []map[string]string{alpha, beta} {
+		if resp, body := post(t, tg.URL+"/v1/messages/count_tokens", `{"model":"gpt-other","messages":[]}`, k); resp.StatusCode != http.StatusOK {
+			t.Errorf("count_tokens: %d %s", resp.StatusCode, body)
+		}
+		tg.record(t)
+	}
+	req, _ := http.NewRequest(http.MethodGet, tg.URL+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer tg-unknown")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /v1/models with an unknown key: %v %v", resp.StatusCode, err)
+	} else {
+		resp.Body.Close()
+	}
+	tg.record(t)
+	if n := len(api.requests()); n != 4 {
+		t.Errorf("upstream got %d requests, want 4 (2 embeddings, 2 count_tokens)", n)
+	}
+}
+
+// TestCostBudgetRefusesUnpricedModels: a model with no price would cost 0
+// and slip past a cost budget, so a subject with one may not use it.
+func TestCostBudgetRefusesUnpricedModels(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, false, func(c *config.Config) {
+		c.Teams[0].CostPerDayUSD = f64(10)
+	})
+	ctx := testCtx(t)
+	p := chatParams(0)
+	p.Model = "unpriced-model"
+	_, err := w.openai(keyAlpha).Chat.Completions.New(ctx, p)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusForbidden || oe.Code != "model_not_priced" {
+		t.Errorf("unpriced model under a cost budget: %v", err)
+	}
+	if _, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(0)); err != nil {
+		t.Errorf("priced model: %v", err)
+	}
+	if _, err := w.openai(keyBeta).Chat.Completions.New(ctx, p); err != nil {
+		t.Errorf("unpriced model without a cost budget: %v", err)
+	}
+}
+
+func TestCeilSecond(t *testing.T) {
+	base := time.Date(2026, 11, 30, 12, 0, 7, 0, time.UTC)
+	for _, tc := range []struct{ in, want time.Time }{
+		{base, base},
+		{base.Add(time.Nanosecond), base.Add(time.Second)},
+		{base.Add(999 * time.Millisecond), base.Add(time.Second)},
+		{base.In(time.FixedZone("x", 3600)), base},
+	} {
+		if got := ceilSecond(tc.in); !got.Equal(tc.want) || got.Location() != time.UTC {
+			t.Errorf("ceilSecond(%v) = %v, want %v UTC", tc.in, got, tc.want)
+		}
+	}
+}

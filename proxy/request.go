@@ -166,3 +166,34 @@ func addIncludeUsage(body []byte) (out []byte, ok bool) {
 	}
 	return body, false
 }
+
+// forwardedFields are what the gateway reads from a POST to another /v1/*
+// path (embeddings, responses, completions, ...) to meter it.
+type forwardedFields struct {
+	Model               string          `json:"model"`
+	Stream              bool            `json:"stream"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"`
+}
+
+// inspectForwarded reads the model, stream flag and output cap of a
+// forwarded request body. ok is false when the body is not a JSON object
+// naming a model; such a request goes upstream unmetered (the gateway does
+// not judge bodies of APIs it does not speak).
+func inspectForwarded(body []byte) (info requestInfo, ok bool) {
+	info.MaxTokens = -1
+	var f forwardedFields
+	if json.Unmarshal(body, &f) != nil || f.Model == "" {
+		return info, false
+	}
+	info.Model, info.Stream = f.Model, f.Stream
+	for _, raw := range [][]byte{f.MaxCompletionTokens, f.MaxTokens, f.MaxOutputTokens} {
+		var n int64
+		if len(raw) > 0 && json.Unmarshal(raw, &n) == nil && n >= 0 {
+			info.MaxTokens = n
+			break
+		}
+	}
+	return info, true
+}

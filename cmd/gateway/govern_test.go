@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -702,5 +703,66 @@ func TestSpendCommand(t *testing.T) {
 	}
 	if code := run([]string{"spend", "-url", r.url, "-token-env", "UNSET_TOKEN_VAR_X"}, io.Discard, &errb); code != 1 {
 		t.Errorf("without a token: exit %d", code)
+	}
+}
+
+// TestForcedShutdownStillBills: a caller that stops reading keeps its
+// handler blocked in Write past the drain timeout, so shutdown force-closes
+// the server; the exchange must still be billed into the state file, not
+// into a ledger already closed.
+func TestForcedShutdownStillBills(t *testing.T) {
+	big := strings.Repeat("x", 16000)
+	var written atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-test\",\"content\":[],\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n")
+		for i := 0; i < 5000 && r.Context().Err() == nil; i++ {
+			fmt.Fprintf(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"%s\"}}\n\n", big)
+			w.(http.Flusher).Flush()
+			written.Add(1)
+		}
+	}))
+	defer up.Close()
+	cfg := govConfig(up.URL)
+	cfg.Spend.StateFile = filepath.Join(t.TempDir(), "spend.json")
+	r := startReplica(t, cfg)
+	c, err := net.Dial("tcp", r.rg.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"claude-test","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"x"}]}`
+	fmt.Fprintf(c, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Api-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		testKeyA, len(body), body)
+	// Bounded wait until the socket buffers are full and the upstream
+	// stalls: the gateway's handler is then blocked writing to us.
+	last := int64(-1)
+	for range 200 {
+		time.Sleep(25 * time.Millisecond)
+		n := written.Load()
+		if n > 0 && n == last {
+			break
+		}
+		last = n
+	}
+	_ = r.rg.shutdown(0, 100*time.Millisecond) // drain times out: forced close
+	r.once.Do(func() {})                       // already stopped
+	recs := r.records()
+	if len(recs) != 1 || recs[0].Usage.Output == 0 {
+		t.Fatalf("records after shutdown: %+v", recs)
+	}
+	data, err := os.ReadFile(cfg.Spend.StateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var saved struct {
+		Rows []struct {
+			KeyID  string `json:"key_id"`
+			Output int64  `json:"output"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(data, &saved); err != nil || len(saved.Rows) != 1 || saved.Rows[0].KeyID != "a" ||
+		saved.Rows[0].Output != recs[0].Usage.Output {
+		t.Errorf("state file %s; the record billed %d output tokens", data, recs[0].Usage.Output)
 	}
 }

@@ -139,8 +139,15 @@ func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 	}
 	rg.cancel()
 	serveErr := <-rg.done
-	// Every handler has returned, so every exchange is settled and in the
-	// ledger: its last flush loses nothing.
+	// After a forced Close, handlers may still be running: let them finish
+	// billing before the ledger closes.
+	waitCtx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if werr := rg.gw.Wait(waitCtx); werr != nil {
+		rg.log.Error("closing limits and spend with exchanges still open", "err", werr)
+	}
+	wcancel()
+	// Every exchange is settled and in the ledger: its last flush loses
+	// nothing.
 	if gerr := rg.gov.Close(); gerr != nil {
 		rg.log.Error("closing limits and spend", "err", gerr)
 		if serveErr == nil {
