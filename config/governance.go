@@ -119,8 +119,10 @@ type Redis struct {
 // Spend is the [spend] table: the ledger of tokens and cost.
 type Spend struct {
 	// StateFile is where the in-process ledger is kept across restarts
-	// (written atomically every FlushIntervalSeconds and on shutdown). "" keeps
-	// it in memory only. Unused with Redis. Default "tollgate-spend.json".
+	// (written atomically every FlushIntervalSeconds and on shutdown). With
+	// Redis it holds only the spend a replica could not send before it
+	// stopped (Redis down), sent at the next start; each replica needs its
+	// own. "" keeps spend in memory only. Default "tollgate-spend.json".
 	StateFile string `toml:"state_file"`
 	// FlushIntervalSeconds is how often the state file is written, or with
 	// Redis how often spend is sent to Redis. Default 2.

@@ -509,8 +509,29 @@ func TestSpendEqualsUsage(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.in, s.out, s.reqs = s.in+m.Usage.InputTokens, s.out+m.Usage.OutputTokens, s.reqs+1
+
+		// A stream whose caller did not ask for usage: the gateway asks
+		// for it and withholds the usage chunk, so the SDK never sees it.
+		// What the upstream reported follows from the body it got
+		// (mockllm.InputTokens) and max_tokens (below the mock's 12).
+		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{}
+		st = w.openai(key).Chat.Completions.NewStreaming(ctx, p)
+		for st.Next() {
+			if len(st.Current().Choices) == 0 {
+				t.Error("the usage chunk the gateway asked for reached the caller")
+			}
+		}
+		if err := st.Err(); err != nil {
+			t.Fatal(err)
+		}
+		reqs := w.mock.Requests()
+		sent := reqs[len(reqs)-1].Body
+		if !strings.Contains(string(sent), `"include_usage":true`) {
+			t.Fatalf("the gateway did not ask for usage: %s", sent)
+		}
+		s.in, s.out, s.reqs = s.in+int64(mockllm.InputTokens(sent)), s.out+p.MaxTokens.Value, s.reqs+1
 	}
-	for range 18 {
+	for range 24 {
 		w.tg.record(t)
 	}
 

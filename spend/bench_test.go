@@ -30,7 +30,10 @@ func BenchmarkLocalAdd(b *testing.B) {
 // BenchmarkRedisAdd adds to an existing pending row; no I/O happens.
 func BenchmarkRedisAdd(b *testing.B) {
 	srv := startRedisServer(b, false)
-	r := NewRedis(srv.Client(b), RedisOptions{FlushInterval: time.Hour})
+	r, err := NewRedis(srv.Client(b), RedisOptions{FlushInterval: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
 	defer r.Close()
 	r.Add(benchKey, benchTotals)
 	b.ReportAllocs()
@@ -43,7 +46,10 @@ func BenchmarkRedisAdd(b *testing.B) {
 // batch to a local redis-server.
 func BenchmarkRedisFlush100(b *testing.B) {
 	srv := startRedisServer(b, false)
-	r := NewRedis(srv.Client(b), RedisOptions{FlushInterval: time.Hour})
+	r, err := NewRedis(srv.Client(b), RedisOptions{FlushInterval: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
 	defer r.Close()
 	keys := make([]Key, 100)
 	for i := range keys {

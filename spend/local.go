@@ -123,13 +123,8 @@ func (l *Local) load() error {
 		return fmt.Errorf("spend: reading state file %s: %w", l.file, err)
 	}
 	var st stateFile
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&st); err != nil {
+	if err := decodeStrict(data, &st); err != nil {
 		return fmt.Errorf("spend: state file %s is corrupt: %w", l.file, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("spend: state file %s is corrupt: data after the JSON document", l.file)
 	}
 	if st.Version != stateVersion {
 		return fmt.Errorf("spend: state file %s has version %d, want %d", l.file, st.Version, stateVersion)
@@ -146,6 +141,21 @@ func (l *Local) load() error {
 		}
 		t.Add(Totals{Requests: r.Requests, Input: r.Input, Output: r.Output, CacheRead: r.CacheRead,
 			CacheWrite: r.CacheWrite, Reasoning: r.Reasoning, CostMicros: r.CostMicros})
+	}
+	return nil
+}
+
+// decodeStrict decodes the one JSON document in data into v, refusing
+// unknown fields and anything after the document: a file we wrote never has
+// them, so they mean damage or a file of another program.
+func decodeStrict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("data after the JSON document")
 	}
 	return nil
 }
@@ -218,28 +228,29 @@ func (l *Local) Flush(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("spend: encoding state file: %w", err)
 	}
-	if err := writeAtomic(l.file, append(data, '\n')); err != nil {
+	if err := writeAtomic("state file", l.file, append(data, '\n')); err != nil {
 		return err
 	}
 	l.saved = changes
 	return nil
 }
 
-// writeAtomic replaces name with data so that a crash leaves either the old
-// or the new file, never a torn one: a temporary file in the same directory
-// is written and synced, renamed over name, and the directory synced so the
-// rename itself is durable.
-func writeAtomic(name string, data []byte) (err error) {
+// writeAtomic replaces name, a file described as what in errors, with data
+// so that a crash leaves either the old or the new file, never a torn one: a
+// temporary file in the same directory is written and synced, renamed over
+// name, and the directory synced so the rename itself is durable. The file
+// has mode 0600 (os.CreateTemp's), as it tells who spent what.
+func writeAtomic(what, name string, data []byte) (err error) {
 	dir := filepath.Dir(name)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("spend: writing state file %s: %w", name, err)
+		return fmt.Errorf("spend: writing %s %s: %w", what, name, err)
 	}
 	defer func() {
 		if err != nil {
 			_ = tmp.Close()
 			_ = os.Remove(tmp.Name())
-			err = fmt.Errorf("spend: writing state file %s: %w", name, err)
+			err = fmt.Errorf("spend: writing %s %s: %w", what, name, err)
 		}
 	}()
 	if _, err = tmp.Write(data); err != nil {

@@ -65,6 +65,18 @@ type RedisOptions struct {
 	// row; beyond maxOverflowRows more, it is dropped, counted by Dropped
 	// and logged.
 	MaxPending int
+	// SpillFile, if set, keeps what Close could not write to Redis: Close
+	// writes every unwritten batch, with its id, to this file (JSON, mode
+	// 0600, replaced atomically), and NewRedis sends the file's batches
+	// again with their ids, so none is lost and none is counted twice, and
+	// removes the file once they are all in Redis. Empty means Close keeps
+	// unwritten deltas in memory only, and they are lost with the process.
+	//
+	// The path must belong to one replica (for example a per-pod volume or
+	// a name that includes the host name): two live ledgers sharing one
+	// file would overwrite or remove each other's batches. Its directory
+	// must exist.
+	SpillFile string
 }
 
 // Redis is a Ledger shared by every replica through Redis.
@@ -76,6 +88,11 @@ type RedisOptions struct {
 // again with the same id and content until it succeeds, while new Adds go to
 // later batches. A batch that Redis applied but whose answer was lost is
 // therefore not counted twice.
+//
+// With RedisOptions.SpillFile, what Close could not send is kept in that
+// file and sent by the next NewRedis under the same ids, so a restart
+// during an outage loses nothing and, within the 7 days Redis remembers
+// batch ids, counts nothing twice.
 //
 // Query reads Redis only, so it lags this replica's Adds by up to
 // FlushInterval (and longer while Redis is unreachable); call Flush first
@@ -107,6 +124,10 @@ type Redis struct {
 	degraded      bool
 	loggedFolded  int64
 	loggedDropped int64
+	spillFile     string
+	spillOnDisk   bool // the spill file may exist and must go once its batches are applied
+	spillLeft     int  // batches at the head of queue that the spill file holds
+	spillRmFailed bool // removing the spill file failed and was logged
 
 	ctx       context.Context // cancelled by Close, to stop the flusher
 	cancel    context.CancelFunc
@@ -118,10 +139,12 @@ type Redis struct {
 var _ Ledger = (*Redis)(nil)
 
 // batch is one script call; its id and arguments never change once built,
-// so a retry sends exactly what the first attempt sent.
+// so a retry sends exactly what the first attempt sent, even from another
+// process through the spill file.
 type batch struct {
 	id   string
-	rows int
+	tag  string // hash tag of its keys; one from a spill file keeps its own
+	rows []Row  // what it adds, kept for the spill file
 	keys []string
 	args []any
 }
@@ -163,7 +186,11 @@ return 1
 
 // NewRedis returns a Redis ledger on client, which it does not own: Close
 // leaves the client open. It starts one goroutine, stopped by Close.
-func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
+//
+// With opts.SpillFile naming an existing file, the file's batches are queued
+// to be sent before anything else; a file that cannot be read or decoded is
+// an error, as dropping it would lose spend.
+func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = "tollgate:"
 	}
@@ -176,9 +203,19 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = defaultMaxPending
 	}
-	nonce := randomHex(8)
 	if opts.ReplicaID == "" {
 		opts.ReplicaID = randomHex(8)
+	}
+	var spilled *spillFile
+	if opts.SpillFile != "" {
+		var err error
+		if spilled, err = readSpill(opts.SpillFile); err != nil {
+			return nil, err
+		}
+	}
+	nonce, err := pickNonce(opts.ReplicaID, spilled, func() string { return randomHex(8) })
+	if err != nil {
+		return nil, err
 	}
 	r := &Redis{
 		client:     client,
@@ -191,10 +228,14 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		pending:    make(map[Key]*Totals),
 		sem:        make(chan struct{}, 1),
 		done:       make(chan struct{}),
+		spillFile:  opts.SpillFile,
+	}
+	if spilled != nil {
+		r.queueSpilled(spilled)
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.flusher()
-	return r
+	return r, nil
 }
 
 func randomHex(n int) string {
@@ -261,7 +302,8 @@ func (r *Redis) Folded() int64 { return r.folded.Load() }
 func (r *Redis) Dropped() int64 { return r.dropped.Load() }
 
 // Flush sends every batch that failed before, then everything added so far,
-// and returns the first error. It waits for a flush in progress.
+// and returns the first error. It removes the spill file once every batch it
+// held is in Redis. It waits for a flush in progress.
 func (r *Redis) Flush(ctx context.Context) error {
 	select {
 	case r.sem <- struct{}{}:
@@ -271,7 +313,7 @@ func (r *Redis) Flush(ctx context.Context) error {
 	defer func() { <-r.sem }()
 	err := r.flushLocked(ctx)
 	r.noteResultLocked(err)
-	return err
+	return errors.Join(err, r.removeSpillLocked())
 }
 
 // flushLocked sends the queue, then cuts pending into new batches and sends
@@ -294,7 +336,7 @@ func (r *Redis) flushLocked(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	r.queue = r.makeBatches(cut)
+	r.queue = r.makeBatches(r.tag, cut)
 	return r.sendQueueLocked(ctx)
 }
 
@@ -305,14 +347,17 @@ func (r *Redis) sendQueueLocked(ctx context.Context) error {
 		b := r.queue[0]
 		applied, err := applyScript.Run(ctx, r.client, b.keys, b.args...).Int()
 		if err != nil {
-			return fmt.Errorf("spend: writing batch %s (%d rows) to Redis: %w", b.id, b.rows, err)
+			return fmt.Errorf("spend: writing batch %s (%d rows) to Redis: %w", b.id, len(b.rows), err)
 		}
 		if applied == 0 {
 			r.log.Info("spend: batch was already applied; an earlier attempt had succeeded", "batch", b.id)
 		}
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
-		r.queuedRows.Add(-int64(b.rows))
+		r.queuedRows.Add(-int64(len(b.rows)))
+		if r.spillLeft > 0 {
+			r.spillLeft--
+		}
 	}
 	r.queue = nil
 	return nil
@@ -394,39 +439,45 @@ func parseField(f string) (team, keyID, model, counter string, err error) {
 	return parts[0], parts[1], parts[2], rest, nil
 }
 
-func (r *Redis) dayKey(day string) string { return r.tag + ":day:" + day }
-func (r *Redis) daysKey() string          { return r.tag + ":days" }
+func dayKey(tag, day string) string { return tag + ":day:" + day }
+func daysKey(tag string) string     { return tag + ":days" }
 
-// makeBatches turns rows into batches of at most maxBatchRows rows, each
-// with a new id. Rows are sorted so one day's rows sit together.
-func (r *Redis) makeBatches(rows map[Key]*Totals) []*batch {
-	keys := make([]Key, 0, len(rows))
-	for k := range rows {
-		keys = append(keys, k)
+func (r *Redis) dayKey(day string) string { return dayKey(r.tag, day) }
+func (r *Redis) daysKey() string          { return daysKey(r.tag) }
+
+// makeBatches turns rows into batches under tag of at most maxBatchRows
+// rows, each with a new id. Rows are sorted so one day's rows sit together
+// and the spill file is stable.
+func (r *Redis) makeBatches(tag string, rows map[Key]*Totals) []*batch {
+	all := make([]Row, 0, len(rows))
+	for k, t := range rows {
+		all = append(all, Row{Key: k, Totals: *t})
 	}
-	slices.SortFunc(keys, func(a, b Key) int { return strings.Compare(a.Day, b.Day) })
+	sortRows(all)
 	var out []*batch
-	for len(keys) > 0 {
-		n := min(len(keys), maxBatchRows)
-		out = append(out, r.makeBatch(keys[:n], rows))
-		keys = keys[n:]
+	for len(all) > 0 {
+		n := min(len(all), maxBatchRows)
+		r.seq++
+		out = append(out, makeBatch(tag, r.replica+":"+strconv.FormatUint(r.seq, 10), all[:n:n]))
+		all = all[n:]
 	}
 	return out
 }
 
-func (r *Redis) makeBatch(keys []Key, rows map[Key]*Totals) *batch {
-	r.seq++
-	b := &batch{id: r.replica + ":" + strconv.FormatUint(r.seq, 10), rows: len(keys)}
-	b.keys = []string{r.tag + ":batch:" + b.id, r.daysKey()}
+// makeBatch builds the script call that adds rows under tag, marked by id.
+// Rows of one day must be adjacent.
+func makeBatch(tag, id string, rows []Row) *batch {
+	b := &batch{id: id, tag: tag, rows: rows}
+	b.keys = []string{tag + ":batch:" + id, daysKey(tag)}
 	b.args = []any{int64(batchTTL / time.Second)}
 	nAt := 0 // index in args of the current day's field count
-	for i, k := range keys {
-		if i == 0 || k.Day != keys[i-1].Day {
-			b.keys = append(b.keys, r.dayKey(k.Day))
-			b.args = append(b.args, k.Day, 0)
+	for i, row := range rows {
+		if i == 0 || row.Day != rows[i-1].Day {
+			b.keys = append(b.keys, dayKey(tag, row.Day))
+			b.args = append(b.args, row.Day, 0)
 			nAt = len(b.args) - 1
 		}
-		t, p := rows[k], rowPrefix(k)
+		t, p := row.Totals, rowPrefix(row.Key)
 		n := 1
 		b.args = append(b.args, p+fRequests, t.Requests)
 		for _, c := range [...]struct {
@@ -534,24 +585,49 @@ func (r *Redis) flusher() {
 	}
 }
 
-// Close stops the flusher and flushes once more, for at most 5 s. If deltas
-// remain unwritten it logs and returns an error saying how many rows. Later
-// calls return the first call's result. Adds after Close stay in memory and
-// are written only by an explicit Flush.
+// Close stops the flusher and flushes once more, for at most 5 s (after any
+// Flush in progress). If deltas remain unwritten it writes them to the spill
+// file, when there is one, and logs and returns an error saying how many
+// rows and where they are. Later calls return the first call's result. Adds
+// after Close stay in memory and are written only by an explicit Flush.
 func (r *Redis) Close() error {
 	r.closeOnce.Do(func() {
 		r.cancel()
 		<-r.done
+		// Unconditional: the spill below must see the queue alone.
+		r.sem <- struct{}{}
+		defer func() { <-r.sem }()
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
-		if err := r.Flush(ctx); err != nil {
+		err := r.flushLocked(ctx)
+		r.noteResultLocked(err)
+		var errs []error
+		if err != nil {
 			n := r.Pending()
-			r.log.Error("spend: closing with spend not written to Redis", "pending_rows", n, "err", err)
-			r.closeErr = fmt.Errorf("spend: closing with %d rows not written to Redis: %w", n, err)
+			var serr error
+			if r.spillFile != "" {
+				serr = r.spillLocked()
+			}
+			switch {
+			case r.spillFile == "":
+				r.log.Error("spend: closing with spend not written to Redis; it is lost", "pending_rows", n, "err", err)
+				errs = append(errs, fmt.Errorf("spend: closing with %d rows not written to Redis: %w", n, err))
+			case serr == nil:
+				r.log.Warn("spend: closing with spend not written to Redis; kept in the spill file for the next start",
+					"pending_rows", n, "spill_file", r.spillFile, "err", err)
+				errs = append(errs, fmt.Errorf("spend: closing with %d rows not written to Redis, kept in spill file %s: %w",
+					n, r.spillFile, err))
+			default:
+				r.log.Error("spend: closing with spend not written to Redis nor to the spill file; it is lost",
+					"pending_rows", n, "err", err, "spill_err", serr)
+				errs = append(errs, fmt.Errorf("spend: closing with %d rows not written to Redis: %w", n, errors.Join(err, serr)))
+			}
 		}
+		errs = append(errs, r.removeSpillLocked())
 		if d := r.Dropped(); d > 0 {
-			r.closeErr = errors.Join(r.closeErr, fmt.Errorf("spend: %d adds were dropped (MaxPending %d)", d, r.maxPending))
+			errs = append(errs, fmt.Errorf("spend: %d adds were dropped (MaxPending %d)", d, r.maxPending))
 		}
+		r.closeErr = errors.Join(errs...)
 	})
 	return r.closeErr
 }

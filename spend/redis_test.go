@@ -23,7 +23,10 @@ func newRedis(t *testing.T, c redis.UniversalClient, opts RedisOptions) *Redis {
 	if opts.FlushInterval == 0 {
 		opts.FlushInterval = time.Hour
 	}
-	r := NewRedis(c, opts)
+	r, err := NewRedis(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = r.Close() })
 	return r
 }
@@ -350,7 +353,7 @@ func TestRedisDegraded(t *testing.T) {
 
 func TestRedisMaxPending(t *testing.T) {
 	srv := startRedisServer(t, false)
-	r := NewRedis(srv.Client(t), RedisOptions{MaxPending: 2, FlushInterval: time.Hour})
+	r := newRedis(t, srv.Client(t), RedisOptions{MaxPending: 2})
 	d0 := "2026-01-01"
 	one := Totals{Requests: 1, CostMicros: 10}
 	var kept Totals
@@ -396,13 +399,13 @@ func TestRedisMaxPending(t *testing.T) {
 
 func TestRedisCloseReportsUnwritten(t *testing.T) {
 	srv := startRedisServer(t, false)
-	r := NewRedis(srv.Client(t), RedisOptions{FlushInterval: time.Hour})
+	r := newRedis(t, srv.Client(t), RedisOptions{})
 	srv.Kill()
 	r.Add(Key{Day: "2026-11-30", KeyID: "a"}, Totals{Requests: 1})
 	r.Add(Key{Day: "2026-11-30", KeyID: "b"}, Totals{Requests: 1})
 	err := r.Close()
-	if err == nil || !strings.Contains(err.Error(), "2 rows not written") {
-		t.Fatalf("Close = %v, want an error saying 2 rows are not written", err)
+	if err == nil || !strings.Contains(err.Error(), "2 rows not written") || strings.Contains(err.Error(), "spill") {
+		t.Fatalf("Close = %v, want an error saying 2 rows are not written, and no spill file", err)
 	}
 	if r.Pending() != 2 {
 		t.Fatalf("Pending after Close = %d, want 2", r.Pending())

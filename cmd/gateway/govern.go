@@ -68,8 +68,15 @@ func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*
 		OnDegraded: func(d bool) { m.SetDegraded("ratelimit", d) },
 		Logger:     log,
 	})
-	ledger := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
-		OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
+	// The state file holds what a replica could not send to Redis before it
+	// stopped; the next start sends it, under the same batch ids.
+	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
+		SpillFile: cfg.Spend.StateFile, OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
+	if err != nil {
+		_ = limiter.Close()
+		_ = client.Close()
+		return nil, err
+	}
 	return &governance{limiter: limiter, ledger: ledger, redis: client}, nil
 }
 

@@ -457,8 +457,30 @@ func TestSpendExactAcrossRedisRestart(t *testing.T) {
 			t.Errorf("no replica reports tollgate_degraded{component=%q} = 1 while Redis is down", comp)
 		}
 	}
+	// A fourth replica serves during the outage and stops before Redis
+	// returns: what it billed waits in its state file (the spill), and
+	// the same replica started again sends it.
+	spill := cfg
+	spill.Spend.StateFile = filepath.Join(t.TempDir(), "spill.json")
+	victim := startReplica(t, spill)
+	if res := load(t, []*replica{victim}, testKeyB, 1, 200*time.Millisecond, 0, 20); res.ok.Load() == 0 {
+		t.Fatal("the fourth replica served nothing during the outage")
+	}
+	if err := victim.stop(); err == nil {
+		t.Error("stopping with Redis down reported no unwritten spend")
+	}
+	if _, err := os.Stat(spill.Spend.StateFile); err != nil {
+		t.Fatalf("no spill file after stopping with Redis down: %v", err)
+	}
 	srv.Start()
 	cancelledStream(t, reps[1].url, testKeyB, 900100)
+	again := startReplica(t, spill)
+	if err := again.stop(); err != nil {
+		t.Fatalf("the restarted replica could not send its spill: %v", err)
+	}
+	if _, err := os.Stat(spill.Spend.StateFile); !os.IsNotExist(err) {
+		t.Errorf("spill file still there after it was sent: %v", err)
+	}
 	r1, r2 := <-done, <-done
 	if r1.other.Load()+r2.other.Load() != 0 || r1.limited.Load()+r2.limited.Load() != 0 {
 		t.Fatalf("load: other %d, 429 %d: every request should pass while Redis is down (on_redis_error = allow)",
@@ -478,7 +500,7 @@ func TestSpendExactAcrossRedisRestart(t *testing.T) {
 	if err := reps[0].rg.gov.ledger.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range reps {
+	for _, r := range append(reps, victim) {
 		billed(r.records(), want)
 	}
 	var cancelled int
