@@ -6,8 +6,8 @@ package proxy
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -71,8 +71,8 @@ type Gateway struct {
 	byConfig  map[*config.Upstream]*upstream
 	draining  atomic.Bool
 	open      atomic.Int64 // exchanges whose finish has not run yet
-	bufPool   sync.Pool // *[]byte relay buffers
-	states    sync.Pool // *streamState
+	bufPool   sync.Pool    // *[]byte relay buffers
+	states    sync.Pool    // *streamState
 }
 
 // upstream is a configured upstream with its transport.

@@ -51,30 +51,6 @@ type teamEntry struct {
 	limited  bool
 }
 
-// limitsOf converts a table's limits to the limiter's units.
-func limitsOf(l config.Limits) ratelimit.Limits {
-	var out ratelimit.Limits
-	get := func(p *int64) int64 {
-		if p == nil {
-			return 0
-		}
-		return *p
-	}
-	usd := func(p *float64) int64 {
-		if p == nil {
-			return 0
-		}
-		return config.USDToMicros(*p)
-	}
-	out.RPM = get(l.RPM)
-	out.TPM = get(l.TPM)
-	out.Concurrency = get(l.Concurrency)
-	out.TokensPerDay = get(l.TokensPerDay)
-	out.CostPerDayMicros = usd(l.CostPerDayUSD)
-	out.CostPerMonthMicros = usd(l.CostPerMonthUSD)
-	return out
-}
-
 // newGovernance indexes the configuration. The config is validated, so every
 // team a key names exists and every sha256 is 64 hex digits.
 func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.Ledger) (*governance, error) {
@@ -89,7 +65,7 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 	}
 	for i := range cfg.Teams {
 		t := &cfg.Teams[i]
-		lim := limitsOf(t.Limits)
+		lim := ratelimit.LimitsFrom(t.Limits)
 		gv.teams[t.Name] = &teamEntry{
 			name:     t.Name,
 			patterns: t.Models,
@@ -103,7 +79,7 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 		if n, err := hex.Decode(sum[:], []byte(k.SHA256)); err != nil || n != sha256.Size {
 			return nil, fmt.Errorf("proxy: keys[%d].sha256 is not a SHA-256 in hex", i)
 		}
-		lim := limitsOf(k.Limits)
+		lim := ratelimit.LimitsFrom(k.Limits)
 		e := &keyEntry{
 			name:    k.Name,
 			subject: ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim},
@@ -450,7 +426,9 @@ func errRateLimited(dec ratelimit.Decision, who string, now time.Time) *apiError
 		if st.Kind == ratelimit.KindCostPerMonth {
 			window = "month"
 		}
-		renews := ceilSecond(now.Add(dec.RetryAfter)).Format(time.RFC3339)
+		// Windows end on whole seconds (UTC midnights); rounding hides the
+		// microseconds between the limiter's clock and this one.
+		renews := now.Add(dec.RetryAfter).UTC().Round(time.Second).Format(time.RFC3339)
 		return &apiError{Status: http.StatusTooManyRequests, Kind: "insufficient_quota", Code: "insufficient_quota",
 			AnthropicKind: "rate_limit_error",
 			Msg: "Budget spent for " + who + " on " + name + ": Limit " + limit + ", Used " + used +

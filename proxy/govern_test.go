@@ -384,7 +384,10 @@ func TestBudgetSpentIsNotRetried(t *testing.T) {
 		c.Teams[0].TokensPerDay = i64(200)
 	})
 	ctx := testCtx(t)
-	if _, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(150)); err != nil {
+	// The first request's estimate (about 15 prompt tokens + 190) is over
+	// the budget of 200: a budget not yet spent admits it, reserving what
+	// is left, and the real usage spends the budget.
+	if _, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(190)); err != nil {
 		t.Fatalf("first request: %v", err)
 	}
 	var ol attemptLog

@@ -70,10 +70,20 @@ type FailoverOptions struct {
 // its concurrency slot until LeaseTTL and never correct its TPM and budget
 // reservations.
 //
+// The same queue carries two more kinds of work for the primary. When the
+// primary's Admit fails with an attempted lease (Redis.Admit: the admission
+// may have run), the lease is settled with zero usage, which takes back
+// whatever it reserved there. And when a lease of the fallback is settled,
+// its usage is charged to the primary's budgets (if the primary is a
+// Charger), in the windows of its admission, so that what a team spent
+// during an outage still counts against its daily and monthly budgets once
+// the primary is back; rates are not charged, they refill within a minute.
+//
 // Failover starts one goroutine at a time, to replay the queue after the
 // primary answers again; Close stops it and waits for it.
 type Failover struct {
 	primary, fallback Limiter
+	charger           Charger // the primary, if it takes charges; else nil
 	deny              bool
 	retryAfter        time.Duration
 	maxPending        int
@@ -96,18 +106,30 @@ type Failover struct {
 	retryAt   time.Time // when degraded: no probe before it
 	probing   bool      // a probe of the primary is in flight
 	replaying bool      // the replay goroutine runs
-	pending   []pendingSettle
+	pending   []pendingOp
 	dropped   uint64
 	fullSaid  bool // the queue's overflow was logged in this degraded period
 }
 
 var _ Limiter = (*Failover)(nil)
 
-// pendingSettle is a primary settlement waiting for the primary.
-type pendingSettle struct {
+// pendingOp is a primary settlement, or a charge of a fallback lease's
+// usage, waiting for the primary.
+type pendingOp struct {
 	lease              *Lease
 	tokens, costMicros int64
-	attempts           int
+	// chargeID is set for a charge of the fallback lease's usage to the
+	// primary's budgets (Charger.Charge), empty for a settlement.
+	chargeID string
+	attempts int
+}
+
+// apply performs p on the primary.
+func (f *Failover) apply(ctx context.Context, p pendingOp) error {
+	if p.chargeID != "" {
+		return f.charger.Charge(ctx, p.lease.Subjects, p.lease.At, p.tokens, p.costMicros, p.chargeID)
+	}
+	return f.primary.Settle(ctx, p.lease, p.tokens, p.costMicros)
 }
 
 // NewFailover returns a Failover. It panics when Primary is nil, or when
@@ -135,7 +157,9 @@ func NewFailover(o FailoverOptions) *Failover {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	charger, _ := o.Primary.(Charger)
 	return &Failover{
+		charger: charger,
 		primary: o.Primary, fallback: o.Fallback, deny: o.Deny,
 		retryAfter: o.RetryAfter, maxPending: o.MaxPending, now: o.Now,
 		onDegraded: o.OnDegraded, log: o.Logger,
@@ -147,7 +171,8 @@ func NewFailover(o FailoverOptions) *Failover {
 // or by ErrUnavailable in deny mode. Its error is ctx's when ctx was done
 // before the call or was cancelled during it, which says nothing about the
 // primary; a deadline that passes during the primary's call counts as a
-// primary failure (too slow for the caller).
+// primary failure (too slow for the caller). An attempted lease that comes
+// with the primary's error is never handed out: its undo is queued.
 func (f *Failover) Admit(ctx context.Context, req Request) (Decision, error) {
 	if f.closed.Load() {
 		return Decision{}, ErrClosed
@@ -161,8 +186,14 @@ func (f *Failover) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	d, err := f.primary.Admit(ctx, req)
 	if err != nil {
+		if d.Lease != nil {
+			// The primary may have admitted before failing to answer:
+			// settling with zero usage takes its reservations back, and does
+			// nothing if it never admitted.
+			_ = f.enqueue(pendingOp{lease: d.Lease})
+		}
 		if !f.primaryFailed(ctx, err, probe) {
-			return d, err
+			return Decision{}, err
 		}
 		return f.degradedAdmit(ctx, req)
 	}
@@ -184,10 +215,12 @@ func (f *Failover) degradedAdmit(ctx context.Context, req Request) (Decision, er
 	return d, err
 }
 
-// Settle implements Limiter. A fallback lease settles on the fallback. A
-// primary lease settles on the primary when it is up; when it is down, or
-// the call fails, the settlement is queued for replay and Settle returns
-// nil, or an error if the queue is full and the settlement was dropped.
+// Settle implements Limiter. A fallback lease settles on the fallback, and
+// its usage is then charged to the primary's budgets (once per lease). A
+// primary lease settles on the primary when it is up. A settlement or
+// charge for the primary while it is down, or whose call fails, is queued
+// for replay and Settle returns nil, or an error if the queue is full and
+// it was dropped.
 func (f *Failover) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) error {
 	if l == nil {
 		return errors.New("ratelimit: settle of a nil lease")
@@ -196,7 +229,10 @@ func (f *Failover) Settle(ctx context.Context, l *Lease, tokens, costMicros int6
 		return ErrClosed
 	}
 	if l.issuer != nil && l.issuer == f.fallback {
-		return f.fallback.Settle(ctx, l, tokens, costMicros)
+		if err := f.fallback.Settle(ctx, l, tokens, costMicros); err != nil {
+			return err
+		}
+		return f.charge(ctx, l, max(tokens, 0), max(costMicros, 0))
 	}
 	if f.degraded.Load() || ctx.Err() != nil {
 		if l.settled.Load() {
@@ -206,9 +242,41 @@ func (f *Failover) Settle(ctx context.Context, l *Lease, tokens, costMicros int6
 		}
 		// Settlements never probe: during an outage they would each wait
 		// for a dial timeout. A done ctx could not reach the primary.
-		return f.enqueue(pendingSettle{lease: l, tokens: tokens, costMicros: costMicros})
+		return f.enqueue(pendingOp{lease: l, tokens: tokens, costMicros: costMicros})
 	}
-	err := f.primary.Settle(ctx, l, tokens, costMicros)
+	return f.toPrimary(ctx, pendingOp{lease: l, tokens: tokens, costMicros: costMicros})
+}
+
+// charge sends the usage of a settled fallback lease to the primary's
+// budgets, or queues it, once per lease.
+func (f *Failover) charge(ctx context.Context, l *Lease, tokens, costMicros int64) error {
+	if f.charger == nil || !l.charged.CompareAndSwap(false, true) {
+		return nil
+	}
+	needed := false
+	for _, s := range l.Subjects {
+		needed = needed || chargeable(s, tokens, costMicros)
+	}
+	if !needed {
+		return nil
+	}
+	// The id is the charge's own: fallback lease ids are per process and
+	// would meet those of other replicas in Redis.
+	id, err := newLeaseID()
+	if err != nil {
+		return err
+	}
+	p := pendingOp{lease: l, tokens: tokens, costMicros: costMicros, chargeID: id}
+	if f.degraded.Load() || ctx.Err() != nil {
+		return f.enqueue(p)
+	}
+	return f.toPrimary(ctx, p)
+}
+
+// toPrimary performs p on the primary, which is thought up, and queues it
+// if that fails.
+func (f *Failover) toPrimary(ctx context.Context, p pendingOp) error {
+	err := f.apply(ctx, p)
 	if err == nil {
 		f.primaryAnswered(false)
 		return nil
@@ -216,10 +284,10 @@ func (f *Failover) Settle(ctx context.Context, l *Lease, tokens, costMicros int6
 	if errors.Is(err, ErrClosed) {
 		return err
 	}
-	// A settlement is queued also when the caller cancelled it: it must not
-	// be lost, though that says nothing about the primary.
+	// It is queued also when the caller cancelled it: it must not be lost,
+	// though that says nothing about the primary.
 	f.primaryFailed(ctx, err, false)
-	return f.enqueue(pendingSettle{lease: l, tokens: tokens, costMicros: costMicros})
+	return f.enqueue(p)
 }
 
 // Peek implements Limiter: the primary's state, or the fallback's while the
@@ -263,11 +331,13 @@ func (f *Failover) Retry(ctx context.Context) error {
 // Degraded reports whether the primary is considered down.
 func (f *Failover) Degraded() bool { return f.degraded.Load() }
 
-// Pending returns how many settlements wait for the primary.
+// Pending returns how many settlements, undos of failed admissions and
+// charges of fallback usage wait for the primary.
 func (f *Failover) Pending() int { return int(f.pendingN.Load()) }
 
-// Dropped returns how many settlements were dropped because the queue was
-// full, failed maxReplayAttempts replays, or were still queued at Close.
+// Dropped returns how many settlements (undos and charges included) were
+// dropped because the queue was full, failed maxReplayAttempts replays, or
+// were still queued at Close.
 func (f *Failover) Dropped() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -394,8 +464,8 @@ func (f *Failover) recoveredLocked() {
 		"dropped_settles", f.dropped)
 }
 
-// enqueue keeps a primary settlement for replay.
-func (f *Failover) enqueue(p pendingSettle) error {
+// enqueue keeps a primary settlement, undo or charge for replay.
+func (f *Failover) enqueue(p pendingOp) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed.Load() {
@@ -426,12 +496,12 @@ func (f *Failover) replay(ctx context.Context) error {
 			return nil
 		}
 		p := f.pending[0]
-		f.pending[0] = pendingSettle{}
+		f.pending[0] = pendingOp{}
 		f.pending = f.pending[1:]
 		f.pendingN.Store(int64(len(f.pending)))
 		f.mu.Unlock()
 
-		err := f.primary.Settle(ctx, p.lease, p.tokens, p.costMicros)
+		err := f.apply(ctx, p)
 		if err == nil {
 			f.mu.Lock()
 			f.recoveredLocked()
@@ -447,7 +517,7 @@ func (f *Failover) replay(ctx context.Context) error {
 			f.log.Warn("ratelimit: settlement dropped after failed replays", "lease", p.lease.ID,
 				"attempts", p.attempts, "err", err)
 		} else {
-			f.pending = append([]pendingSettle{p}, f.pending...)
+			f.pending = append([]pendingOp{p}, f.pending...)
 			f.pendingN.Store(int64(len(f.pending)))
 		}
 		f.mu.Unlock()

@@ -124,7 +124,9 @@ func mustSettle(t testing.TB, l Limiter, ls *Lease, tokens, cost int64) {
 // from the fallback without a single Redis call until RetryAfter, the probe
 // after a restart brings the primary back, and the settlements queued during
 // the outage are replayed so that Redis's concurrency count and TPM bucket
-// end where they would have without the outage.
+// end where they would have without the outage, and its tokens per day count
+// what the fallback admitted too. The fallback runs on the real clock, as
+// Redis does, so that its leases' budget windows are Redis's current ones.
 func TestFailoverAllowOutage(t *testing.T) {
 	srv := startPersistentRedisServer(t)
 	var h countHook
@@ -132,7 +134,7 @@ func TestFailoverAllowOutage(t *testing.T) {
 	clock := &localClock{t: lt0}
 	var tr transitions
 	f := newTestFailover(t, FailoverOptions{
-		Primary: primary, Fallback: NewLocal(LocalOptions{Now: clock.Now}),
+		Primary: primary, Fallback: NewLocal(LocalOptions{}),
 		RetryAfter: time.Second, Now: clock.Now, OnDegraded: tr.record,
 	})
 	ctx := context.Background()
@@ -166,8 +168,8 @@ func TestFailoverAllowOutage(t *testing.T) {
 		mustSettle(t, f, d.Lease, 100, 0)
 	}
 	mustSettle(t, f, b.Lease, 500, 0) // a primary lease, while the primary is down
-	if f.Pending() != 2 {
-		t.Fatalf("pending %d, want 2", f.Pending())
+	if f.Pending() != 7 {
+		t.Fatalf("pending %d, want 2 settlements and 5 charges", f.Pending())
 	}
 	if st := peekKind(t, f, key, KindConcurrency); st.Used != 0 {
 		t.Fatalf("Peek while degraded: %+v, want the fallback's state", st)
@@ -199,9 +201,10 @@ func TestFailoverAllowOutage(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// Reserved 3×1000, settled to 300 and 500 with the probe still open.
-	if st := peekKind(t, primary, key, KindTokensPerDay); st.Used != 1800 {
-		t.Fatalf("tokens per day %+v, want 1800", st)
+	// Reserved 3×1000, settled to 300 and 500 with the probe still open,
+	// and 5×100 charged from the fallback.
+	if st := peekKind(t, primary, key, KindTokensPerDay); st.Used != 2300 {
+		t.Fatalf("tokens per day %+v, want 2300", st)
 	}
 	st := peekKind(t, primary, key, KindTPM)
 	if tol := refill(time.Since(start), 6000); st.Remaining < 4200 || st.Remaining > 4200+tol {
@@ -549,4 +552,221 @@ func BenchmarkFailoverOverhead(b *testing.B) {
 	b.Run("failover-redis", func(b *testing.B) {
 		run(b, NewFailover(FailoverOptions{Primary: NewRedis(client, RedisOptions{}), Fallback: NewLocal(LocalOptions{})}))
 	})
+}
+
+// busyScript keeps Redis busy for ARGV[1] ms of its own clock, as a slow
+// Redis would be; it stays below lua-time-limit (5 s), so other clients'
+// commands wait instead of getting BUSY.
+const busyScript = `
+local t = redis.call('TIME')
+local start = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = 0
+while true do
+  t = redis.call('TIME')
+  n = n + 1
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - start >= tonumber(ARGV[1]) then return n end
+end`
+
+// sendHook closes sent when its client first sends a command.
+type sendHook struct {
+	once sync.Once
+	sent chan struct{}
+}
+
+func (h *sendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *sendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.once.Do(func() { close(h.sent) })
+		return next(ctx, cmd)
+	}
+}
+func (h *sendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestFailoverUndoesTimedOutAdmission: the limiter's client times out while
+// a slow Redis still has the admission to run, and runs it afterwards. The
+// Failover answers from the fallback and queues the undo of the attempted
+// lease; once replayed, Redis holds no slot and its TPM and budgets are back
+// where they were before the request (whose clamped reservation is taken
+// back exactly). Only its RPM unit stays spent.
+func TestFailoverUndoesTimedOutAdmission(t *testing.T) {
+	srv := startRedisServer(t)
+	opts := noRetry
+	opts.ReadTimeout = 100 * time.Millisecond
+	primary := NewRedis(srv.clientWith(t, opts), RedisOptions{})
+	clock := &localClock{t: lt0}
+	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{}), Now: clock.Now})
+	ctx := context.Background()
+	key := keySubject("slow", Limits{TPM: 60000, Concurrency: 2, TokensPerDay: 2000})
+	team := teamSubject("slow", Limits{RPM: 600, CostPerDayMicros: 1_000_000})
+	req := Request{Subjects: []Subject{key, team}, Tokens: 1000, CostMicros: 100}
+	// 1500 tokens used today: the next admission reserves the 500 left.
+	mustSettle(t, f, mustAdmit(t, f, req).Lease, 1500, 50)
+	start := time.Now()
+	before, err := primary.Peek(ctx, req.Subjects)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	sending := &sendHook{sent: make(chan struct{})}
+	busyClient := srv.client(t, sending)
+	busy := make(chan error, 1)
+	go func() { busy <- busyClient.Eval(ctx, busyScript, nil, 1500).Err() }()
+	// Wait, bounded, until the busy script is sent and Redis stops
+	// answering: it runs.
+	<-sending.sent
+	ping := srv.clientWith(t, redis.Options{MaxRetries: -1, ReadTimeout: 50 * time.Millisecond})
+	deadline := time.Now().Add(waitFor)
+	for ping.Ping(ctx).Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis never got busy")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d, err := f.Admit(ctx, req)
+	if err != nil || !d.Allowed || d.Lease.issuer != f.fallback || !f.Degraded() || f.Pending() != 1 {
+		t.Fatalf("Admit on a slow Redis: %+v, %v; degraded %v, pending %d", d, err, f.Degraded(), f.Pending())
+	}
+	mustSettle(t, f, d.Lease, 0, 0)
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	// The admission ran after its caller gave up.
+	if st := peekKind(t, primary, key, KindConcurrency); st.Used != 1 {
+		t.Fatalf("concurrency %+v: the timed-out admission never ran, the test proves nothing", st)
+	}
+	if st := peekKind(t, primary, key, KindTokensPerDay); st.Used != 2000 {
+		t.Fatalf("tokens per day %+v, want the clamped 500 reserved", st)
+	}
+
+	if err := f.Retry(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f.Pending() != 0 || f.Degraded() {
+		t.Fatalf("after the replay: pending %d, degraded %v", f.Pending(), f.Degraded())
+	}
+	after, err := primary.Peek(ctx, req.Subjects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) || len(after) != 5 {
+		t.Fatalf("Peek: %+v then %+v", before, after)
+	}
+	for i, a := range after {
+		b := before[i]
+		want, tol := b.Remaining, int64(0)
+		switch a.Kind {
+		case KindRPM:
+			want-- // the request stays counted
+			tol = refill(time.Since(start), a.Limit)
+		case KindTPM:
+			tol = refill(time.Since(start), a.Limit)
+		}
+		if a.Kind != b.Kind || a.Remaining < want || a.Remaining > want+tol {
+			t.Fatalf("after the undo: %+v; before the request %+v", a, b)
+		}
+	}
+}
+
+// chargeLossHook is lossHook for charges only: it loses the replies of the
+// first lose round trips that run chargeScript.
+type chargeLossHook struct{ lose atomic.Int64 }
+
+func charges(cmds ...redis.Cmder) bool {
+	for _, c := range cmds {
+		if args := c.Args(); len(args) > 1 && args[1] == chargeScript.Hash() {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *chargeLossHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *chargeLossHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if charges(cmd) && h.lose.Add(-1) >= 0 {
+			cmd.SetErr(errReplyLost)
+			return errReplyLost
+		}
+		return err
+	}
+}
+func (h *chargeLossHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if charges(cmds...) && h.lose.Add(-1) >= 0 {
+			for _, c := range cmds {
+				c.SetErr(errReplyLost)
+			}
+			return errReplyLost
+		}
+		return err
+	}
+}
+
+// TestFailoverChargesFallbackUsage kills Redis: the usage that requests
+// admitted by the fallback settle during the outage reaches Redis's budget
+// counters after the restart, once, although the first replay of a charge
+// loses its reply and is replayed again, and although a lease is settled
+// twice. The undo of the admission that found Redis down, which never ran
+// there, changes nothing.
+func TestFailoverChargesFallbackUsage(t *testing.T) {
+	srv := startPersistentRedisServer(t)
+	var loss chargeLossHook
+	client := srv.clientWith(t, noRetry, &loss)
+	primary := NewRedis(client, RedisOptions{})
+	clock := &localClock{t: lt0}
+	// The fallback runs on the real clock, as Redis does: its leases'
+	// windows are Redis's current ones.
+	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{}), Now: clock.Now})
+	ctx := context.Background()
+	key := keySubject("spent", Limits{RPM: 1000, TokensPerDay: 1e6, CostPerDayMicros: 1e6})
+	team := teamSubject("spent", Limits{CostPerMonthMicros: 1e6})
+	req := Request{Subjects: []Subject{key, team}, Tokens: 1000, CostMicros: 100}
+	mustSettle(t, f, mustAdmit(t, f, req).Lease, 100, 10)
+
+	srv.kill()
+	a, b := mustAdmit(t, f, req), mustAdmit(t, f, req)
+	if a.Lease.issuer != f.fallback || b.Lease.issuer != f.fallback {
+		t.Fatal("not admitted by the fallback")
+	}
+	mustSettle(t, f, a.Lease, 300, 30)
+	mustSettle(t, f, b.Lease, 200, 20)
+	mustSettle(t, f, a.Lease, 300, 30) // a second Settle charges nothing more
+	if f.Pending() != 3 {
+		t.Fatalf("pending %d, want an undo and 2 charges", f.Pending())
+	}
+
+	srv.restart()
+	// The restart emptied the script cache: load it, so that the lost reply
+	// below is the reply of a charge that ran, not of a NOSCRIPT.
+	if err := chargeScript.Load(ctx, client).Err(); err != nil {
+		t.Fatal(err)
+	}
+	loss.lose.Store(1)
+	if err := f.Retry(ctx); !errors.Is(err, errReplyLost) {
+		t.Fatalf("replay with a lost reply: %v", err)
+	}
+	if f.Pending() != 2 {
+		t.Fatalf("pending %d after a lost reply, want the 2 charges", f.Pending())
+	}
+	for range 2 {
+		if err := f.Retry(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f.Pending() != 0 || f.Dropped() != 0 {
+		t.Fatalf("pending %d, dropped %d", f.Pending(), f.Dropped())
+	}
+	for _, w := range []struct {
+		s    Subject
+		k    Kind
+		used int64
+	}{{key, KindTokensPerDay, 600}, {key, KindCostPerDay, 60}, {team, KindCostPerMonth, 60}} {
+		if st := peekKind(t, primary, w.s, w.k); st.Used != w.used {
+			t.Fatalf("%v %v after recovery: %+v, want %d", w.s.Scope, w.k, st, w.used)
+		}
+	}
 }

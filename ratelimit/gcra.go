@@ -111,9 +111,16 @@ func tpmReserve(tokens, limit int64) int64 {
 	return min(max(tokens, 0), limit)
 }
 
-// budgetAdmits reports whether a budget window holding used admits a
-// reservation: used + reserve <= limit, and a spent budget (used >= limit)
-// refuses even a zero estimate.
-func budgetAdmits(used, reserve, limit int64) bool {
-	return used < limit && max(reserve, 0) <= limit-used
+// budgetReserve is what a request reserves against a budget window holding
+// used of limit: its estimate clamped to what is left, limit − used. ok is
+// false only for a spent budget (used >= limit), which refuses even a zero
+// estimate. A large estimate (a generous max_tokens) is thus never refused
+// while some budget is left; Settle charges the real usage, so a window may
+// end above its limit by at most one request's usage beyond its clamped
+// reservation (per request open at once).
+func budgetReserve(used, estimate, limit int64) (reserve int64, ok bool) {
+	if used >= limit {
+		return 0, false
+	}
+	return min(max(estimate, 0), limit-used), true
 }

@@ -98,6 +98,7 @@ func NewLocal(opts LocalOptions) *Local {
 type leaseBox struct {
 	lease    Lease
 	subjects [2]Subject
+	holds    [2]hold
 	states   [4]State
 	id       [24]byte
 }
@@ -123,8 +124,8 @@ func (r *refusal) add(st State, retry time.Duration) {
 // A Tokens estimate above a subject's TPM limit reserves the whole bucket
 // instead (it is admitted once the bucket is full, and Settle charges the
 // real excess as debt): a request is never refused forever for its
-// max_tokens. Budgets are not clamped: an estimate above a whole budget is
-// refused until the window ends.
+// max_tokens. Likewise a budget reserves at most what is left of it and
+// refuses only once spent (gcra.go's budgetReserve).
 //
 // Subjects of one request are expected to be distinct (a key and its team).
 // Limits of zero or less are unlimited. ctx is unused: Local never blocks.
@@ -143,6 +144,8 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 	for _, s := range req.Subjects {
 		ents = append(ents, l.get(s))
 	}
+	var hstack [4]hold
+	holds := hstack[:0]
 
 	// Check everything before reserving anything.
 	var ref refusal
@@ -168,18 +171,27 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 		if lim.CostPerMonthMicros > 0 {
 			e.rollMonth(at, now)
 		}
-		if lim.TokensPerDay > 0 && !budgetAdmits(e.dayTokens, tokens, lim.TokensPerDay) {
-			st := budgetState(s, KindTokensPerDay, e.dayTokens, e.dayEnd, now)
-			ref.add(st, st.Reset)
+		var h hold
+		var ok bool
+		if lim.TokensPerDay > 0 {
+			if h.tpd, ok = budgetReserve(e.dayTokens, tokens, lim.TokensPerDay); !ok {
+				st := budgetState(s, KindTokensPerDay, e.dayTokens, e.dayEnd, now)
+				ref.add(st, st.Reset)
+			}
 		}
-		if lim.CostPerDayMicros > 0 && !budgetAdmits(e.dayCost, cost, lim.CostPerDayMicros) {
-			st := budgetState(s, KindCostPerDay, e.dayCost, e.dayEnd, now)
-			ref.add(st, st.Reset)
+		if lim.CostPerDayMicros > 0 {
+			if h.cpd, ok = budgetReserve(e.dayCost, cost, lim.CostPerDayMicros); !ok {
+				st := budgetState(s, KindCostPerDay, e.dayCost, e.dayEnd, now)
+				ref.add(st, st.Reset)
+			}
 		}
-		if lim.CostPerMonthMicros > 0 && !budgetAdmits(e.monthCost, cost, lim.CostPerMonthMicros) {
-			st := budgetState(s, KindCostPerMonth, e.monthCost, e.monthEnd, now)
-			ref.add(st, st.Reset)
+		if lim.CostPerMonthMicros > 0 {
+			if h.cpm, ok = budgetReserve(e.monthCost, cost, lim.CostPerMonthMicros); !ok {
+				st := budgetState(s, KindCostPerMonth, e.monthCost, e.monthEnd, now)
+				ref.add(st, st.Reset)
+			}
 		}
+		holds = append(holds, h)
 	}
 	if ref.set {
 		d := Decision{Refused: ref.state, RetryAfter: ref.retry,
@@ -197,15 +209,9 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 			e.tpmTAT, _, _ = rateReserve(e.tpmTAT, now, tpmReserve(tokens, lim.TPM), lim.TPM)
 		}
 		e.open++
-		if lim.TokensPerDay > 0 {
-			e.dayTokens += tokens
-		}
-		if lim.CostPerDayMicros > 0 {
-			e.dayCost += cost
-		}
-		if lim.CostPerMonthMicros > 0 {
-			e.monthCost += cost
-		}
+		e.dayTokens += holds[i].tpd
+		e.dayCost += holds[i].cpd
+		e.monthCost += holds[i].cpm
 	}
 
 	box := new(leaseBox)
@@ -217,11 +223,14 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 	var states []State
 	if len(req.Subjects) <= len(box.subjects) {
 		box.lease.Subjects = box.subjects[:len(req.Subjects)]
+		box.lease.holds = box.holds[:len(req.Subjects)]
 		states = box.states[:0]
 	} else {
 		box.lease.Subjects = make([]Subject, len(req.Subjects))
+		box.lease.holds = make([]hold, len(req.Subjects))
 	}
 	copy(box.lease.Subjects, req.Subjects)
+	copy(box.lease.holds, holds)
 	d := Decision{Allowed: true, Lease: &box.lease,
 		States: l.rateStates(states, req.Subjects, ents, now)}
 	l.trim(now)
@@ -231,8 +240,9 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 // Settle implements Limiter. tokens and costMicros are the real usage, or
 // the usage so far for a cancelled request. Rates are corrected at the time
 // of the call; budgets in the windows of l.At, and not at all if that window
-// has since ended. Settle never reads ctx, so the context of a cancelled
-// request may be passed.
+// has since ended. A budget is charged the real usage even where it exceeds
+// the clamped reservation, which may take a window past its limit. Settle
+// never reads ctx, so the context of a cancelled request may be passed.
 func (l *Local) Settle(_ context.Context, ls *Lease, tokens, costMicros int64) error {
 	if ls == nil {
 		return errors.New("ratelimit: settle of a nil lease")
@@ -248,8 +258,9 @@ func (l *Local) Settle(_ context.Context, ls *Lease, tokens, costMicros int64) e
 	}
 	now := l.now().UnixNano()
 	var dayEnd, monthEnd int64 // computed once, only for subjects with budgets
-	for _, s := range ls.Subjects {
+	for i, s := range ls.Subjects {
 		e, lim := l.get(s), s.Limits
+		h, _ := ls.holdOf(i)
 		e.open = max(e.open-1, 0)
 		if lim.TPM > 0 {
 			e.tpmTAT = rateSettle(e.tpmTAT, now, tokens-tpmReserve(ls.Tokens, lim.TPM), lim.TPM)
@@ -261,10 +272,10 @@ func (l *Local) Settle(_ context.Context, ls *Lease, tokens, costMicros int64) e
 			}
 			if e.dayEnd == dayEnd {
 				if lim.TokensPerDay > 0 {
-					e.dayTokens = max(e.dayTokens+tokens-ls.Tokens, 0)
+					e.dayTokens = max(e.dayTokens+tokens-h.tpd, 0)
 				}
 				if lim.CostPerDayMicros > 0 {
-					e.dayCost = max(e.dayCost+costMicros-ls.CostMicros, 0)
+					e.dayCost = max(e.dayCost+costMicros-h.cpd, 0)
 				}
 			}
 		}
@@ -274,7 +285,7 @@ func (l *Local) Settle(_ context.Context, ls *Lease, tokens, costMicros int64) e
 				monthEnd = ls.At.UnixNano() + int64(rem)
 			}
 			if e.monthEnd == monthEnd {
-				e.monthCost = max(e.monthCost+costMicros-ls.CostMicros, 0)
+				e.monthCost = max(e.monthCost+costMicros-h.cpm, 0)
 			}
 		}
 	}
@@ -338,6 +349,49 @@ func (l *Local) Peek(_ context.Context, subjects []Subject) ([]State, error) {
 		}
 	}
 	return out, nil
+}
+
+// Seed adds usage recorded elsewhere (the spend ledger, at startup) to s's
+// budget windows holding at: dayTokens and dayCostMicros to its UTC day,
+// monthCostMicros to its UTC month. Without it a restart would hand every
+// subject a fresh daily and monthly budget. Amounts below zero count as
+// zero. A window that has already given way to a later one in s's state is
+// left alone; an earlier one is replaced. A subject holding usage in its
+// current windows is never evicted, so the seed lasts until they end. Seed
+// does nothing after Close.
+func (l *Local) Seed(s Subject, at time.Time, dayTokens, dayCostMicros, monthCostMicros int64) {
+	dayTokens, dayCostMicros, monthCostMicros = max(dayTokens, 0), max(dayCostMicros, 0), max(monthCostMicros, 0)
+	if dayTokens == 0 && dayCostMicros == 0 && monthCostMicros == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	e := l.get(s)
+	if dayTokens > 0 || dayCostMicros > 0 {
+		_, rem := dayWindow(at)
+		end := at.UnixNano() + int64(rem)
+		if e.dayEnd < end {
+			e.dayEnd, e.dayTokens, e.dayCost = end, 0, 0
+		}
+		if e.dayEnd == end {
+			e.dayTokens += dayTokens
+			e.dayCost += dayCostMicros
+		}
+	}
+	if monthCostMicros > 0 {
+		_, rem := monthWindow(at)
+		end := at.UnixNano() + int64(rem)
+		if e.monthEnd < end {
+			e.monthEnd, e.monthCost = end, 0
+		}
+		if e.monthEnd == end {
+			e.monthCost += monthCostMicros
+		}
+	}
+	l.trim(l.now().UnixNano())
 }
 
 // Close implements Limiter; later calls return ErrClosed.

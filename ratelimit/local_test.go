@@ -463,36 +463,6 @@ func TestLocalBudgetRetryAfterIsWindowEnd(t *testing.T) {
 	}
 }
 
-func TestLocalCostBudgetMicros(t *testing.T) {
-	l, _ := newTestLocal(t, lt0)
-	s := lteam("t", Limits{CostPerDayMicros: 5_000_000}) // $5
-	req := func(c int64) Request { return Request{Subjects: []Subject{s}, CostMicros: c} }
-	a := ladmit(t, l, req(2_000_000))
-	b := ladmit(t, l, req(2_000_000))
-	if !a.Allowed || !b.Allowed {
-		t.Fatal("first $4 refused")
-	}
-	if d := ladmit(t, l, req(2_000_000)); d.Allowed {
-		t.Fatal("$6 reserved against a $5 budget")
-	}
-	lsettle(t, l, a.Lease, 0, 500_000) // cost $0.50, not $2
-	if st := peekLocal(t, l, s, KindCostPerDay); st.Used != 2_500_000 || st.Remaining != 2_500_000 {
-		t.Fatalf("after refund: %+v", st)
-	}
-	if d := ladmit(t, l, req(2_000_000)); !d.Allowed {
-		t.Fatalf("$4.50 refused: %+v", d.Refused)
-	}
-	if d := ladmit(t, l, req(500_001)); d.Allowed {
-		t.Fatal("one micro-dollar over the budget admitted")
-	}
-	if d := ladmit(t, l, req(500_000)); !d.Allowed {
-		t.Fatalf("exactly the budget refused: %+v", d.Refused)
-	}
-	if d := ladmit(t, l, req(0)); d.Allowed {
-		t.Fatal("spent budget admitted a zero estimate")
-	}
-}
-
 func TestLocalZeroLimitsUnlimited(t *testing.T) {
 	l, _ := newTestLocal(t, lt0)
 	s := lkey("k", Limits{})
@@ -716,4 +686,65 @@ func TestLocalConcurrentUse(t *testing.T) {
 			t.Fatalf("slots left open: %+v", st)
 		}
 	})
+}
+
+// TestLocalSeed: usage seeded at startup counts against the budgets of its
+// day and month, adds up, leaves other days alone, and keeps its subject
+// from eviction while its windows run.
+func TestLocalSeed(t *testing.T) {
+	c := &localClock{t: lt0}
+	l := NewLocal(LocalOptions{Now: c.Now, MaxSubjects: 1})
+	defer l.Close()
+	lim := Limits{TokensPerDay: 1000, CostPerDayMicros: 5000, CostPerMonthMicros: 8000}
+	team := lteam("seeded", lim)
+	yesterday := lteam("yesterday", lim)
+
+	l.Seed(team, lt0.Add(-time.Hour), 600, 1000, 6000)
+	l.Seed(team, lt0, 300, 3000, 1000) // adds to the same windows
+	l.Seed(yesterday, lt0.Add(-24*time.Hour), 1000, 5000, 0)
+	l.Seed(team, lt0.Add(-24*time.Hour), 1000, 5000, 0) // an ended day: ignored
+	for _, w := range []struct {
+		s    Subject
+		k    Kind
+		used int64
+	}{
+		{team, KindTokensPerDay, 900}, {team, KindCostPerDay, 4000}, {team, KindCostPerMonth, 7000},
+		{yesterday, KindTokensPerDay, 0}, {yesterday, KindCostPerDay, 0},
+	} {
+		if st := peekLocal(t, l, w.s, w.k); st.Used != w.used || st.Remaining != lim.Get(w.k)-w.used {
+			t.Fatalf("%s %s after Seed: %+v, want used %d", w.s.ID, w.k, st, w.used)
+		}
+	}
+
+	// Busy subjects come and go; the seeded one stays (MaxSubjects 1).
+	for i := range 5 {
+		d := ladmit(t, l, Request{Subjects: []Subject{lkey(string(rune('a'+i)), Limits{})}})
+		lsettle(t, l, d.Lease, 0, 0)
+	}
+	if l.subjects[subjectKey{ScopeTeam, "seeded"}] == nil {
+		t.Fatal("a subject holding seeded usage was evicted")
+	}
+
+	// 100 tokens are left today: a request reserves them and the day is
+	// then spent until midnight.
+	d := ladmit(t, l, Request{Subjects: []Subject{team}, Tokens: 500, CostMicros: 500})
+	if !d.Allowed {
+		t.Fatalf("seeded budget with room refused: %+v", d)
+	}
+	lsettle(t, l, d.Lease, 100, 500)
+	d = ladmit(t, l, Request{Subjects: []Subject{team}, Tokens: 1})
+	if d.Allowed || d.Refused.Kind != KindTokensPerDay || d.RetryAfter != 12*time.Hour {
+		t.Fatalf("spent seeded day: %+v, want tokens_per_day refused for 12h", d)
+	}
+	if d := ladmit(t, l, Request{Subjects: []Subject{yesterday}, Tokens: 1000, CostMicros: 5000}); !d.Allowed {
+		t.Fatalf("yesterday's seed refused today: %+v", d)
+	}
+
+	// The next day (the next month too: lt0 is November 30) starts empty.
+	c.Set(lt0.Add(12 * time.Hour))
+	for _, k := range []Kind{KindTokensPerDay, KindCostPerDay, KindCostPerMonth} {
+		if st := peekLocal(t, l, team, k); st.Used != 0 {
+			t.Fatalf("%s on December 1: %+v, want 0", k, st)
+		}
+	}
 }

@@ -13,8 +13,12 @@
 // requests wait for it.
 //
 // Budgets (tokens per day, cost per day and per month) are counters over UTC
-// calendar windows. A spent budget is not a rate limit: its RetryAfter is the
-// end of the window.
+// calendar windows. A budget admits while its window's usage is below the
+// limit, reserving the estimate clamped to what is left, so that a request is
+// never refused for its max_tokens alone; only a spent budget (usage at or
+// above the limit) refuses, and its RetryAfter is the end of the window. Settle
+// charges the real usage, so a window can end above its limit by what the
+// requests open when it ran out used beyond their clamped reservations.
 package ratelimit
 
 import (
@@ -118,9 +122,11 @@ type Request struct {
 	// limit of every subject admits it.
 	Subjects []Subject
 	// Tokens is the estimate reserved against TPM and tokens per day (prompt
-	// estimate plus max_tokens, or a configured default).
+	// estimate plus max_tokens, or a configured default), clamped to the TPM
+	// limit and to what is left of the day's tokens.
 	Tokens int64
-	// CostMicros is the estimate reserved against cost budgets.
+	// CostMicros is the estimate reserved against cost budgets, clamped to
+	// what is left of each.
 	CostMicros int64
 }
 
@@ -192,8 +198,11 @@ func (d Decision) Tightest() (req, tok *State) { return Tightest(d.States) }
 // Lease is an admitted request's reservation: one concurrency slot per
 // subject that has a concurrency limit, and the reserved tokens and cost.
 type Lease struct {
-	ID         string
-	Subjects   []Subject
+	ID       string
+	Subjects []Subject
+	// Tokens and CostMicros are the request's estimates. What each limit
+	// reserved may be less: the TPM reservation is clamped to the limit, a
+	// budget's to what was left of it (the lease remembers how much).
 	Tokens     int64
 	CostMicros int64
 	// At is the admission time; budgets settle into the windows of At, so a
@@ -202,9 +211,34 @@ type Lease struct {
 
 	// settled makes Settle idempotent: CompareAndSwap(false, true) wins once.
 	settled atomic.Bool
+	// charged makes a Failover charge a fallback lease's usage to the
+	// primary's budgets once, however often the lease is settled.
+	charged atomic.Bool
 	// issuer is the backend that issued the lease, set by Failover so that
 	// Settle goes back to it; nil for a lease from a bare backend.
 	issuer Limiter
+	// holds are the budget reservations, one per subject (parallel to
+	// Subjects). nil means unknown: a Redis admission that failed without
+	// a reply, whose reservations, if any, Redis itself remembers.
+	holds []hold
+}
+
+// hold is what one subject's budgets reserved for a lease.
+type hold struct {
+	tpd, cpd, cpm int64
+	// kept says that Redis stored the hold under the lease id, because it
+	// differs from the estimate (a clamped reservation): settling the lease
+	// deletes it.
+	kept bool
+}
+
+// holdOf returns the budget reservation of subject i and whether it is
+// known. An unknown one is the unclamped estimate.
+func (l *Lease) holdOf(i int) (hold, bool) {
+	if i < len(l.holds) {
+		return l.holds[i], true
+	}
+	return hold{tpd: l.Tokens, cpd: l.CostMicros, cpm: l.CostMicros}, false
 }
 
 // Limiter admits and settles requests. Implementations are safe for
@@ -212,7 +246,8 @@ type Lease struct {
 type Limiter interface {
 	// Admit checks every limit of every subject and, only if all pass,
 	// reserves one request (RPM), Tokens (TPM, tokens per day), CostMicros
-	// (cost budgets) and a concurrency slot. A refused request reserves
+	// (cost budgets) and a concurrency slot, each estimate clamped to the
+	// TPM limit and to what is left of a budget. A refused request reserves
 	// nothing.
 	Admit(ctx context.Context, req Request) (Decision, error)
 	// Settle corrects a lease to the real usage (tokens, costMicros): it

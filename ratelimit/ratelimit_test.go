@@ -98,3 +98,71 @@ func TestRefusedDecisionHasStates(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetReservesWhatIsLeft: on both backends a budget admits while its
+// window's usage is below the limit, reserving the estimate clamped to what
+// is left (per budget: the team's cost per day and per month reserve
+// differently), refuses only once spent, and Settle charges the real usage,
+// also past the limit.
+func TestBudgetReservesWhatIsLeft(t *testing.T) {
+	backends := []struct {
+		name string
+		l    func(t *testing.T) Limiter
+	}{
+		{"local", func(t *testing.T) Limiter { return NewLocal(LocalOptions{}) }},
+		{"redis", func(t *testing.T) Limiter { return NewRedis(startRedis(t), RedisOptions{}) }},
+	}
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			l := be.l(t)
+			defer l.Close()
+			key := keySubject("b", Limits{TokensPerDay: 2000})
+			team := teamSubject("b", Limits{CostPerDayMicros: 5_000_000, CostPerMonthMicros: 3_000_000})
+			req := func(tok, cost int64) Request {
+				return Request{Subjects: []Subject{key, team}, Tokens: tok, CostMicros: cost}
+			}
+			used := func(step string, tpd, cpd, cpm int64) {
+				t.Helper()
+				for _, w := range []struct {
+					s    Subject
+					k    Kind
+					want int64
+				}{{key, KindTokensPerDay, tpd}, {team, KindCostPerDay, cpd}, {team, KindCostPerMonth, cpm}} {
+					st := peekKind(t, l, w.s, w.k)
+					if st.Used != w.want || st.Remaining != max(st.Limit-w.want, 0) {
+						t.Fatalf("%s: %v %v %+v, want used %d", step, w.s.Scope, w.k, st, w.want)
+					}
+				}
+			}
+			spent := func(step string) {
+				t.Helper()
+				d := mustAdmit(t, l, req(0, 0))
+				if d.Allowed || !d.Refused.Kind.Budget() || d.Refused.Remaining != 0 ||
+					d.RetryAfter != d.Refused.Reset || d.RetryAfter <= 0 || d.RetryAfter > 31*24*time.Hour {
+					t.Fatalf("%s: a spent budget gave %+v", step, d)
+				}
+			}
+
+			// The example: 2600 estimated against 2000 a day.
+			a := mustAdmit(t, l, req(2600, 4_000_000))
+			if !a.Allowed {
+				t.Fatalf("first request refused for its estimate: %+v", a)
+			}
+			used("first reserved", 2000, 4_000_000, 3_000_000)
+			spent("after the first")
+			mustSettle(t, l, a.Lease, 700, 1_000_000)
+			used("first settled", 700, 1_000_000, 1_000_000)
+
+			b := mustAdmit(t, l, req(2600, 4_000_000))
+			if !b.Allowed {
+				t.Fatalf("second request refused: %+v", b)
+			}
+			used("second reserved", 2000, 5_000_000, 3_000_000)
+			spent("after the second")
+			// 200 tokens and $0.50 beyond the clamped reservations: charged.
+			mustSettle(t, l, b.Lease, 1500, 2_500_000)
+			used("second settled", 2200, 3_500_000, 3_500_000)
+			spent("past the limit")
+		})
+	}
+}

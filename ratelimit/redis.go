@@ -31,9 +31,10 @@ type RedisOptions struct {
 // costs one round trip. Its arithmetic is gcra.go's, in microseconds.
 //
 // Keys are hash-tagged per subject ("{tollgate:rl:key:<id>}:rpm", ":tpm",
-// ":leases", ":tpd:<day>", ":cpd:<day>", ":cpm:<month>"), so one subject's
-// keys share a Redis Cluster slot. ":leases" holds the subject's open leases;
-// it makes Settle idempotent on the Redis side and counts concurrency.
+// ":leases", ":tpd:<day>", ":cpd:<day>", ":cpm:<month>", ":hold:<lease>",
+// ":charge:<id>"), so one subject's keys share a Redis Cluster slot.
+// ":leases" holds the subject's open leases; it makes Settle idempotent on
+// the Redis side and counts concurrency.
 type Redis struct {
 	client   redis.UniversalClient
 	prefix   string
@@ -89,12 +90,22 @@ type admitReply struct {
 	rpmD, tpmD          int64
 	conc, tpd, cpd, cpm int64
 	dayLeft, monthLeft  int64
+	hold                hold
 }
 
 // Admit implements Limiter. When several limits refuse, Decision.Refused is
 // the one with the longest wait and RetryAfter is that wait, as for Local. A
 // Redis error is returned as is (wrapped): whether to admit then is the
 // caller's policy.
+//
+// An error may come after Redis ran the admission (a read timeout while a
+// slow Redis still works, a lost reply): it would then hold a concurrency
+// slot until LeaseTTL and its TPM and budget reservations for good. So with
+// the error, Admit returns Decision{Lease: attempted}, not Allowed: the lease
+// id it sent, whenever some subject has a limit that Settle corrects. The
+// caller must Settle it with zero usage (Failover queues that for replay);
+// Redis then takes back whatever the admission reserved, except the RPM
+// request, and does nothing if the admission never ran.
 func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	if r.closed.Load() {
 		return Decision{}, ErrClosed
@@ -110,6 +121,8 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 			idx = append(idx, i)
 		}
 	}
+	// The lease id is chosen here, before the call, so that an admission
+	// whose reply is lost can still be undone.
 	lease := &Lease{ID: id, Subjects: append([]Subject(nil), req.Subjects...), Tokens: tokens, CostMicros: cost}
 	if len(idx) == 0 {
 		lease.At = time.Now().UTC()
@@ -158,8 +171,8 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 				continue
 			}
 			at := time.UnixMicro(replies[j].now).UTC()
-			undo = append(undo, r.settleCall(req.Subjects[i], id, at, 1,
-				-tpmReserve(tokens, req.Subjects[i].Limits.TPM), -tokens, -cost))
+			undo = append(undo, r.settleCall(req.Subjects[i], id, at, true,
+				-tpmReserve(tokens, req.Subjects[i].Limits.TPM), 0, 0, replies[j].hold, true))
 			undone = append(undone, j)
 		}
 		if len(undo) > 0 {
@@ -176,6 +189,14 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 			}
 		}
 		if firstErr != nil {
+			// Subjects whose script ran but whose reply was lost keep their
+			// reservation: the attempted lease undoes them.
+			lease.At = time.Now().UTC()
+			for _, i := range idx {
+				if needsSettle(req.Subjects[i].Limits) {
+					return Decision{Lease: lease}, firstErr
+				}
+			}
 			return Decision{}, firstErr
 		}
 		rep := replies[refusedAt]
@@ -187,6 +208,10 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 
 	lease.At = time.UnixMicro(replies[0].now).UTC()
+	lease.holds = make([]hold, len(req.Subjects))
+	for j, i := range idx {
+		lease.holds[i] = replies[j].hold
+	}
 	return Decision{Allowed: true, Lease: lease, States: r.rateStates(req.Subjects, idx, replies)}, nil
 }
 
@@ -212,13 +237,14 @@ func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) 
 	}
 	tokens, costMicros = max(tokens, 0), max(costMicros, 0)
 	var calls []scriptCall
-	for _, s := range l.Subjects {
+	for i, s := range l.Subjects {
 		lim := s.Limits
 		if !needsSettle(lim) {
 			continue
 		}
-		calls = append(calls, r.settleCall(s, l.ID, l.At, 0,
-			tokens-tpmReserve(l.Tokens, lim.TPM), tokens-l.Tokens, costMicros-l.CostMicros))
+		h, known := l.holdOf(i)
+		calls = append(calls, r.settleCall(s, l.ID, l.At, false,
+			tokens-tpmReserve(l.Tokens, lim.TPM), tokens, costMicros, h, known))
 	}
 	if len(calls) == 0 {
 		return nil
@@ -234,20 +260,98 @@ func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) 
 }
 
 // settleCall builds a settleScript call for subject s of lease id admitted
-// at at.
-func (r *Redis) settleCall(s Subject, id string, at time.Time, refund int, tpmDelta, tokDelta, costDelta int64) scriptCall {
+// at at, whose budgets reserved h (known), or whose admission's reply never
+// came (!known: h is then the unclamped estimate, and Redis knows better).
+func (r *Redis) settleCall(s Subject, id string, at time.Time, refund bool, tpmDelta, tokens, cost int64, h hold, known bool) scriptCall {
 	k := r.keys(s)
 	day, dayLeft := dayWindow(at)
 	month, monthLeft := monthWindow(at)
 	l := s.Limits
+	mode := 0
+	switch {
+	case !known:
+		mode = 2
+	case h.kept:
+		mode = 1
+	}
+	refundArg := 0
+	if refund {
+		refundArg = 1
+	}
 	return scriptCall{
-		keys: []string{k.rpm, k.tpm, k.leases, k.base + "tpd:" + day, k.base + "cpd:" + day, k.base + "cpm:" + month},
+		keys: []string{k.rpm, k.tpm, k.leases, k.base + "tpd:" + day, k.base + "cpd:" + day, k.base + "cpm:" + month,
+			k.base + "hold:" + id},
 		args: []any{
 			l.RPM, l.TPM, l.Concurrency, l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros,
-			tpmDelta, tokDelta, costDelta, id, refund,
+			tpmDelta, tokens, cost, h.tpd, h.cpd, h.cpm, id, refundArg,
 			at.Add(dayLeft).UnixMilli(), at.Add(monthLeft).UnixMilli(),
+			mode, k.base, r.leaseTTL.Microseconds(),
 		},
 	}
+}
+
+// Charger is a limiter that can be told about usage admitted elsewhere:
+// Failover charges it with what its fallback admitted while it was down, so
+// that its budgets count that usage too.
+type Charger interface {
+	// Charge adds tokens and costMicros to the budgets (tokens per day,
+	// cost per day and per month) of every subject that has them, in the
+	// windows holding at. It applies a charge id at most once, so that a
+	// charge retried after an error is not counted twice.
+	Charge(ctx context.Context, subjects []Subject, at time.Time, tokens, costMicros int64, id string) error
+}
+
+var _ Charger = (*Redis)(nil)
+
+// chargeable reports whether charging tokens and costMicros to s changes
+// any of its budgets.
+func chargeable(s Subject, tokens, costMicros int64) bool {
+	l := s.Limits
+	return tokens > 0 && l.TokensPerDay > 0 || costMicros > 0 && (l.CostPerDayMicros > 0 || l.CostPerMonthMicros > 0)
+}
+
+// Charge implements Charger, in one round trip: a script per subject with
+// budgets, pipelined. id must be unique per charge across replicas (Failover
+// uses a random one) and the same when a charge is retried; Redis keeps it,
+// per subject, as long as the counters it charged live. Rates are not
+// charged: they refill within a minute. A charge whose windows' counters
+// have expired (a day after the window ended) is ignored.
+func (r *Redis) Charge(ctx context.Context, subjects []Subject, at time.Time, tokens, costMicros int64, id string) error {
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	if id == "" {
+		return errors.New("ratelimit: redis charge without an id")
+	}
+	tokens, costMicros = max(tokens, 0), max(costMicros, 0)
+	day, dayLeft := dayWindow(at)
+	month, monthLeft := monthWindow(at)
+	var calls []scriptCall
+	for _, s := range subjects {
+		if !chargeable(s, tokens, costMicros) {
+			continue
+		}
+		k := r.keys(s)
+		l := s.Limits
+		calls = append(calls, scriptCall{
+			keys: []string{k.base + "tpd:" + day, k.base + "cpd:" + day, k.base + "cpm:" + month, k.base + "charge:" + id},
+			args: []any{l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros, tokens, costMicros,
+				at.Add(dayLeft).UnixMilli(), at.Add(monthLeft).UnixMilli()},
+		})
+	}
+	if len(calls) == 0 {
+		return nil
+	}
+	r.run(ctx, chargeScript, calls)
+	for _, c := range calls {
+		if c.err != nil {
+			return fmt.Errorf("ratelimit: redis charge: %w", c.err)
+		}
+		if _, ok := c.res.(int64); !ok {
+			return fmt.Errorf("ratelimit: redis charge: unexpected script reply %T", c.res)
+		}
+	}
+	return nil
 }
 
 // Peek implements Limiter: one State per non-zero limit of each subject, in
@@ -365,13 +469,14 @@ func replyInts(res any, err error, n int) ([]int64, error) {
 }
 
 func parseAdmit(res any) (admitReply, error) {
-	v, err := replyInts(res, nil, 12)
+	v, err := replyInts(res, nil, 16)
 	if err != nil {
 		return admitReply{}, err
 	}
 	rep := admitReply{
 		allowed: v[0] == 1, now: v[1], retry: v[3], rpmD: v[4], tpmD: v[5],
 		conc: v[6], tpd: v[7], cpd: v[8], cpm: v[9], dayLeft: v[10], monthLeft: v[11],
+		hold: hold{tpd: v[12], cpd: v[13], cpm: v[14], kept: v[15] == 1},
 	}
 	if !rep.allowed {
 		if v[2] < int64(KindRPM) || v[2] > int64(KindCostPerMonth) {

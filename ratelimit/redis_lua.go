@@ -30,6 +30,16 @@ import "github.com/redis/go-redis/v9"
 // after an outage, is applied exactly once. The concurrency count is the
 // number of unexpired leases in that set.
 //
+// A budget reserves the estimate clamped to what is left of it. A clamped
+// reservation is also kept under the lease ("hold:<lease id>", as long as
+// the lease can be settled), so that the undo of an admission whose reply
+// never came can take back exactly what it reserved; the lease's score in
+// the lease set (its admission time plus LeaseTTL) gives that undo the
+// admission's windows. Usage that a Failover's fallback admitted while Redis
+// was down is charged to the budget counters by chargeScript, once per
+// charge id thanks to a marker key ("charge:<id>") written by the same
+// script.
+//
 // The scripts issue as few commands as the semantics allow, because each
 // redis.call costs more than the arithmetic of a whole script, and a write
 // more than a read (a PEXPIRE several times a PTTL): no read whose result is
@@ -58,10 +68,25 @@ local function gcra_cost(n, limit)
   return math.floor(n * WINDOW / limit)
 end
 
--- budget_admits mirrors gcra.go's budgetAdmits: a spent budget refuses even
--- a zero estimate.
-local function budget_admits(used, reserve, limit)
-  return used < limit and reserve <= limit - used
+-- budget_reserve mirrors gcra.go's budgetReserve: the estimate clamped to
+-- what is left of the budget, or nil for a spent budget, which refuses even a
+-- zero estimate.
+local function budget_reserve(used, estimate, limit)
+  if used >= limit then return nil end
+  return math.min(estimate, limit - used)
+end
+
+-- rebill moves a budget counter, never below zero (a missing counter is
+-- zero). INCRBY creates a missing counter; it then equals delta and gets the
+-- TTL of its window (end_ms) plus a day, for late settlements.
+local function rebill(key, limit, delta, end_ms)
+  if limit <= 0 or delta == 0 then return end
+  local v = redis.call('INCRBY', key, delta)
+  if v < 0 then
+    redis.call('DEL', key)
+  elseif v == delta then
+    redis.call('PEXPIREAT', key, end_ms + 86400000)
+  end
 end
 
 -- tat_of returns max(TAT, now): a missing or stale key is a full bucket.
@@ -139,8 +164,9 @@ end
 //
 // Reply: allowed, now, refused kind (-1), retry (µs), rpm TAT-now, tpm
 // TAT-now, conc used, tpd used, cpd used, cpm used, day left (µs), month left
-// (µs); the window lengths are 0 for a subject without budgets. Rates and
-// counts are after the reservation when allowed, untouched when refused.
+// (µs), tpd reserved, cpd reserved, cpm reserved, hold kept (0/1); the window
+// lengths are 0 for a subject without budgets. Rates and counts are after the
+// reservation when allowed, untouched when refused (and nothing is reserved).
 var admitScript = redis.NewScript(luaCommon + `
 local now = now_us()
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -180,27 +206,31 @@ end
 local day_end, month_end = now, now
 local tpd_key, cpd_key, cpm_key
 local tpd_used, cpd_used, cpm_used = 0, 0, 0
+local tpd_n, cpd_n, cpm_n = 0, 0, 0
 if budgets then
   local day, month
   day, day_end, month, month_end = windows(now)
   tpd_key, cpd_key, cpm_key = base .. 'tpd:' .. day, base .. 'cpd:' .. day, base .. 'cpm:' .. month
   if tpd_l > 0 then
     tpd_used = used_of(tpd_key)
-    if not budget_admits(tpd_used, tokens, tpd_l) then refuse(3, day_end - now) end
+    tpd_n = budget_reserve(tpd_used, tokens, tpd_l)
+    if not tpd_n then tpd_n = 0; refuse(3, day_end - now) end
   end
   if cpd_l > 0 then
     cpd_used = used_of(cpd_key)
-    if not budget_admits(cpd_used, cost, cpd_l) then refuse(4, day_end - now) end
+    cpd_n = budget_reserve(cpd_used, cost, cpd_l)
+    if not cpd_n then cpd_n = 0; refuse(4, day_end - now) end
   end
   if cpm_l > 0 then
     cpm_used = used_of(cpm_key)
-    if not budget_admits(cpm_used, cost, cpm_l) then refuse(5, month_end - now) end
+    cpm_n = budget_reserve(cpm_used, cost, cpm_l)
+    if not cpm_n then cpm_n = 0; refuse(5, month_end - now) end
   end
 end
 
 if refused >= 0 then
   return {0, now, refused, retry, rpm_tat - now, tpm_tat - now, conc_used,
-          tpd_used, cpd_used, cpm_used, day_end - now, month_end - now}
+          tpd_used, cpd_used, cpm_used, day_end - now, month_end - now, 0, 0, 0, 0}
 end
 
 if rpm_l > 0 then store_tat(KEYS[1], rpm_new, now); rpm_tat = rpm_new end
@@ -227,22 +257,40 @@ local function charge(key, used, n, wend)
   if v == n then redis.call('PEXPIREAT', key, math.floor(wend / 1000) + 86400000) end
   return v
 end
-if tpd_l > 0 then tpd_used = charge(tpd_key, tpd_used, tokens, day_end) end
-if cpd_l > 0 then cpd_used = charge(cpd_key, cpd_used, cost, day_end) end
-if cpm_l > 0 then cpm_used = charge(cpm_key, cpm_used, cost, month_end) end
+if tpd_l > 0 then tpd_used = charge(tpd_key, tpd_used, tpd_n, day_end) end
+if cpd_l > 0 then cpd_used = charge(cpd_key, cpd_used, cpd_n, day_end) end
+if cpm_l > 0 then cpm_used = charge(cpm_key, cpm_used, cpm_n, month_end) end
+-- A clamped reservation is also kept under the lease, as long as the lease
+-- can be settled, for a settlement that does not know it: the undo of an
+-- admission whose reply never came. An unclamped one is the estimate, which
+-- every settlement knows.
+local held = 0
+if (tpd_l > 0 and tpd_n < tokens) or (cpd_l > 0 and cpd_n < cost) or (cpm_l > 0 and cpm_n < cost) then
+  redis.call('SET', base .. 'hold:' .. lease, string.format('%d %d %d', tpd_n, cpd_n, cpm_n),
+             'PX', math.ceil((ttl + GRACE) / 1000) + SLACK_MS)
+  held = 1
+end
 return {1, now, -1, 0, rpm_tat - now, tpm_tat - now, conc_used,
-        tpd_used, cpd_used, cpm_used, day_end - now, month_end - now}
+        tpd_used, cpd_used, cpm_used, day_end - now, month_end - now, tpd_n, cpd_n, cpm_n, held}
 `)
 
 // settleScript corrects one subject's reservation to the real usage; with
-// ARGV[11] = 1 and deltas that take back the whole reservation it undoes an
-// admission entirely. For a subject with a lease set it does nothing unless
-// the lease is still in it, so that a lease is settled at most once.
+// ARGV[14] = 1 and a real usage of zero it undoes an admission entirely. For
+// a subject with a lease set it does nothing unless the lease is still in
+// it, so that a lease is settled at most once, and an undo of an admission
+// that never ran does nothing.
 //
 // KEYS: rpm, tpm, leases, tpd, cpd, cpm (budget keys of the lease's admission
-// windows). ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; TPM delta (actual −
-// clamped reservation); token delta; cost delta; lease id; refund one request
-// (0/1); day end (ms); month end (ms).
+// windows), hold (the lease's kept hold). ARGV: limits rpm, tpm, conc, tpd,
+// cpd, cpm; TPM delta (actual − clamped reservation); actual tokens; actual
+// cost; tpd, cpd, cpm reserved; lease id; refund one request (0/1); day end
+// (ms); month end (ms); hold mode; subject base; lease TTL (µs).
+//
+// Hold mode 0: the reservations are known and nothing was kept. 1: they are
+// known and a hold was kept, which is deleted. 2: the admission's reply never
+// came: the kept hold, if any, gives the reservations (otherwise they are the
+// estimates passed), and the lease's expiry minus the TTL gives its admission
+// time and so its windows (KEYS 4-6 are then ignored).
 //
 // Reply: applied (0/1), now, rpm TAT-now, tpm TAT-now. The rates (and now)
 // are read only for a refund, the one caller that reports them; otherwise
@@ -250,14 +298,33 @@ return {1, now, -1, 0, rpm_tat - now, tpm_tat - now, conc_used,
 var settleScript = redis.NewScript(luaCommon + `
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local tpm_delta, tok_delta, cost_delta = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local lease, refund = ARGV[10], ARGV[11] == '1'
-local day_end_ms, month_end_ms = tonumber(ARGV[12]), tonumber(ARGV[13])
+local tpm_delta, tokens, cost = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local tpd_n, cpd_n, cpm_n = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local lease, refund = ARGV[13], ARGV[14] == '1'
+local day_end_ms, month_end_ms = tonumber(ARGV[15]), tonumber(ARGV[16])
+local hold_mode = ARGV[17]
+local tpd_key, cpd_key, cpm_key = KEYS[4], KEYS[5], KEYS[6]
+local budgets = tpd_l > 0 or cpd_l > 0 or cpm_l > 0
 
-if (conc_l > 0 or tpm_l > 0 or tpd_l > 0 or cpd_l > 0 or cpm_l > 0) and
+if budgets and hold_mode == '2' then
+  local score = redis.call('ZSCORE', KEYS[3], lease)
+  if not score then return {0, 0, 0, 0} end
+  local day, dend, month, mend = windows(tonumber(score) - tonumber(ARGV[19]))
+  local base = ARGV[18]
+  tpd_key, cpd_key, cpm_key = base .. 'tpd:' .. day, base .. 'cpd:' .. day, base .. 'cpm:' .. month
+  day_end_ms, month_end_ms = dend / 1000, mend / 1000
+  local v = redis.call('GET', KEYS[7])
+  if v then
+    local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+    if a then tpd_n, cpd_n, cpm_n = tonumber(a), tonumber(b), tonumber(c) end
+    redis.call('DEL', KEYS[7])
+  end
+end
+if (conc_l > 0 or tpm_l > 0 or budgets) and
    redis.call('ZREM', KEYS[3], lease) == 0 then
   return {0, 0, 0, 0}
 end
+if hold_mode == '1' then redis.call('DEL', KEYS[7]) end
 
 local now = 0
 if refund or (tpm_l > 0 and tpm_delta ~= 0) then now = now_us() end
@@ -283,23 +350,35 @@ if tpm_l > 0 then
   elseif refund then tpm_d = tat_of(KEYS[2], now) - now end
 end
 
--- rebill moves a budget counter in the lease's window, never below zero (a
--- missing counter is zero). INCRBY creates a missing counter; it then equals
--- delta and gets the window's TTL.
-local function rebill(key, limit, delta, end_ms)
-  if limit <= 0 or delta == 0 then return end
-  local v = redis.call('INCRBY', key, delta)
-  if v < 0 then
-    redis.call('DEL', key)
-  elseif v == delta then
-    redis.call('PEXPIREAT', key, end_ms + 86400000)
-  end
-end
-rebill(KEYS[4], tpd_l, tok_delta, day_end_ms)
-rebill(KEYS[5], cpd_l, cost_delta, day_end_ms)
-rebill(KEYS[6], cpm_l, cost_delta, month_end_ms)
+-- The real usage is charged in full, also beyond a clamped reservation.
+rebill(tpd_key, tpd_l, tokens - tpd_n, day_end_ms)
+rebill(cpd_key, cpd_l, cost - cpd_n, day_end_ms)
+rebill(cpm_key, cpm_l, cost - cpm_n, month_end_ms)
 if not refund then return {1, 0, 0, 0} end
 return {1, now, rpm_d, tpm_d}
+`)
+
+// chargeScript adds usage admitted elsewhere (by a Failover's fallback while
+// Redis was down) to one subject's budget counters in the windows of its
+// admission, once per charge id: the marker, set by the same script, makes a
+// replay after a lost reply a no-op. The marker lives as long as the counters
+// it charged; a charge whose counters have already expired is ignored.
+//
+// KEYS: tpd, cpd, cpm, marker. ARGV: limits tpd, cpd, cpm; tokens; cost; day
+// end (ms); month end (ms). Reply: 1 if charged, 0 if not.
+var chargeScript = redis.NewScript(luaCommon + `
+local tpd_l, cpd_l, cpm_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tokens, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
+local day_end_ms, month_end_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
+local last_ms = day_end_ms
+if cpm_l > 0 then last_ms = month_end_ms end
+local keep = last_ms + 86400000 - math.floor(now_us() / 1000)
+if keep <= 0 then return 0 end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', string.format('%d', keep)) then return 0 end
+rebill(KEYS[1], tpd_l, tokens, day_end_ms)
+rebill(KEYS[2], cpd_l, cost, day_end_ms)
+rebill(KEYS[3], cpm_l, cost, month_end_ms)
+return 1
 `)
 
 // peekScript reads one subject's state without changing it.

@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -241,22 +243,39 @@ func TestRedisBudgets(t *testing.T) {
 	if ttl := client.PTTL(context.Background(), "{tollgate:rl:key:b}:tpd:"+day).Val(); ttl < dayLeft || ttl > dayLeft+25*time.Hour {
 		t.Fatalf("day counter TTL %v, want the window (%v) plus a day", ttl, dayLeft)
 	}
-	d := mustAdmit(t, rl, req(600, 100))
-	if d.Allowed || d.Refused.Kind != KindTokensPerDay || d.Refused.Used != 600 || d.Refused.Remaining != 400 {
-		t.Fatalf("second: %+v", d)
+	// 400 tokens are left: the second request reserves them, clamped, and
+	// Redis keeps the clamped hold under its lease.
+	second := mustAdmit(t, rl, req(600, 100))
+	if !second.Allowed {
+		t.Fatalf("second: %+v", second)
+	}
+	holdKey := "{tollgate:rl:key:b}:hold:" + second.Lease.ID
+	if v, err := client.Get(context.Background(), holdKey).Result(); err != nil || v != "400 0 100" {
+		t.Fatalf("hold %q, %v; want the clamped reservations %q", v, err, "400 0 100")
+	}
+	if h := second.Lease.holds[0]; h != (hold{tpd: 400, cpm: 100, kept: true}) {
+		t.Fatalf("lease holds %+v", second.Lease.holds)
+	}
+	d := mustAdmit(t, rl, req(1, 0))
+	if d.Allowed || d.Refused.Kind != KindTokensPerDay || d.Refused.Used != 1000 || d.Refused.Remaining != 0 {
+		t.Fatalf("spent day: %+v", d)
 	}
 	if d.RetryAfter != d.Refused.Reset || d.RetryAfter <= 0 || d.RetryAfter > 24*time.Hour {
 		t.Fatalf("RetryAfter = %v, Reset = %v, want the end of the day", d.RetryAfter, d.Refused.Reset)
 	}
-	// Real usage 100: 500 tokens go back to the day.
+	// Real usage 100: 500 tokens go back to the day; the cost of 500 is 400
+	// beyond the reservation and is charged in full.
 	if err := rl.Settle(context.Background(), first.Lease, 100, 500); err != nil {
 		t.Fatal(err)
 	}
-	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 100 {
-		t.Fatalf("tokens per day after settle: %+v", st)
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 500 {
+		t.Fatalf("tokens per day after settle: %+v, want 500", st)
 	}
-	// The month's cost is now spent (500 of 500): even a zero estimate waits
-	// for the next month.
+	if st := peekKind(t, rl, s, KindCostPerMonth); st.Used != 600 || st.Remaining != 0 {
+		t.Fatalf("cost per month after settle: %+v, want 600 (past the limit)", st)
+	}
+	// The month's cost is now spent: even a zero estimate waits for the next
+	// month.
 	d = mustAdmit(t, rl, req(1, 0))
 	if d.Allowed || d.Refused.Kind != KindCostPerMonth || d.Refused.Remaining != 0 {
 		t.Fatalf("spent month: %+v", d)
@@ -264,6 +283,13 @@ func TestRedisBudgets(t *testing.T) {
 	_, monthLeft := monthWindow(time.Now())
 	if diff := d.RetryAfter - monthLeft; diff < -time.Minute || diff > time.Minute {
 		t.Fatalf("RetryAfter = %v, want about %v (end of month)", d.RetryAfter, monthLeft)
+	}
+	mustSettle(t, rl, second.Lease, 0, 0)
+	if n := client.Exists(context.Background(), holdKey).Val(); n != 0 {
+		t.Fatal("the hold outlived its lease's settlement")
+	}
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 100 {
+		t.Fatalf("tokens per day after the clamped lease's settle: %+v, want 100", st)
 	}
 }
 
@@ -675,5 +701,209 @@ func TestRedisLeaseLifetime(t *testing.T) {
 	}
 	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 0 {
 		t.Fatalf("tokens per day %+v, want 0", st)
+	}
+}
+
+// TestRedisAgreesWithLocalBudgets runs one pseudo-random sequence of
+// admissions and settlements of a key and its team through both backends:
+// budgets involve no clock within a window, so every decision and every
+// budget's usage must be equal, through clamped reservations, refusals of
+// spent budgets and settlements above and below the reservations.
+func TestRedisAgreesWithLocalBudgets(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	loc := NewLocal(LocalOptions{})
+	key := keySubject("xb", Limits{TokensPerDay: 20000, CostPerDayMicros: 30000})
+	team := teamSubject("yb", Limits{TokensPerDay: 30000, CostPerMonthMicros: 40000})
+	subjects := []Subject{key, team}
+	rng := rand.New(rand.NewPCG(7, 11))
+	type open struct{ r, l *Lease }
+	var leases []open
+	var clamped, refused int
+	for i := range 120 {
+		if len(leases) > 0 && rng.IntN(2) == 0 {
+			j := rng.IntN(len(leases))
+			tok, cost := rng.Int64N(1500), rng.Int64N(2000)
+			mustSettle(t, rl, leases[j].r, tok, cost)
+			mustSettle(t, loc, leases[j].l, tok, cost)
+			leases = append(leases[:j], leases[j+1:]...)
+		} else {
+			req := Request{Subjects: subjects, Tokens: rng.Int64N(6000), CostMicros: rng.Int64N(8000)}
+			before := peekKind(t, loc, key, KindTokensPerDay)
+			dr, dl := mustAdmit(t, rl, req), mustAdmit(t, loc, req)
+			if dr.Allowed != dl.Allowed || dr.Refused.Kind != dl.Refused.Kind || dr.Refused.Scope != dl.Refused.Scope ||
+				dr.Refused.Used != dl.Refused.Used {
+				t.Fatalf("step %d: redis %+v, local %+v", i, dr, dl)
+			}
+			if dl.Allowed {
+				leases = append(leases, open{dr.Lease, dl.Lease})
+				if req.Tokens > before.Remaining {
+					clamped++
+				}
+			} else {
+				refused++
+			}
+		}
+		pr, err := rl.Peek(context.Background(), subjects)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl, err := loc.Peek(context.Background(), subjects)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pr) != len(pl) || len(pl) != 4 {
+			t.Fatalf("step %d: Peek redis %+v, local %+v", i, pr, pl)
+		}
+		for j := range pr {
+			a, b := pr[j], pl[j]
+			if a.Kind != b.Kind || a.Scope != b.Scope || a.Used != b.Used || a.Remaining != b.Remaining {
+				t.Fatalf("step %d, state %d: redis %+v, local %+v", i, j, a, b)
+			}
+		}
+	}
+	if clamped == 0 || refused == 0 {
+		t.Fatalf("the sequence never clamped (%d) or never refused (%d): it tests nothing", clamped, refused)
+	}
+	t.Logf("%d clamped admissions, %d refusals", clamped, refused)
+}
+
+// TestRedisAdmitErrorReturnsAttemptedLease loses the replies of admissions
+// that Redis ran: Admit fails but returns the lease it attempted, whose
+// Settle with zero usage takes back the slot, the TPM reservation and the
+// budget reservations (a clamped one exactly, from the hold Redis kept),
+// while the request stays counted in RPM. The undo of an admission that
+// never ran changes nothing, and a request limited by RPM alone gets no
+// lease, having nothing to undo.
+func TestRedisAdmitErrorReturnsAttemptedLease(t *testing.T) {
+	srv := startRedisServer(t)
+	var loss lossHook
+	client := srv.clientWith(t, noRetry, &loss)
+	rl := NewRedis(client, RedisOptions{})
+	ctx := context.Background()
+	key := keySubject("att", Limits{RPM: 600, TPM: 60000, Concurrency: 2, TokensPerDay: 2000})
+	team := teamSubject("att", Limits{CostPerMonthMicros: 1000})
+	req := Request{Subjects: []Subject{key, team}, Tokens: 1000, CostMicros: 300}
+	mustSettle(t, rl, mustAdmit(t, rl, req).Lease, 1500, 800) // loads the scripts; 500 tokens, 200 µ$ left
+	start := time.Now()
+	before, err := rl.Peek(ctx, req.Subjects)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	loss.lose.Store(1)
+	d, err := rl.Admit(ctx, req)
+	if !errors.Is(err, errReplyLost) || d.Allowed || d.Lease == nil || d.Lease.holds != nil {
+		t.Fatalf("Admit with a lost reply: %+v, %v; want an attempted lease and the error", d, err)
+	}
+	if st := peekKind(t, rl, key, KindConcurrency); st.Used != 1 {
+		t.Fatalf("the admission did not run: %+v", st)
+	}
+	if v := client.Get(ctx, "{tollgate:rl:team:att}:hold:"+d.Lease.ID).Val(); v != "0 0 200" {
+		t.Fatalf("team hold %q, want the clamped cost", v)
+	}
+	mustSettle(t, rl, d.Lease, 0, 0)
+	after, err := rl.Peek(ctx, req.Subjects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range after {
+		b := before[i]
+		want := b.Remaining
+		if a.Kind == KindRPM {
+			want-- // the request stays counted
+		}
+		tol := int64(0)
+		if a.Kind == KindRPM || a.Kind == KindTPM {
+			tol = refill(time.Since(start), a.Limit)
+		}
+		if a.Kind != b.Kind || a.Remaining < want || a.Remaining > want+tol {
+			t.Fatalf("after the undo: %+v, before the admission %+v", a, b)
+		}
+	}
+	if n := client.Exists(ctx, "{tollgate:rl:key:att}:hold:"+d.Lease.ID, "{tollgate:rl:team:att}:hold:"+d.Lease.ID).Val(); n != 0 {
+		t.Fatalf("%d holds outlived the undo", n)
+	}
+
+	// An admission that never reached Redis: its undo is a no-op.
+	srv.kill()
+	d, err = rl.Admit(ctx, req)
+	if err == nil || d.Lease == nil {
+		t.Fatalf("Admit with Redis down: %+v, %v", d, err)
+	}
+	srv.restart()
+	mustSettle(t, rl, mustAdmit(t, rl, req).Lease, 0, 0) // a restart flushed the data and scripts
+	mustSettle(t, rl, d.Lease, 0, 0)
+	if st := peekKind(t, rl, key, KindConcurrency); st.Used != 0 {
+		t.Fatalf("concurrency %+v", st)
+	}
+
+	rpmOnly := Request{Subjects: []Subject{keySubject("att-rpm", Limits{RPM: 10})}}
+	loss.lose.Store(1)
+	if d, err := rl.Admit(ctx, rpmOnly); err == nil || d.Lease != nil {
+		t.Fatalf("RPM-only admission with a lost reply: %+v, %v; want no lease", d, err)
+	}
+}
+
+// TestRedisChargeOnce: Charge adds usage to the budgets of every subject
+// that has them, in one round trip, once per id; other subjects cost
+// nothing, and a charge for windows long expired is ignored.
+func TestRedisChargeOnce(t *testing.T) {
+	srv := startRedisServer(t)
+	var h countHook
+	client := srv.client(t, &h)
+	rl := NewRedis(client, RedisOptions{})
+	ctx := context.Background()
+	key := keySubject("ch", Limits{RPM: 10, TokensPerDay: 1e6, CostPerDayMicros: 1e6})
+	team := teamSubject("ch", Limits{CostPerMonthMicros: 1e6})
+	both := []Subject{key, team}
+	check := func(what string, tpd, cpd, cpm int64) {
+		t.Helper()
+		if st := peekKind(t, rl, key, KindTokensPerDay); st.Used != tpd {
+			t.Fatalf("%s: tokens per day %+v, want %d", what, st, tpd)
+		}
+		if st := peekKind(t, rl, key, KindCostPerDay); st.Used != cpd {
+			t.Fatalf("%s: cost per day %+v, want %d", what, st, cpd)
+		}
+		if st := peekKind(t, rl, team, KindCostPerMonth); st.Used != cpm {
+			t.Fatalf("%s: cost per month %+v, want %d", what, st, cpm)
+		}
+	}
+	if err := rl.Charge(ctx, both, time.Now(), 500, 50, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	check("first charge", 500, 50, 50)
+	h.n.Store(0)
+	if err := rl.Charge(ctx, both, time.Now(), 500, 50, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.n.Load(); n != 1 {
+		t.Fatalf("%d round trips for a key and its team, want 1", n)
+	}
+	check("the same id again", 500, 50, 50)
+	if err := rl.Charge(ctx, both, time.Now(), 100, 0, "c2"); err != nil {
+		t.Fatal(err)
+	}
+	check("another id", 600, 50, 50)
+	if ttl := client.PTTL(ctx, "{tollgate:rl:team:ch}:charge:c1").Val(); ttl <= 24*time.Hour {
+		t.Fatalf("cost-per-month charge marker TTL %v, want the month's counter's", ttl)
+	}
+
+	h.n.Store(0)
+	if err := rl.Charge(ctx, []Subject{keySubject("rates", Limits{RPM: 10, TPM: 1000})}, time.Now(), 500, 50, "c3"); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.n.Load(); n != 0 {
+		t.Fatalf("%d round trips to charge a subject without budgets", n)
+	}
+	old := time.Now().AddDate(0, -3, 0)
+	if err := rl.Charge(ctx, both, old, 500, 50, "c4"); err != nil {
+		t.Fatal(err)
+	}
+	day, _ := dayWindow(old)
+	if n := client.Exists(ctx, "{tollgate:rl:key:ch}:tpd:"+day, "{tollgate:rl:key:ch}:charge:c4").Val(); n != 0 {
+		t.Fatalf("a charge three months late left %d keys", n)
+	}
+	if err := rl.Charge(ctx, both, time.Now(), 1, 1, ""); err == nil {
+		t.Fatal("Charge without an id succeeded")
 	}
 }

@@ -34,6 +34,14 @@ func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*
 	if !cfg.UsesRedis() {
 		ledger, err := spend.NewLocal(spend.LocalOptions{StateFile: cfg.Spend.StateFile, FlushInterval: flush,
 			Logger: log})
+		if err == nil {
+			// Budgets live in this process: restore what the persisted
+			// ledger says was used today and this month.
+			err = seedBudgets(context.Background(), local, ledger, cfg, time.Now())
+			if err != nil {
+				_ = ledger.Close()
+			}
+		}
 		if err != nil {
 			_ = local.Close()
 			return nil, err

@@ -788,3 +788,55 @@ func TestForcedShutdownStillBills(t *testing.T) {
 		t.Errorf("state file %s; the record billed %d output tokens", data, recs[0].Usage.Output)
 	}
 }
+
+// TestBudgetsSurviveRestart: without Redis, a restarted gateway restores
+// what each team used today from its state file, so a spent budget stays
+// spent.
+func TestBudgetsSurviveRestart(t *testing.T) {
+	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Spend.StateFile = filepath.Join(t.TempDir(), "spend.json")
+	cfg.Teams[0].TokensPerDay = p64(600)
+	send := func(r *replica) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, r.url+"/v1/messages", strings.NewReader(messagesBody(1, false)))
+		req.Header.Set("X-Api-Key", testKeyA)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	first := startReplica(t, cfg)
+	admitted := 0
+	for range 20 {
+		code, body := send(first)
+		if code == http.StatusTooManyRequests {
+			if !strings.Contains(body, "Budget spent") || !strings.Contains(body, "T00:00:00Z.") {
+				t.Fatalf("refusal is not the budget: %s", body)
+			}
+			break
+		}
+		if code != http.StatusOK {
+			t.Fatalf("%d %s", code, body)
+		}
+		admitted++
+	}
+	if admitted == 0 || admitted == 20 {
+		t.Fatalf("%d requests admitted before the budget of 600 tokens refused", admitted)
+	}
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	second := startReplica(t, cfg)
+	if code, body := send(second); code != http.StatusTooManyRequests || !strings.Contains(body, "Budget spent") {
+		t.Errorf("after a restart the spent budget admitted again: %d %s", code, body)
+	}
+	lim := adminLimits(t, second.url)
+	if l := lim.find("team", "red", "tokens_per_day"); l == nil || l.Used < 600 {
+		t.Errorf("tokens_per_day after the restart: %+v", l)
+	}
+}
