@@ -114,15 +114,20 @@ type Redis struct {
 	DialTimeoutMs float64 `toml:"dial_timeout_ms"`
 	// TimeoutMs bounds each command's read and write. Default 250.
 	TimeoutMs float64 `toml:"timeout_ms"`
+	// SpillDir is where a replica that stops while Redis is down keeps what
+	// it could not send (spend, and rate-limit settlements and charges), in
+	// tollgate-spend-spill.json and tollgate-ratelimit-spill.json; the next
+	// start sends them. Each replica needs its own directory. "" drops them
+	// at shutdown (logged). Default "." (the working directory).
+	SpillDir string `toml:"spill_dir"`
 }
 
 // Spend is the [spend] table: the ledger of tokens and cost.
 type Spend struct {
 	// StateFile is where the in-process ledger is kept across restarts
-	// (written atomically every FlushIntervalSeconds and on shutdown). With
-	// Redis it holds only the spend a replica could not send before it
-	// stopped (Redis down), sent at the next start; each replica needs its
-	// own. "" keeps spend in memory only. Default "tollgate-spend.json".
+	// (written atomically every FlushIntervalSeconds and on shutdown). ""
+	// keeps it in memory only. Unused with Redis (see [redis] spill_dir).
+	// Default "tollgate-spend.json".
 	StateFile string `toml:"state_file"`
 	// FlushIntervalSeconds is how often the state file is written, or with
 	// Redis how often spend is sent to Redis. Default 2.

@@ -56,6 +56,7 @@ func Default() Config {
 			Addrs:         []string{},
 			KeyPrefix:     "tollgate:",
 			DialTimeoutMs: 500,
+			SpillDir:      ".",
 			TimeoutMs:     250,
 		},
 		Spend: Spend{
@@ -78,8 +79,8 @@ func DefaultUpstream() Upstream {
 }
 
 // DemoConfig returns Default() with one upstream, named "mock", at baseURL
-// serving both dialects, and with [spend] state_file "" so that spend stays
-// in memory: the demo writes no file. `gateway demo` points it at its
+// serving both dialects, and with [spend] state_file and [redis] spill_dir
+// "" so that spend stays in memory: the demo writes no file. `gateway demo` points it at its
 // in-process mock; it needs no keys (mode "passthrough", no [[keys]]).
 func DemoConfig(baseURL string) Config {
 	c := Default()
@@ -88,6 +89,7 @@ func DemoConfig(baseURL string) Config {
 	u.BaseURL = baseURL
 	c.Upstreams = []Upstream{u}
 	c.Spend.StateFile = ""
+	c.Redis.SpillDir = ""
 	c.normalize()
 	return c
 }

@@ -22,7 +22,7 @@ func TestDefault(t *testing.T) {
 		SLO:       SLO{TTFTMs: 2000, TPOTMs: 100, E2ELMs: 0},
 		Log:       Log{Level: "info", Format: "json", AccessLog: true},
 		RateLimit: RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
-		Redis:     Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250},
+		Redis:     Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250, SpillDir: "."},
 		Spend:     Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -208,6 +208,7 @@ tls = true
 key_prefix = "tg:"
 dial_timeout_ms = 300
 timeout_ms = 100
+spill_dir = "/var/lib/tollgate"
 
 [spend]
 state_file = "/var/lib/tollgate/spend.json"
@@ -282,7 +283,7 @@ sha256 = "8c8e789e8aa3c4d0d9aad5a8b00d81cd96937721471c59209e04a8233ad90f65"
 		RateLimit: RateLimit{DefaultMaxTokens: 1024, OnRedisError: "deny", RedisRetrySeconds: 0.5},
 		Redis: Redis{Addrs: []string{"10.0.0.1:26379", "10.0.0.2:26379"}, MasterName: "mymaster",
 			Username: "tollgate", PasswordEnv: "REDIS_PASSWORD", Password: "redis-pw-secret", DB: 2, TLS: true,
-			KeyPrefix: "tg:", DialTimeoutMs: 300, TimeoutMs: 100},
+			KeyPrefix: "tg:", DialTimeoutMs: 300, TimeoutMs: 100, SpillDir: "/var/lib/tollgate"},
 		Spend: Spend{StateFile: "/var/lib/tollgate/spend.json", FlushIntervalSeconds: 5},
 		Models: []Model{
 			{Pattern: "gpt-4o-mini*", InputUSDPerMTok: 0.15, OutputUSDPerMTok: 0.6, CacheReadUSDPerMTok: f64(0.075)},

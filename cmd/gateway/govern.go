@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -76,10 +77,10 @@ func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*
 		OnDegraded: func(d bool) { m.SetDegraded("ratelimit", d) },
 		Logger:     log,
 	})
-	// The state file holds what a replica could not send to Redis before it
+	// The spill file holds what a replica could not send to Redis before it
 	// stopped; the next start sends it, under the same batch ids.
 	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
-		SpillFile: cfg.Spend.StateFile, OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
+		SpillFile: spillPath(rc.SpillDir, "tollgate-spend-spill.json"), OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
 	if err != nil {
 		_ = limiter.Close()
 		_ = client.Close()
@@ -112,4 +113,12 @@ func (g *governance) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// spillPath names a spill file in dir, or "" (no spill) when dir is "".
+func spillPath(dir, name string) string {
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, name)
 }

@@ -461,7 +461,8 @@ func TestSpendExactAcrossRedisRestart(t *testing.T) {
 	// returns: what it billed waits in its state file (the spill), and
 	// the same replica started again sends it.
 	spill := cfg
-	spill.Spend.StateFile = filepath.Join(t.TempDir(), "spill.json")
+	spill.Redis.SpillDir = t.TempDir()
+	spillFile := filepath.Join(spill.Redis.SpillDir, "tollgate-spend-spill.json")
 	victim := startReplica(t, spill)
 	if res := load(t, []*replica{victim}, testKeyB, 1, 200*time.Millisecond, 0, 20); res.ok.Load() == 0 {
 		t.Fatal("the fourth replica served nothing during the outage")
@@ -469,7 +470,7 @@ func TestSpendExactAcrossRedisRestart(t *testing.T) {
 	if err := victim.stop(); err == nil {
 		t.Error("stopping with Redis down reported no unwritten spend")
 	}
-	if _, err := os.Stat(spill.Spend.StateFile); err != nil {
+	if _, err := os.Stat(spillFile); err != nil {
 		t.Fatalf("no spill file after stopping with Redis down: %v", err)
 	}
 	srv.Start()
@@ -478,7 +479,7 @@ func TestSpendExactAcrossRedisRestart(t *testing.T) {
 	if err := again.stop(); err != nil {
 		t.Fatalf("the restarted replica could not send its spill: %v", err)
 	}
-	if _, err := os.Stat(spill.Spend.StateFile); !os.IsNotExist(err) {
+	if _, err := os.Stat(spillFile); !os.IsNotExist(err) {
 		t.Errorf("spill file still there after it was sent: %v", err)
 	}
 	r1, r2 := <-done, <-done
