@@ -204,6 +204,10 @@ func (ex *exchange) serve() {
 			ex.fail(aerr, llm.OutcomeBadRequest)
 			return
 		}
+		if key, field, bad := caseVariantField(body); bad {
+			ex.fail(errCaseVariant(key, field), llm.OutcomeBadRequest)
+			return
+		}
 		ex.info = info
 		ex.rec.Model = info.Model
 		ex.rec.Stream = info.Stream
@@ -214,18 +218,10 @@ func (ex *exchange) serve() {
 			}
 		}
 	}
-	if d == llm.DialectNone && r.Method == http.MethodPost && !strings.HasSuffix(r.URL.Path, "/count_tokens") {
-		// Another model API (embeddings, responses, completions): metered
-		// too when its body names a model, so that no path gets around a
-		// key's limits, its team's models or the ledger.
-		if info, ok := inspectForwarded(body); ok {
-			if info.Stream && g.gov.keysMode {
-				ex.fail(errUnmeteredStream(r.URL.Path), llm.OutcomeBadRequest)
-				return
-			}
-			ex.info, ex.metered = info, true
-			ex.rec.Model = info.Model
-			ex.promptEstimate = int64(len(body)+3) / 4
+	if d == llm.DialectNone {
+		if aerr := ex.meterForwarded(body); aerr != nil {
+			ex.fail(aerr, llm.OutcomeRejected)
+			return
 		}
 	}
 	ex.modelLabel = g.metrics.Model(ex.rec.Model)
@@ -285,7 +281,10 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 			ex.upFirstByte.CompareAndSwap(0, int64(max(g.now().Sub(in), 1)))
 		},
 	}
-	target := up.cfg.URL(r.URL.Path)
+	// The path goes upstream as the caller encoded it: decoding it would
+	// turn an escaped "?" or "/" into a different request than the one the
+	// router and the governance saw.
+	target := up.cfg.URL(r.URL.EscapedPath())
 	if r.URL.RawQuery != "" {
 		target += "?" + r.URL.RawQuery
 	}

@@ -246,6 +246,53 @@ func (ex *exchange) admit() bool {
 	return true
 }
 
+// meterForwarded decides how a request to another /v1/* path is governed.
+// A POST whose JSON body names a top-level model (embeddings, responses,
+// completions) is metered: identified, checked against the team's models,
+// admitted and billed like a dialect request. A caller the gateway governs
+// (mode "keys", or a key with limits) may not send what cannot be metered:
+// a stream or background request, a body without a model, or, in mode
+// "keys", anything but GET /v1/models and POST /v1/messages/count_tokens
+// (the upstream account's files, batches and stored responses are shared by
+// every gateway key). Other callers' unmeterable requests go upstream as
+// they are.
+func (ex *exchange) meterForwarded(body []byte) *apiError {
+	r, gv := ex.r, ex.g.gov
+	path := r.URL.Path
+	exact := r.URL.RawPath == "" // no escaped characters in the path
+	strict := gv.keysMode || len(ex.subjects()) > 0
+	if r.Method != http.MethodPost || exact && path == "/v1/messages/count_tokens" {
+		if !gv.keysMode {
+			return nil
+		}
+		models := (r.Method == http.MethodGet || r.Method == http.MethodHead) && exact &&
+			(path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"))
+		count := r.Method == http.MethodPost && exact && path == "/v1/messages/count_tokens"
+		if models || count {
+			return nil
+		}
+		return errNotWithGatewayKeys(r.Method, path)
+	}
+	if key, field, bad := caseVariantField(body); bad {
+		return errCaseVariant(key, field)
+	}
+	info, ok := inspectForwarded(body)
+	switch {
+	case !ok && strict:
+		return errUnmetered(path, "its body is not a JSON object naming a \"model\"")
+	case !ok:
+		return nil
+	case (info.Stream || info.Background) && strict:
+		return errUnmetered(path, "streamed and background requests are metered only on /v1/chat/completions and /v1/messages")
+	case info.Stream || info.Background:
+		return nil
+	}
+	ex.info, ex.metered = info, true
+	ex.rec.Model = info.Model
+	ex.promptEstimate = int64(len(body)+3) / 4
+	return nil
+}
+
 // who names the subject of a limit for an error message.
 func (ex *exchange) who(st ratelimit.State) string {
 	if st.Scope == ratelimit.ScopeTeam {
@@ -359,7 +406,7 @@ func deleteUpstreamAccountHeaders(h http.Header, ownAccount bool) {
 	for k := range h {
 		if strings.HasPrefix(k, "X-Ratelimit-") || strings.HasPrefix(k, "Anthropic-Ratelimit-") ||
 			strings.HasPrefix(k, "Anthropic-Priority-") ||
-			ownAccount && (k == "Openai-Organization" || k == "Openai-Project") {
+			ownAccount && (k == "Openai-Organization" || k == "Openai-Project" || k == "Anthropic-Organization-Id") {
 			delete(h, k)
 		}
 	}
@@ -462,11 +509,24 @@ func errModelNotAllowed(team, model string) *apiError {
 		Msg: "team " + strconv.Quote(team) + " may not use model " + strconv.Quote(model)}
 }
 
-func errUnmeteredStream(path string) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "unmetered_stream",
-		AnthropicKind: "invalid_request_error", Param: "stream",
-		Msg: "streamed requests are metered only on /v1/chat/completions and /v1/messages; this gateway " +
-			"issues its own keys and does not relay unmetered streams on " + path + ": set \"stream\": false"}
+func errUnmetered(path, why string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "unmetered_request",
+		AnthropicKind: "invalid_request_error",
+		Msg:           "this gateway meters every request of a governed key, and cannot meter this one on " + path + ": " + why}
+}
+
+func errNotWithGatewayKeys(method, path string) *apiError {
+	return &apiError{Status: http.StatusForbidden, Kind: "invalid_request_error", Code: "not_available",
+		AnthropicKind: "permission_error",
+		Msg: method + " " + path + " is not available with this gateway's keys: it would reach resources shared by " +
+			"every key of the upstream account (only model requests, GET /v1/models and count_tokens are)"}
+}
+
+func errCaseVariant(key, field string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "ambiguous_field",
+		AnthropicKind: "invalid_request_error", Param: field,
+		Msg: "field " + strconv.Quote(key) + " differs from " + strconv.Quote(field) +
+			" only in case; the gateway cannot tell which one the upstream reads"}
 }
 
 func errUnpricedModel(who, model string) *apiError {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -682,6 +683,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Ratelimit-Remaining-Requests", "9999")
 	h.Set("Anthropic-Ratelimit-Tokens-Limit", "400000")
 	h.Set("Openai-Organization", "org-upstream-account")
+	h.Set("Anthropic-Organization-Id", "upstream-org-uuid")
 	if r.Method == http.MethodGet {
 		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"gpt-test","object":"model"}]}`))
 		return
@@ -737,7 +739,7 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 	h := resp.Header
 	if h.Get("X-Ratelimit-Limit-Requests") != "2" || h.Get("X-Ratelimit-Remaining-Requests") != "1" ||
 		h.Get("X-Ratelimit-Limit-Tokens") != "" || h.Get("Anthropic-Ratelimit-Tokens-Limit") != "" ||
-		h.Get("Openai-Organization") != "" {
+		h.Get("Openai-Organization") != "" || h.Get("Anthropic-Organization-Id") != "" {
 		t.Errorf("headers mix the upstream account with the key's own: %v", h)
 	}
 	got := api.requests()[0].Header
@@ -769,7 +771,7 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 	tg.record(t)
 	// A stream on a path the gateway cannot meter.
 	if resp, body := post(t, tg.URL+"/v1/responses", `{"model":"claude-test","stream":true,"input":"hi"}`, beta); resp.StatusCode != http.StatusBadRequest ||
-		!strings.Contains(string(body), "unmetered_stream") {
+		!strings.Contains(string(body), "unmetered_request") {
 		t.Errorf("forwarded stream in keys mode: %d %s", resp.StatusCode, body)
 	}
 	tg.record(t)
@@ -826,5 +828,102 @@ func TestCeilSecond(t *testing.T) {
 		if got := ceilSecond(tc.in); !got.Equal(tc.want) || got.Location() != time.UTC {
 			t.Errorf("ceilSecond(%v) = %v, want %v UTC", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestNoWayAroundMetering: the ways a second review found around the
+// metering of governed callers are closed — an escaped path that decodes to
+// count_tokens, bodies the metering cannot read (a string "stream", a
+// model nested elsewhere, no model), background requests, field names that
+// differ only in case, and in mode "keys" the upstream account's shared
+// resources (files, batches). A passthrough key with limits cannot send an
+// unmetered stream either; one without limits can.
+func TestNoWayAroundMetering(t *testing.T) {
+	api := &fakeAPI{}
+	up := httptest.NewServer(api)
+	t.Cleanup(up.Close)
+	newGW := func(mode string) *testGateway {
+		lim := ratelimit.NewLocal(ratelimit.LocalOptions{})
+		t.Cleanup(func() { _ = lim.Close() })
+		return newTestGatewayWith(t, up.URL, func(c *config.Config) {
+			c.Auth.Mode = mode
+			c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", upstreamKey
+			c.Models = []config.Model{{Pattern: "claude-test*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15}}
+			c.Teams = []config.Team{{Name: "ads", Models: []string{"claude-test*"}, Limits: config.Limits{RPM: i64(100)}}}
+			c.Keys = []config.Key{{Name: "beta", SHA256: sha(keyBeta), Team: "ads"}}
+		}, func(o *Options) { o.Limiter = lim })
+	}
+	beta := map[string]string{"Authorization": "Bearer " + keyBeta}
+	send := func(tg *testGateway, method, path, body string, hdr map[string]string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, tg.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		tg.record(t)
+		return resp.StatusCode, string(b)
+	}
+
+	keys := newGW("keys")
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		code               string
+	}{
+		{"POST", "/v1/chat/completions%3Fx=/count_tokens", `{"model":"gpt-forbidden","stream":true}`, 400, "unmetered_request"},
+		{"POST", "/v1/chat/completions%3Fx=/count_tokens", `{"model":"gpt-forbidden"}`, 403, "model_not_allowed"},
+		{"POST", "/v1/responses", `{"model":"claude-test","stream":"true","input":"hi"}`, 400, "unmetered_request"},
+		{"POST", "/v1/responses", `{"model":"claude-test","background":true,"input":"hi"}`, 400, "unmetered_request"},
+		{"POST", "/v1/messages/batches", `{"requests":[{"custom_id":"a","params":{"model":"gpt-forbidden"}}]}`, 400, "cannot meter"}, // Anthropic dialect: no code field
+		{"POST", "/v1/embeddings", `{"model":"gpt-forbidden","MODEL":"claude-test","input":"x"}`, 400, "ambiguous_field"},
+		{"POST", "/v1/embeddings", `{"model":"claude-test","\u0053tream":true,"input":"x"}`, 400, "ambiguous_field"},
+		{"POST", "/v1/embeddings", `not json`, 400, "unmetered_request"},
+		{"GET", "/v1/files", ``, 403, "not_available"},
+		{"DELETE", "/v1/files/file-123", ``, 403, "not_available"},
+		{"GET", "/v1/batches/b-1", ``, 403, "not_available"},
+		{"GET", "/v1/models%2F..%2Ffiles", ``, 403, "not_available"},
+		{"POST", "/v1/messages/count_tokens?beta=true", `{"model":"gpt-other","messages":[]}`, 200, ""},
+		{"GET", "/v1/models/gpt-test", ``, 200, ""},
+		{"POST", "/v1/embeddings", `{"model":"claude-test-embed","input":"x"}`, 200, ""},
+	} {
+		code, body := send(keys, tc.method, tc.path, tc.body, beta)
+		if code != tc.status || !strings.Contains(body, tc.code) {
+			t.Errorf("keys mode: %s %s %s: %d %s, want %d %s", tc.method, tc.path, tc.body, code, body, tc.status, tc.code)
+		}
+	}
+	// Chat completions with a case-variant model on the dialect route too.
+	if code, body := send(keys, "POST", "/v1/chat/completions", `{"model":"gpt-forbidden","MODEL":"claude-test","messages":[]}`, beta); code != 400 ||
+		!strings.Contains(body, "ambiguous_field") {
+		t.Errorf("dialect route with a case-variant model: %d %s", code, body)
+	}
+	for _, r := range api.requests() {
+		if strings.Contains(r.URL.Path, "count_tokens") && strings.Contains(r.URL.Path, "chat") {
+			t.Errorf("the escaped path reached the upstream as %q", r.URL.Path)
+		}
+	}
+	if n := len(api.requests()); n != 3 {
+		t.Errorf("upstream got %d requests, want 3 (count_tokens, GET model, embeddings)", n)
+	}
+
+	// Passthrough: a listed key with limits is metered strictly; another is not.
+	pass := newGW("passthrough")
+	if code, body := send(pass, "POST", "/v1/responses", `{"model":"claude-test","stream":true,"input":"hi"}`, beta); code != 400 {
+		t.Errorf("passthrough key with limits, forwarded stream: %d %s", code, body)
+	}
+	other := map[string]string{"Authorization": "Bearer sk-unlisted"}
+	if code, body := send(pass, "POST", "/v1/responses", `{"model":"gpt-anything","stream":true,"input":"hi"}`, other); code != 200 {
+		t.Errorf("passthrough key without limits, forwarded stream: %d %s", code, body)
+	}
+	if code, body := send(pass, "GET", "/v1/files", ``, other); code != 200 {
+		t.Errorf("passthrough GET /v1/files: %d %s", code, body)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -16,6 +17,9 @@ type requestInfo struct {
 	// MaxTokens is max_completion_tokens (preferred) or max_tokens; -1 when
 	// the request sets neither.
 	MaxTokens int64
+	// Background is set for an asynchronous request (OpenAI Responses
+	// "background": true), whose answer carries no usage to bill.
+	Background bool
 	// IncludeUsage reports whether the caller itself asked for streamed usage
 	// (OpenAI stream_options.include_usage: true).
 	IncludeUsage bool
@@ -175,6 +179,7 @@ type forwardedFields struct {
 	MaxTokens           json.RawMessage `json:"max_tokens"`
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"`
+	Background          bool            `json:"background"`
 }
 
 // inspectForwarded reads the model, stream flag and output cap of a
@@ -187,7 +192,7 @@ func inspectForwarded(body []byte) (info requestInfo, ok bool) {
 	if json.Unmarshal(body, &f) != nil || f.Model == "" {
 		return info, false
 	}
-	info.Model, info.Stream = f.Model, f.Stream
+	info.Model, info.Stream, info.Background = f.Model, f.Stream, f.Background
 	for _, raw := range [][]byte{f.MaxCompletionTokens, f.MaxTokens, f.MaxOutputTokens} {
 		var n int64
 		if len(raw) > 0 && json.Unmarshal(raw, &n) == nil && n >= 0 {
@@ -196,4 +201,35 @@ func inspectForwarded(body []byte) (info requestInfo, ok bool) {
 		}
 	}
 	return info, true
+}
+
+// governedFields are the body fields the gateway decides on. encoding/json
+// matches field names without regard to case, so {"model":"a","MODEL":"b"}
+// would be judged and billed as "b" while an upstream that reads keys
+// exactly (most servers) serves "a": such bodies are refused.
+var governedFields = []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
+	"background", "stream_options"}
+
+// caseVariantField returns the first top-level key of body that equals a
+// governed field name but for case (escapes decoded), with that name.
+func caseVariantField(body []byte) (key, field string, found bool) {
+	obj, ok := jsonscan.Value(body)
+	if !ok || jsonscan.KindOf(obj) != jsonscan.KindObject {
+		return "", "", false
+	}
+	it := jsonscan.Object(obj)
+	for it.Next() {
+		k := string(it.Key())
+		if strings.IndexByte(k, '\\') >= 0 {
+			if json.Unmarshal([]byte(`"`+k+`"`), &k) != nil {
+				continue
+			}
+		}
+		for _, f := range governedFields {
+			if k != f && strings.EqualFold(k, f) {
+				return k, f, true
+			}
+		}
+	}
+	return "", "", false
 }
