@@ -108,7 +108,10 @@ func TestRelayAllocationsDoNotGrowWithEvents(t *testing.T) {
 		return testing.AllocsPerRun(50, func() { h.run(&ex, &body) })
 	}
 	small, large := allocs(16), allocs(1024)
-	if large > small {
+	// One allocation per event would add 1,008; a few of slack absorb the
+	// race detector, which makes sync.Pool drop items at random (seen: 2 vs
+	// 3 under -race).
+	if large > small+4 {
 		t.Fatalf("relay allocations grow with events: %.1f for 16 events, %.1f for 1024", small, large)
 	}
 	t.Logf("allocations per stream: %.1f (16 events), %.1f (1024 events)", small, large)
