@@ -470,16 +470,16 @@ func TestDemoConfig(t *testing.T) {
 	if len(c.Upstreams) != 1 || c.Upstreams[0].Name != "mock" || c.Upstreams[0].BaseURL != "http://127.0.0.1:7777" {
 		t.Errorf("upstreams = %+v", c.Upstreams)
 	}
-	// The demo writes no spend file and needs no key.
-	if c.Spend.StateFile != "" || c.Auth.Mode != "passthrough" || len(c.Keys) != 0 {
-		t.Errorf("DemoConfig state_file = %q, mode = %q, %d keys; want \"\", passthrough, none",
-			c.Spend.StateFile, c.Auth.Mode, len(c.Keys))
+	// The demo writes no spend or spill file and needs no key.
+	if c.Spend.StateFile != "" || c.Redis.SpillDir != "" || c.Auth.Mode != "passthrough" || len(c.Keys) != 0 {
+		t.Errorf("DemoConfig state_file = %q, spill_dir = %q, mode = %q, %d keys; want \"\", \"\", passthrough, none",
+			c.Spend.StateFile, c.Redis.SpillDir, c.Auth.Mode, len(c.Keys))
 	}
 	want := Default()
 	want.Upstreams = c.Upstreams
-	want.Spend.StateFile = ""
+	want.Spend.StateFile, want.Redis.SpillDir = "", ""
 	if !reflect.DeepEqual(c, want) {
-		t.Errorf("DemoConfig differs from Default() outside its upstream and state file")
+		t.Errorf("DemoConfig differs from Default() outside its upstream, state file and spill dir")
 	}
 	if u := c.Upstreams[0]; !u.IncludeUsage || len(u.Dialects) != 2 || u.TimeoutSeconds != 600 {
 		t.Errorf("mock upstream lacks the upstream defaults: %+v", u)

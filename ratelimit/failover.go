@@ -52,6 +52,14 @@ type FailoverOptions struct {
 	OnDegraded func(degraded bool)
 	// Logger receives the transitions and dropped settlements; nil discards.
 	Logger *slog.Logger
+	// SpillFile, if set, keeps what is still queued for the primary when the
+	// Failover closes (Redis still down: Retry failed): Close writes it
+	// there, and the next NewFailover on the same file queues it again and
+	// replays it once the primary answers, so that a restart during an
+	// outage loses no settlement and no budget usage. The file is removed
+	// once every operation it held has been applied (or dropped). Empty
+	// means that Close drops what is queued. Each replica needs its own file.
+	SpillFile string
 }
 
 // Failover is a Limiter that uses a primary (Redis) while it answers and,
@@ -79,6 +87,17 @@ type FailoverOptions struct {
 // during an outage still counts against its daily and monthly budgets once
 // the primary is back; rates are not charged, they refill within a minute.
 //
+// An error reply of the primary that blames the operation rather than the
+// primary's availability (a Redis script error, a key of the wrong type; see
+// operationFault) is a bug or bad data, not an outage: it is logged as an
+// error and counted (Faults), the primary is not marked down, the
+// admission or Peek it failed is answered as during an outage, and the
+// settlement or charge it failed is dropped (Dropped), since replaying it
+// would fail the same way.
+//
+// What is still queued at Close goes to FailoverOptions.SpillFile, for
+// the next process to replay.
+//
 // Failover starts one goroutine at a time, to replay the queue after the
 // primary answers again; Close stops it and waits for it.
 type Failover struct {
@@ -90,12 +109,14 @@ type Failover struct {
 	now               func() time.Time
 	onDegraded        func(bool)
 	log               *slog.Logger
+	spillFile         string
 
 	// degraded and pendingN mirror the fields under mu, so that the healthy
 	// path reads two atomics and takes no lock.
 	degraded atomic.Bool
 	pendingN atomic.Int64
 	closed   atomic.Bool
+	faults   atomic.Uint64
 
 	// replayCtx is the replay goroutine's context; Close cancels it.
 	replayCtx    context.Context
@@ -109,37 +130,73 @@ type Failover struct {
 	pending   []pendingOp
 	dropped   uint64
 	fullSaid  bool // the queue's overflow was logged in this degraded period
+	// spillOnDisk says that SpillFile exists; spillLeft counts the
+	// operations read from it that are still queued or in flight. The file
+	// is removed when both say it holds nothing left to apply.
+	spillOnDisk bool
+	spillLeft   int
 }
 
 var _ Limiter = (*Failover)(nil)
 
-// pendingOp is a primary settlement, or a charge of a fallback lease's
+// opKind says what a pendingOp does on the primary.
+type opKind uint8
+
+const (
+	// opSettle settles a primary lease.
+	opSettle opKind = iota
+	// opUndo settles with zero usage the attempted lease of a primary
+	// admission that failed, taking back whatever it reserved.
+	opUndo
+	// opCharge charges a settled fallback lease's usage to the primary's
+	// budgets (Charger.Charge).
+	opCharge
+)
+
+// String returns the kind's name in the spill file.
+func (k opKind) String() string {
+	switch k {
+	case opUndo:
+		return "undo"
+	case opCharge:
+		return "charge"
+	}
+	return "settle"
+}
+
+// pendingOp is a primary settlement, undo or charge of a fallback lease's
 // usage, waiting for the primary.
 type pendingOp struct {
+	kind               opKind
 	lease              *Lease
 	tokens, costMicros int64
-	// chargeID is set for a charge of the fallback lease's usage to the
-	// primary's budgets (Charger.Charge), empty for a settlement.
+	// chargeID is the charge's own id (opCharge).
 	chargeID string
 	attempts int
+	// spilled says that the op was read from the spill file.
+	spilled bool
 }
 
 // apply performs p on the primary.
 func (f *Failover) apply(ctx context.Context, p pendingOp) error {
-	if p.chargeID != "" {
+	if p.kind == opCharge {
 		return f.charger.Charge(ctx, p.lease.Subjects, p.lease.At, p.tokens, p.costMicros, p.chargeID)
 	}
 	return f.primary.Settle(ctx, p.lease, p.tokens, p.costMicros)
 }
 
-// NewFailover returns a Failover. It panics when Primary is nil, or when
-// Fallback is nil without Deny: that is a wiring error, found at startup.
-func NewFailover(o FailoverOptions) *Failover {
+// NewFailover returns a Failover. Its error is a wiring error (no Primary,
+// no Fallback without Deny), or a SpillFile that cannot be read or is
+// corrupt: the operations it holds would be lost, so the caller must not
+// start without them (an operator can move a corrupt file aside). A spill
+// file's operations are queued before anything else and replayed once the
+// primary answers.
+func NewFailover(o FailoverOptions) (*Failover, error) {
 	if o.Primary == nil {
-		panic("ratelimit: NewFailover without a primary")
+		return nil, errors.New("ratelimit: NewFailover without a primary")
 	}
 	if o.Fallback == nil && !o.Deny {
-		panic("ratelimit: NewFailover without a fallback needs Deny")
+		return nil, errors.New("ratelimit: NewFailover without a fallback needs Deny")
 	}
 	if o.RetryAfter <= 0 {
 		o.RetryAfter = DefaultFailoverRetryAfter
@@ -156,15 +213,37 @@ func NewFailover(o FailoverOptions) *Failover {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	charger, _ := o.Primary.(Charger)
-	return &Failover{
+	var ops []pendingOp
+	if o.SpillFile != "" {
+		sf, err := readSpill(o.SpillFile)
+		if err != nil {
+			return nil, err
+		}
+		if sf != nil {
+			if ops, err = sf.pendingOps(o.Primary); err != nil {
+				return nil, fmt.Errorf("ratelimit: spill file %s is corrupt: %w", o.SpillFile, err)
+			}
+			for _, p := range ops {
+				if p.kind == opCharge && charger == nil {
+					return nil, fmt.Errorf("ratelimit: spill file %s holds charges, but the primary takes none", o.SpillFile)
+				}
+			}
+			o.Logger.Info("ratelimit: operations from the spill file will be replayed on the primary",
+				"spill_file", o.SpillFile, "count", len(ops), "saved_at", sf.SavedAt)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &Failover{
 		charger: charger,
 		primary: o.Primary, fallback: o.Fallback, deny: o.Deny,
 		retryAfter: o.RetryAfter, maxPending: o.MaxPending, now: o.Now,
-		onDegraded: o.OnDegraded, log: o.Logger,
+		onDegraded: o.OnDegraded, log: o.Logger, spillFile: o.SpillFile,
 		replayCtx: ctx, cancelReplay: cancel,
+		pending: ops, spillOnDisk: ops != nil, spillLeft: len(ops),
 	}
+	f.pendingN.Store(int64(len(ops)))
+	return f, nil
 }
 
 // Admit implements Limiter. A failing primary is answered by the fallback,
@@ -187,10 +266,15 @@ func (f *Failover) Admit(ctx context.Context, req Request) (Decision, error) {
 	d, err := f.primary.Admit(ctx, req)
 	if err != nil {
 		if d.Lease != nil {
-			// The primary may have admitted before failing to answer:
-			// settling with zero usage takes its reservations back, and does
-			// nothing if it never admitted.
-			_ = f.enqueue(pendingOp{lease: d.Lease})
+			// The primary may have admitted before failing to answer (or its
+			// script may have failed after some writes): settling with zero
+			// usage takes its reservations back, and does nothing if it
+			// never admitted.
+			_ = f.enqueue(pendingOp{kind: opUndo, lease: d.Lease})
+		}
+		if operationFault(err) {
+			f.primaryFaulted("admission", err, probe)
+			return f.degradedAdmit(ctx, req)
 		}
 		if !f.primaryFailed(ctx, err, probe) {
 			return Decision{}, err
@@ -220,7 +304,8 @@ func (f *Failover) degradedAdmit(ctx context.Context, req Request) (Decision, er
 // primary lease settles on the primary when it is up. A settlement or
 // charge for the primary while it is down, or whose call fails, is queued
 // for replay and Settle returns nil, or an error if the queue is full and
-// it was dropped.
+// it was dropped. One the primary refuses (an operation fault) is dropped
+// with an error.
 func (f *Failover) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) error {
 	if l == nil {
 		return errors.New("ratelimit: settle of a nil lease")
@@ -242,9 +327,9 @@ func (f *Failover) Settle(ctx context.Context, l *Lease, tokens, costMicros int6
 		}
 		// Settlements never probe: during an outage they would each wait
 		// for a dial timeout. A done ctx could not reach the primary.
-		return f.enqueue(pendingOp{lease: l, tokens: tokens, costMicros: costMicros})
+		return f.enqueue(pendingOp{kind: opSettle, lease: l, tokens: tokens, costMicros: costMicros})
 	}
-	return f.toPrimary(ctx, pendingOp{lease: l, tokens: tokens, costMicros: costMicros})
+	return f.toPrimary(ctx, pendingOp{kind: opSettle, lease: l, tokens: tokens, costMicros: costMicros})
 }
 
 // charge sends the usage of a settled fallback lease to the primary's
@@ -266,7 +351,7 @@ func (f *Failover) charge(ctx context.Context, l *Lease, tokens, costMicros int6
 	if err != nil {
 		return err
 	}
-	p := pendingOp{lease: l, tokens: tokens, costMicros: costMicros, chargeID: id}
+	p := pendingOp{kind: opCharge, lease: l, tokens: tokens, costMicros: costMicros, chargeID: id}
 	if f.degraded.Load() || ctx.Err() != nil {
 		return f.enqueue(p)
 	}
@@ -283,6 +368,14 @@ func (f *Failover) toPrimary(ctx context.Context, p pendingOp) error {
 	}
 	if errors.Is(err, ErrClosed) {
 		return err
+	}
+	if operationFault(err) {
+		f.faults.Add(1)
+		f.mu.Lock()
+		f.dropFaultLocked(p, err)
+		f.mu.Unlock()
+		f.primaryAnswered(false)
+		return fmt.Errorf("ratelimit: %s of lease %s dropped, the primary refused it: %w", p.kind, p.lease.ID, err)
 	}
 	// It is queued also when the caller cancelled it: it must not be lost,
 	// though that says nothing about the primary.
@@ -306,7 +399,9 @@ func (f *Failover) Peek(ctx context.Context, subjects []Subject) ([]State, error
 			f.primaryAnswered(probe)
 			return sts, nil
 		}
-		if !f.primaryFailed(ctx, err, probe) {
+		if operationFault(err) {
+			f.primaryFaulted("peek", err, probe)
+		} else if !f.primaryFailed(ctx, err, probe) {
 			return nil, err
 		}
 	}
@@ -317,14 +412,26 @@ func (f *Failover) Peek(ctx context.Context, subjects []Subject) ([]State, error
 }
 
 // Retry replays the queued settlements on the primary now, whatever
-// RetryAfter says, and returns the first failure. A replay that succeeds
-// ends a degraded period; one that fails starts one. With nothing queued it
-// does nothing. The proxy calls it before Close at shutdown, so that no
-// settlement is lost when Redis is up.
+// RetryAfter says, and returns the first failure (after the rest of the
+// queue, for an operation the primary refused and that was dropped). A
+// replay that succeeds ends a degraded period; one that fails starts one.
+// With nothing queued it does nothing. The proxy calls it before Close at
+// shutdown, so that nothing is left to spill when Redis is up. Close
+// cancels it.
 func (f *Failover) Retry(ctx context.Context) error {
+	f.mu.Lock()
 	if f.closed.Load() {
+		f.mu.Unlock()
 		return ErrClosed
 	}
+	// Close waits for it, so that an operation in flight is queued again
+	// before Close spills the queue.
+	f.wg.Add(1)
+	f.mu.Unlock()
+	defer f.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(f.replayCtx, cancel)()
 	return f.replay(ctx)
 }
 
@@ -336,37 +443,39 @@ func (f *Failover) Degraded() bool { return f.degraded.Load() }
 func (f *Failover) Pending() int { return int(f.pendingN.Load()) }
 
 // Dropped returns how many settlements (undos and charges included) were
-// dropped because the queue was full, failed maxReplayAttempts replays, or
-// were still queued at Close.
+// dropped because the queue was full, failed maxReplayAttempts replays, were
+// refused by the primary (an operation fault), or were still queued at
+// Close without a SpillFile (or with one that could not be written).
 func (f *Failover) Dropped() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.dropped
 }
 
-// Close implements Limiter: it stops the replay, drops what is still
-// queued (call Retry first to flush it) and closes both limiters.
+// Faults returns how many primary calls failed with an error that blames
+// the operation rather than the primary's availability (a Redis error reply
+// such as a script error or a key of the wrong type): a bug or bad data,
+// which does not mark the primary down.
+func (f *Failover) Faults() uint64 { return f.faults.Load() }
+
+// Close implements Limiter: it stops the replay, writes what is still
+// queued to SpillFile (or drops it without one; call Retry first to flush
+// it to the primary) and closes both limiters. Its error includes a spill
+// file that could not be written or removed.
 func (f *Failover) Close() error {
 	f.mu.Lock()
 	if f.closed.Load() {
 		f.mu.Unlock()
 		return nil
 	}
-	// Under mu, so that no replay goroutine starts after the Wait below.
+	// Under mu, so that no replay starts after the Wait below.
 	f.closed.Store(true)
 	f.mu.Unlock()
 	f.cancelReplay()
 	f.wg.Wait()
 
-	f.mu.Lock()
-	if n := len(f.pending); n > 0 {
-		f.dropped += uint64(n)
-		f.pending = nil
-		f.pendingN.Store(0)
-		f.log.Warn("ratelimit: settlements dropped at close, the primary never took them", "count", n)
-	}
-	f.mu.Unlock()
 	var errs []error
+	errs = append(errs, f.spill())
 	errs = append(errs, f.primary.Close())
 	if f.fallback != nil {
 		errs = append(errs, f.fallback.Close())
@@ -417,6 +526,23 @@ func (f *Failover) primaryFailed(ctx context.Context, err error, probe bool) boo
 	return true
 }
 
+// primaryFaulted records an operation fault of the primary (what, e.g.
+// "admission", failed with err): it is counted and logged, and since the
+// primary answered, it counts as an answer.
+func (f *Failover) primaryFaulted(what string, err error, probe bool) {
+	f.faults.Add(1)
+	f.log.Error("ratelimit: the primary limiter refused an operation; a bug or bad data, not an outage",
+		"op", what, "err", err)
+	f.primaryAnswered(probe)
+}
+
+// dropFaultLocked drops p, which the primary refused.
+func (f *Failover) dropFaultLocked(p pendingOp, err error) {
+	f.dropped++
+	f.log.Error("ratelimit: operation dropped, the primary refused it", "op", p.kind.String(),
+		"lease", p.lease.ID, "tokens", p.tokens, "cost_micros", p.costMicros, "err", err)
+}
+
 // primaryAnswered records a primary success: the probe's ends a degraded
 // period, and any success starts the replay of queued settlements.
 func (f *Failover) primaryAnswered(probe bool) {
@@ -445,7 +571,8 @@ func (f *Failover) replayLoop() {
 	for {
 		err := f.replay(f.replayCtx)
 		f.mu.Lock()
-		if err != nil || len(f.pending) == 0 || f.degraded.Load() || f.closed.Load() {
+		// An operation fault was dropped and does not stop the replay.
+		if err != nil && !operationFault(err) || len(f.pending) == 0 || f.degraded.Load() || f.closed.Load() {
 			f.replaying = false
 			f.mu.Unlock()
 			return
@@ -478,7 +605,7 @@ func (f *Failover) enqueue(p pendingOp) error {
 			f.log.Warn("ratelimit: settlement queue full, dropping settlements until the primary answers",
 				"max", f.maxPending)
 		}
-		return fmt.Errorf("ratelimit: settlement of lease %s dropped: %d already wait for the primary", p.lease.ID, len(f.pending))
+		return fmt.Errorf("ratelimit: %s of lease %s dropped: %d already wait for the primary", p.kind, p.lease.ID, len(f.pending))
 	}
 	f.pending = append(f.pending, p)
 	f.pendingN.Store(int64(len(f.pending)))
@@ -486,14 +613,17 @@ func (f *Failover) enqueue(p pendingOp) error {
 }
 
 // replay settles queued settlements on the primary, oldest first, until
-// none is left or one fails; the failed one goes back to the head of the
-// queue unless it has failed maxReplayAttempts times.
+// none is left or one fails with an outage; the failed one goes back to the
+// head of the queue unless it has failed maxReplayAttempts times. One the
+// primary refuses (an operation fault) is dropped and the replay goes on;
+// the first such error is returned when the queue is empty.
 func (f *Failover) replay(ctx context.Context) error {
+	var faultErr error
 	for {
 		f.mu.Lock()
 		if len(f.pending) == 0 {
 			f.mu.Unlock()
-			return nil
+			return faultErr
 		}
 		p := f.pending[0]
 		f.pending[0] = pendingOp{}
@@ -502,26 +632,44 @@ func (f *Failover) replay(ctx context.Context) error {
 		f.mu.Unlock()
 
 		err := f.apply(ctx, p)
-		if err == nil {
+		if err == nil || operationFault(err) {
+			if err != nil {
+				f.faults.Add(1)
+				if faultErr == nil {
+					faultErr = fmt.Errorf("ratelimit: replay %s: %w", p.kind, err)
+				}
+			}
 			f.mu.Lock()
+			if err != nil {
+				f.dropFaultLocked(p, err)
+			}
 			f.recoveredLocked()
+			rm := f.doneLocked(p)
 			f.mu.Unlock()
+			if rm {
+				f.removeSpill()
+			}
 			continue
 		}
 		f.mu.Lock()
 		if !errors.Is(ctx.Err(), context.Canceled) {
 			p.attempts++
 		}
+		rm := false
 		if p.attempts >= maxReplayAttempts || errors.Is(err, ErrClosed) {
 			f.dropped++
-			f.log.Warn("ratelimit: settlement dropped after failed replays", "lease", p.lease.ID,
-				"attempts", p.attempts, "err", err)
+			f.log.Warn("ratelimit: settlement dropped after failed replays", "op", p.kind.String(),
+				"lease", p.lease.ID, "attempts", p.attempts, "err", err)
+			rm = f.doneLocked(p)
 		} else {
 			f.pending = append([]pendingOp{p}, f.pending...)
 			f.pendingN.Store(int64(len(f.pending)))
 		}
 		f.mu.Unlock()
+		if rm {
+			f.removeSpill()
+		}
 		f.primaryFailed(ctx, err, false)
-		return fmt.Errorf("ratelimit: replay settlement: %w", err)
+		return fmt.Errorf("ratelimit: replay %s: %w", p.kind, err)
 	}
 }

@@ -108,7 +108,10 @@ var noRetry = redis.Options{MaxRetries: -1, DialerRetries: 1}
 
 func newTestFailover(t *testing.T, o FailoverOptions) *Failover {
 	t.Helper()
-	f := NewFailover(o)
+	f, err := NewFailover(o)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = f.Close() })
 	return f
 }
@@ -393,7 +396,7 @@ func TestFailoverOneProbe(t *testing.T) {
 // (and counts) what is still queued.
 func TestFailoverQueueBound(t *testing.T) {
 	srv := startRedisServer(t)
-	f := NewFailover(FailoverOptions{
+	f := newTestFailover(t, FailoverOptions{
 		Primary:  NewRedis(srv.clientWith(t, noRetry), RedisOptions{}),
 		Fallback: NewLocal(LocalOptions{}), MaxPending: 2,
 	})
@@ -431,7 +434,7 @@ func TestFailoverQueueBound(t *testing.T) {
 func TestFailoverCloseStopsReplay(t *testing.T) {
 	srv := startRedisServer(t)
 	clock := &localClock{t: lt0}
-	f := NewFailover(FailoverOptions{
+	f := newTestFailover(t, FailoverOptions{
 		Primary:  NewRedis(srv.clientWith(t, noRetry), RedisOptions{}),
 		Fallback: NewLocal(LocalOptions{}), Now: clock.Now,
 	})
@@ -512,12 +515,17 @@ func TestFailoverDeadlineDuringCall(t *testing.T) {
 }
 
 func TestNewFailoverNeedsAFallbackOrDeny(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("NewFailover without a fallback in allow mode did not panic")
-		}
-	}()
-	NewFailover(FailoverOptions{Primary: NewLocal(LocalOptions{})})
+	if f, err := NewFailover(FailoverOptions{Primary: NewLocal(LocalOptions{})}); err == nil || f != nil {
+		t.Fatalf("NewFailover without a fallback in allow mode: %v, %v", f, err)
+	}
+	if f, err := NewFailover(FailoverOptions{Fallback: NewLocal(LocalOptions{})}); err == nil || f != nil {
+		t.Fatalf("NewFailover without a primary: %v, %v", f, err)
+	}
+	f, err := NewFailover(FailoverOptions{Primary: NewLocal(LocalOptions{}), Deny: true})
+	if err != nil {
+		t.Fatalf("NewFailover in deny mode without a fallback: %v", err)
+	}
+	_ = f.Close()
 }
 
 // BenchmarkFailoverOverhead compares Admit+Settle of a key and its team on
@@ -529,6 +537,13 @@ func BenchmarkFailoverOverhead(b *testing.B) {
 		keySubject("bench", Limits{RPM: 1e9, TPM: 1e12, Concurrency: 1e6, TokensPerDay: 1e15}),
 		teamSubject("bench", Limits{RPM: 1e9, CostPerDayMicros: 1e15}),
 	}, Tokens: 100, CostMicros: 10}
+	failover := func(o FailoverOptions) Limiter {
+		f, err := NewFailover(o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return f
+	}
 	run := func(b *testing.B, l Limiter) {
 		defer l.Close()
 		ctx := context.Background()
@@ -545,12 +560,12 @@ func BenchmarkFailoverOverhead(b *testing.B) {
 	}
 	b.Run("local", func(b *testing.B) { run(b, NewLocal(LocalOptions{})) })
 	b.Run("failover-local", func(b *testing.B) {
-		run(b, NewFailover(FailoverOptions{Primary: NewLocal(LocalOptions{}), Fallback: NewLocal(LocalOptions{})}))
+		run(b, failover(FailoverOptions{Primary: NewLocal(LocalOptions{}), Fallback: NewLocal(LocalOptions{})}))
 	})
 	client := srv.client(b)
 	b.Run("redis", func(b *testing.B) { run(b, NewRedis(client, RedisOptions{})) })
 	b.Run("failover-redis", func(b *testing.B) {
-		run(b, NewFailover(FailoverOptions{Primary: NewRedis(client, RedisOptions{}), Fallback: NewLocal(LocalOptions{})}))
+		run(b, failover(FailoverOptions{Primary: NewRedis(client, RedisOptions{}), Fallback: NewLocal(LocalOptions{})}))
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -54,6 +55,61 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 		opts.LeaseTTL = 15 * time.Minute
 	}
 	return &Redis{client: client, prefix: opts.Prefix, leaseTTL: opts.LeaseTTL}
+}
+
+// maxScriptArg bounds the token counts and costs given to the scripts. Lua
+// numbers are IEEE doubles, and Redis turns a Lua number passed to
+// redis.call into a string with "%.17g": from 1e17 up that prints as
+// "1e+17", which INCRBY refuses ("value is not an integer"), and beyond 2^53
+// integers are no longer exact. Below 2^52 every argument, and the sum or
+// difference of two, is an exact integer that prints as one. 2^52 tokens or
+// µ$ ($4.5 billion) is beyond any real request, so the clamp loses nothing
+// real; it only keeps an absurd usage from failing every settlement of it.
+const maxScriptArg = 1 << 52
+
+// scriptArg clamps a token count or cost to [0, maxScriptArg].
+func scriptArg(v int64) int64 { return min(max(v, 0), maxScriptArg) }
+
+// errBadReply marks a script reply of the wrong shape: Redis answered, so
+// it is a bug, not an outage.
+var errBadReply = errors.New("unexpected script reply")
+
+// unavailableReplies are the prefixes of the Redis error replies that say
+// the server cannot serve now, whatever the command: it is loading its
+// data, busy in a script, a replica (after a failover) or cut from its
+// master, part of a cluster that is down or resharding, refusing writes for
+// lack of memory, replicas or disk, or refusing this client (too many
+// clients, authentication or ACL). Any other error reply comes from the
+// command itself (a script error, a key of the wrong type): retrying it
+// later would fail the same way.
+var unavailableReplies = []string{
+	"LOADING ", "BUSY ", "MASTERDOWN ", "CLUSTERDOWN ", "TRYAGAIN ", "READONLY ",
+	"NOREPLICAS ", "MISCONF ", "OOM ", "MOVED ", "ASK ", "NOAUTH ", "WRONGPASS ", "NOPERM ",
+	"ERR max number of clients reached",
+}
+
+// operationFault reports whether err, from a Redis call, blames the
+// operation rather than Redis's availability: an error reply other than
+// unavailableReplies, or a reply of the wrong shape. Network errors,
+// timeouts, a closed client and the replies above are outages.
+func operationFault(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, errBadReply) {
+		return true
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range unavailableReplies {
+		if strings.HasPrefix(msg, p) {
+			return false
+		}
+	}
+	return true
 }
 
 // subjectKeys are one subject's key names; base prefixes the budget keys,
@@ -110,7 +166,7 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	if r.closed.Load() {
 		return Decision{}, ErrClosed
 	}
-	tokens, cost := max(req.Tokens, 0), max(req.CostMicros, 0)
+	tokens, cost := scriptArg(req.Tokens), scriptArg(req.CostMicros)
 	id, err := newLeaseID()
 	if err != nil {
 		return Decision{}, err
@@ -235,7 +291,10 @@ func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) 
 	if !l.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	tokens, costMicros = max(tokens, 0), max(costMicros, 0)
+	// The lease's estimates are clamped too, for a lease built elsewhere
+	// (Admit's already are): they make the TPM delta and the unknown holds.
+	tokens, costMicros = scriptArg(tokens), scriptArg(costMicros)
+	estTokens, estCost := scriptArg(l.Tokens), scriptArg(l.CostMicros)
 	var calls []scriptCall
 	for i, s := range l.Subjects {
 		lim := s.Limits
@@ -243,8 +302,11 @@ func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) 
 			continue
 		}
 		h, known := l.holdOf(i)
+		if !known {
+			h = hold{tpd: estTokens, cpd: estCost, cpm: estCost}
+		}
 		calls = append(calls, r.settleCall(s, l.ID, l.At, false,
-			tokens-tpmReserve(l.Tokens, lim.TPM), tokens, costMicros, h, known))
+			tokens-tpmReserve(estTokens, lim.TPM), tokens, costMicros, h, known))
 	}
 	if len(calls) == 0 {
 		return nil
@@ -323,7 +385,7 @@ func (r *Redis) Charge(ctx context.Context, subjects []Subject, at time.Time, to
 	if id == "" {
 		return errors.New("ratelimit: redis charge without an id")
 	}
-	tokens, costMicros = max(tokens, 0), max(costMicros, 0)
+	tokens, costMicros = scriptArg(tokens), scriptArg(costMicros)
 	day, dayLeft := dayWindow(at)
 	month, monthLeft := monthWindow(at)
 	var calls []scriptCall
@@ -348,7 +410,7 @@ func (r *Redis) Charge(ctx context.Context, subjects []Subject, at time.Time, to
 			return fmt.Errorf("ratelimit: redis charge: %w", c.err)
 		}
 		if _, ok := c.res.(int64); !ok {
-			return fmt.Errorf("ratelimit: redis charge: unexpected script reply %T", c.res)
+			return fmt.Errorf("ratelimit: redis charge: %w %T", errBadReply, c.res)
 		}
 	}
 	return nil
@@ -455,13 +517,13 @@ func replyInts(res any, err error, n int) ([]int64, error) {
 	}
 	arr, ok := res.([]any)
 	if !ok || len(arr) != n {
-		return nil, fmt.Errorf("unexpected script reply %T of %d values, want %d", res, len(arr), n)
+		return nil, fmt.Errorf("%w %T of %d values, want %d", errBadReply, res, len(arr), n)
 	}
 	out := make([]int64, n)
 	for i, x := range arr {
 		v, ok := x.(int64)
 		if !ok {
-			return nil, fmt.Errorf("unexpected script reply: value %d is %T, want int64", i, x)
+			return nil, fmt.Errorf("%w: value %d is %T, want int64", errBadReply, i, x)
 		}
 		out[i] = v
 	}
@@ -480,7 +542,7 @@ func parseAdmit(res any) (admitReply, error) {
 	}
 	if !rep.allowed {
 		if v[2] < int64(KindRPM) || v[2] > int64(KindCostPerMonth) {
-			return admitReply{}, fmt.Errorf("unexpected script reply: refused kind %d", v[2])
+			return admitReply{}, fmt.Errorf("%w: refused kind %d", errBadReply, v[2])
 		}
 		rep.refused = Kind(v[2])
 	}

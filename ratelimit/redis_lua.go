@@ -11,7 +11,10 @@ import "github.com/redis/go-redis/v9"
 // (it works in float seconds, where the fraction would be lost). The one
 // product that could grow large is n·60e6 in gcra_cost, which is exact for n
 // below 1.5e8 tokens per request; its quotient by the limit is then
-// correctly rounded, so math.floor of it is the exact integer floor.
+// correctly rounded, so math.floor of it is the exact integer floor. Token
+// counts and costs arrive clamped to 2^52 (redis.go's maxScriptArg), so that
+// every count the scripts pass back to Redis is an integer that "%.17g"
+// prints as one, and a rate debt is pinned at MAX_TAT.
 //
 // A TAT is stored as a decimal integer string (string.format('%d')): Lua's
 // tostring would print 1.8e15 as "1.8e+15" and lose the microseconds.
@@ -54,6 +57,9 @@ local DAY = 86400000000
 -- set, so that the settlement of a request that outlived LeaseTTL, or one
 -- replayed after an outage, still applies once.
 local GRACE = DAY
+-- MAX_TAT is 2^53 µs (the year 2255), the largest instant a double holds
+-- exactly.
+local MAX_TAT = 9007199254740992
 
 local function now_us()
   local t = redis.call('TIME')
@@ -98,13 +104,18 @@ local function tat_of(key, now)
   return tat
 end
 
--- store_tat keeps the key exactly as long as the bucket is not full.
+-- store_tat keeps the key exactly as long as the bucket is not full, and
+-- returns the TAT it stored. A TAT beyond MAX_TAT (a debt of years, from an
+-- absurd usage) is pinned there, as gcra.go's satAdd pins it shut: beyond it
+-- '%d' and PX would overflow and could wrap the bucket open.
 local function store_tat(key, tat, now)
+  if tat > MAX_TAT then tat = MAX_TAT end
   if tat > now then
     redis.call('SET', key, string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000) + SLACK_MS)
   else
     redis.call('DEL', key)
   end
+  return tat
 end
 
 local function used_of(key)
@@ -233,8 +244,8 @@ if refused >= 0 then
           tpd_used, cpd_used, cpm_used, day_end - now, month_end - now, 0, 0, 0, 0}
 end
 
-if rpm_l > 0 then store_tat(KEYS[1], rpm_new, now); rpm_tat = rpm_new end
-if tpm_l > 0 then store_tat(KEYS[2], tpm_new, now); tpm_tat = tpm_new end
+if rpm_l > 0 then rpm_tat = store_tat(KEYS[1], rpm_new, now) end
+if tpm_l > 0 then tpm_tat = store_tat(KEYS[2], tpm_new, now) end
 if tracked then
   redis.call('ZADD', KEYS[3], string.format('%d', now + ttl), lease)
   -- The set must outlive its newest lease by GRACE. Its TTL is extended an
@@ -339,8 +350,7 @@ local function adjust(key, delta, limit)
   else
     tat = math.max(tat - gcra_cost(-delta, limit), now)
   end
-  store_tat(key, tat, now)
-  return tat - now
+  return store_tat(key, tat, now) - now
 end
 
 local rpm_d, tpm_d = 0, 0

@@ -69,14 +69,22 @@ func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	client := redis.NewUniversalClient(opts)
-	limiter := ratelimit.NewFailover(ratelimit.FailoverOptions{
+	// The spill file keeps settlements and budget charges a replica could
+	// not send before it stopped; the next start replays them.
+	limiter, err := ratelimit.NewFailover(ratelimit.FailoverOptions{
 		Primary:    ratelimit.NewRedis(client, ratelimit.RedisOptions{Prefix: rc.KeyPrefix + "rl:"}),
 		Fallback:   local,
 		Deny:       cfg.RateLimit.OnRedisError == "deny",
 		RetryAfter: config.Seconds(cfg.RateLimit.RedisRetrySeconds),
 		OnDegraded: func(d bool) { m.SetDegraded("ratelimit", d) },
 		Logger:     log,
+		SpillFile:  spillPath(rc.SpillDir, "tollgate-ratelimit-spill.json"),
 	})
+	if err != nil {
+		_ = local.Close()
+		_ = client.Close()
+		return nil, err
+	}
 	// The spill file holds what a replica could not send to Redis before it
 	// stopped; the next start sends it, under the same batch ids.
 	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
@@ -93,8 +101,9 @@ func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*
 func (g *governance) Close() error {
 	var errs []error
 	if f, ok := g.limiter.(*ratelimit.Failover); ok {
-		// Settlements queued while Redis was down: write them now if Redis
-		// is back, or they are dropped (their leases expire in Redis).
+		// Settlements and charges queued while Redis was down: write them
+		// now if Redis is back; otherwise Close spills them to
+		// [redis] spill_dir for the next start.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := f.Retry(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("replaying queued rate-limit settlements: %w", err))
