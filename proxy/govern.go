@@ -260,9 +260,13 @@ func (ex *exchange) meterForwarded(body []byte) *apiError {
 	r, gv := ex.r, ex.g.gov
 	path := r.URL.Path
 	exact := r.URL.RawPath == "" // no escaped characters in the path
-	strict := gv.keysMode || len(ex.subjects()) > 0
+	strict := gv.keysMode || len(ex.subjects()) > 0 ||
+		ex.key != nil && ex.key.team != nil && len(ex.key.team.patterns) > 0
 	if r.Method != http.MethodPost || exact && path == "/v1/messages/count_tokens" {
 		if !gv.keysMode {
+			if strict && r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodPost {
+				return errUnmetered(path, "a governed key may send only GET, HEAD and model requests")
+			}
 			return nil
 		}
 		models := (r.Method == http.MethodGet || r.Method == http.MethodHead) && exact &&
@@ -315,17 +319,23 @@ func satAdd(a, b int64) int64 {
 // upstream's usage or else the prompt estimate), nothing otherwise.
 func (ex *exchange) billable() (llm.Usage, bool) {
 	rec := &ex.rec
-	if rec.Route == llm.RouteOther && !(ex.metered && (rec.Usage.HasInput || rec.Usage.HasOutput)) ||
+	if rec.Route == llm.RouteOther && !ex.metered ||
 		rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 400 {
-		// Not a model call (or a forwarded one whose answer reported no
-		// usage), or the upstream did not answer with one: an upstream
-		// error or a caller gone before the answer is not billed.
+		// Not a model call, or the upstream did not answer with one: an
+		// upstream error or a caller gone before the answer is not billed.
 		return llm.Usage{}, false
 	}
 	u := rec.Usage
 	if !u.HasInput {
 		u.Input = max(ex.promptEstimate, 0)
 		u.HasInput = true
+	}
+	if ex.metered && !rec.Usage.HasInput && !rec.Usage.HasOutput {
+		// A forwarded answer that reports no usage (speech, an
+		// assistants run, usage beyond the capture limit) is billed its
+		// estimate, never nothing.
+		u.Output = max(ex.info.MaxTokens, 0)
+		ex.rec.Estimated = true
 	}
 	u.HasOutput = true
 	return u, true

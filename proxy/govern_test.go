@@ -688,6 +688,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"gpt-test","object":"model"}]}`))
 		return
 	}
+	if r.URL.Path == "/v1/audio/speech" { // an answer with no usage in it
+		h.Set("Content-Type", "audio/mpeg")
+		_, _ = w.Write([]byte("ID3 not really audio"))
+		return
+	}
 	_, _ = w.Write([]byte(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],` +
 		`"model":"text-embed-test","usage":{"prompt_tokens":11,"total_tokens":11}}`))
 }
@@ -725,7 +730,7 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 		}
 		c.Teams = []config.Team{{Name: "search"}, {Name: "ads", Models: []string{"claude-test*"}}}
 		c.Keys = []config.Key{
-			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search", Limits: config.Limits{RPM: i64(2)}},
+			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search", Limits: config.Limits{RPM: i64(3)}},
 			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
 		}
 	}, func(o *Options) { o.Limiter, o.Ledger = lim, ledger })
@@ -737,7 +742,7 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 		t.Fatalf("embeddings: %d %s", resp.StatusCode, body)
 	}
 	h := resp.Header
-	if h.Get("X-Ratelimit-Limit-Requests") != "2" || h.Get("X-Ratelimit-Remaining-Requests") != "1" ||
+	if h.Get("X-Ratelimit-Limit-Requests") != "3" || h.Get("X-Ratelimit-Remaining-Requests") != "2" ||
 		h.Get("X-Ratelimit-Limit-Tokens") != "" || h.Get("Anthropic-Ratelimit-Tokens-Limit") != "" ||
 		h.Get("Openai-Organization") != "" || h.Get("Anthropic-Organization-Id") != "" {
 		t.Errorf("headers mix the upstream account with the key's own: %v", h)
@@ -755,12 +760,29 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 		t.Errorf("ledger: %+v %v", rows, err)
 	}
 
-	// The key's RPM counts here too.
+	// An answer without usage is billed its estimate, never nothing.
+	speech := `{"model":"text-embed-speech","input":"say this aloud, please"}`
+	if resp, body := post(t, tg.URL+"/v1/audio/speech", speech, map[string]string{"Authorization": "Bearer " + keyBeta}); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("speech for a team held to claude-test*: %d %s", resp.StatusCode, body)
+	}
+	tg.record(t)
+	if resp, body := post(t, tg.URL+"/v1/audio/speech", speech, alpha); resp.StatusCode != http.StatusOK {
+		t.Fatalf("speech: %d %s", resp.StatusCode, body)
+	}
+	if rec := tg.record(t); !rec.Estimated || rec.Usage.Input != 0 {
+		t.Errorf("speech record: estimated %v, usage %+v (the record keeps what the upstream reported)", rec.Estimated, rec.Usage)
+	}
+	rows, err = ledger.Query(context.Background(), spend.Filter{Model: "text-embed-speech"})
+	if err != nil || len(rows) != 1 || rows[0].Input != int64(len(speech)+3)/4 || rows[0].Requests != 1 {
+		t.Errorf("speech in the ledger: %+v %v; want the prompt estimate %d", rows, err, (len(speech)+3)/4)
+	}
+	// The key's RPM counts here too: embeddings, speech, embeddings, then
+	// refused.
 	post(t, tg.URL+"/v1/embeddings", embed, alpha)
 	tg.record(t)
 	if resp, body := post(t, tg.URL+"/v1/embeddings", embed, alpha); resp.StatusCode != http.StatusTooManyRequests ||
 		!strings.Contains(string(body), "rate_limit_exceeded") {
-		t.Errorf("third embeddings request with RPM 2: %d %s", resp.StatusCode, body)
+		t.Errorf("fourth request with RPM 3: %d %s", resp.StatusCode, body)
 	}
 	tg.record(t)
 	// A team held to claude-test* cannot embed with another model.
@@ -790,8 +812,8 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 		resp.Body.Close()
 	}
 	tg.record(t)
-	if n := len(api.requests()); n != 4 {
-		t.Errorf("upstream got %d requests, want 4 (2 embeddings, 2 count_tokens)", n)
+	if n := len(api.requests()); n != 5 {
+		t.Errorf("upstream got %d requests, want 5 (2 embeddings, 1 speech, 2 count_tokens)", n)
 	}
 }
 
@@ -919,11 +941,29 @@ func TestNoWayAroundMetering(t *testing.T) {
 	if code, body := send(pass, "POST", "/v1/responses", `{"model":"claude-test","stream":true,"input":"hi"}`, beta); code != 400 {
 		t.Errorf("passthrough key with limits, forwarded stream: %d %s", code, body)
 	}
+	if code, body := send(pass, "PUT", "/v1/chat/completions", `{"model":"gpt-forbidden","stream":true}`, beta); code != 400 {
+		t.Errorf("passthrough key with limits, PUT: %d %s", code, body)
+	}
+	if code, body := send(pass, "POST", "/v1/chat/completions", `{"model":"claude-test","stream":true,"stream_options":{"include_usage":false,"INCLUDE_USAGE":true},"messages":[]}`, beta); code != 400 ||
+		!strings.Contains(body, "ambiguous_field") {
+		t.Errorf("case variant inside stream_options: %d %s", code, body)
+	}
 	other := map[string]string{"Authorization": "Bearer sk-unlisted"}
 	if code, body := send(pass, "POST", "/v1/responses", `{"model":"gpt-anything","stream":true,"input":"hi"}`, other); code != 200 {
 		t.Errorf("passthrough key without limits, forwarded stream: %d %s", code, body)
 	}
 	if code, body := send(pass, "GET", "/v1/files", ``, other); code != 200 {
 		t.Errorf("passthrough GET /v1/files: %d %s", code, body)
+	}
+
+	// A listed key whose team is held to models but has no limits is
+	// governed too: no unmetered stream around its model list.
+	modelsOnly := newTestGatewayWith(t, up.URL, func(c *config.Config) {
+		c.Models = []config.Model{{Pattern: "claude-test*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15}}
+		c.Teams = []config.Team{{Name: "ads", Models: []string{"claude-test*"}}}
+		c.Keys = []config.Key{{Name: "beta", SHA256: sha(keyBeta), Team: "ads"}}
+	}, nil)
+	if code, body := send(modelsOnly, "POST", "/v1/responses", `{"model":"gpt-forbidden","stream":true}`, beta); code != 400 {
+		t.Errorf("team held to models, forwarded stream: %d %s", code, body)
 	}
 }

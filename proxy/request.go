@@ -217,6 +217,12 @@ func caseVariantField(body []byte) (key, field string, found bool) {
 	if !ok || jsonscan.KindOf(obj) != jsonscan.KindObject {
 		return "", "", false
 	}
+	return caseVariantIn(obj, governedFields)
+}
+
+// caseVariantIn checks the keys of one JSON object against fields, and
+// those of its "stream_options" member against include_usage.
+func caseVariantIn(obj []byte, fields []string) (key, field string, found bool) {
 	it := jsonscan.Object(obj)
 	for it.Next() {
 		k := string(it.Key())
@@ -225,9 +231,16 @@ func caseVariantField(body []byte) (key, field string, found bool) {
 				continue
 			}
 		}
-		for _, f := range governedFields {
+		for _, f := range fields {
 			if k != f && strings.EqualFold(k, f) {
 				return k, f, true
+			}
+		}
+		if k == "stream_options" {
+			if v := it.Value(); jsonscan.KindOf(v) == jsonscan.KindObject {
+				if key, field, found := caseVariantIn(v, []string{"include_usage"}); found {
+					return key, field, true
+				}
 			}
 		}
 	}

@@ -105,7 +105,10 @@ func operationFault(err error) bool {
 	}
 	msg := re.Error()
 	for _, p := range unavailableReplies {
-		if strings.HasPrefix(msg, p) {
+		// Redis before 7 wraps an error raised inside a script as
+		// "ERR Error running script ... -READONLY ...": look for the
+		// original reply after a "-" too.
+		if strings.HasPrefix(msg, p) || strings.HasPrefix(msg, "ERR Error running script") && strings.Contains(msg, "-"+p) {
 			return false
 		}
 	}

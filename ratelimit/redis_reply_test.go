@@ -168,6 +168,10 @@ func TestOperationFault(t *testing.T) {
 		{replyErr("BUSYGROUP Consumer Group name already exists"), true},
 		{replyErr("CROSSSLOT Keys in request don't hash to the same slot"), true},
 		{fmt.Errorf("ratelimit: redis settle: %w", errBadReply), true},
+		// Redis 6 wraps errors raised inside scripts.
+		{replyErr("ERR Error running script (call to f_3c6b): @user_script:12: @user_script: 12: -READONLY You can't write against a read only replica."), false},
+		{replyErr("ERR Error running script (call to f_3c6b): @user_script:5: -OOM command not allowed when used memory > 'maxmemory'."), false},
+		{replyErr("ERR Error running script (call to f_3c6b): @user_script:5: WRONGTYPE Operation against a key holding the wrong kind of value"), true},
 		{replyErr("LOADING Redis is loading the dataset in memory"), false},
 		{replyErr("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT."), false},
 		{replyErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), false},

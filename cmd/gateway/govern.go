@@ -23,6 +23,7 @@ type governance struct {
 	limiter ratelimit.Limiter
 	ledger  spend.Ledger
 	redis   redis.UniversalClient
+	lock    *fileLock // on the state file or the spill directory
 }
 
 // openGovernance builds the limiter and the ledger from cfg: shared through
@@ -30,6 +31,30 @@ type governance struct {
 // ratelimit.on_redis_error), in the process otherwise, with spend kept in
 // [spend] state_file across restarts.
 func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*governance, error) {
+	// One gateway per state file and spill directory: a second one would
+	// overwrite the first's spend.
+	var lock *fileLock
+	var err error
+	switch {
+	case !cfg.UsesRedis() && cfg.Spend.StateFile != "":
+		lock, err = lockFile(cfg.Spend.StateFile+".lock", "[spend] state_file "+cfg.Spend.StateFile)
+	case cfg.UsesRedis() && cfg.Redis.SpillDir != "":
+		lock, err = lockFile(filepath.Join(cfg.Redis.SpillDir, "tollgate.lock"), "[redis] spill_dir "+cfg.Redis.SpillDir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	g, err := openBackends(cfg, m, log)
+	if err != nil {
+		_ = lock.Unlock()
+		return nil, err
+	}
+	g.lock = lock
+	return g, nil
+}
+
+// openBackends builds the limiter and the ledger (see openGovernance).
+func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*governance, error) {
 	flush := config.Seconds(cfg.Spend.FlushIntervalSeconds)
 	local := ratelimit.NewLocal(ratelimit.LocalOptions{})
 	if !cfg.UsesRedis() {
@@ -120,6 +145,9 @@ func (g *governance) Close() error {
 		if err := g.redis.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("closing the Redis client: %w", err))
 		}
+	}
+	if err := g.lock.Unlock(); err != nil {
+		errs = append(errs, fmt.Errorf("releasing the state file lock: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -857,3 +857,36 @@ func TestBudgetsSurviveRestart(t *testing.T) {
 		t.Errorf("tokens_per_day after the restart: %+v", l)
 	}
 }
+
+// TestOneGatewayPerStateFile: a second gateway on the same state file (or,
+// with Redis, the same spill directory) refuses to start instead of
+// overwriting the first one's spend; once the first stops, it can.
+func TestOneGatewayPerStateFile(t *testing.T) {
+	srv := redistest.Start(t)
+	up := httptest.NewServer(mockllm.New(mockllm.Options{RequireKey: upKey}))
+	t.Cleanup(up.Close)
+	local := govConfig(up.URL)
+	local.Spend.StateFile = filepath.Join(t.TempDir(), "spend.json")
+	shared := govConfig(up.URL)
+	shared.Redis.Addrs = []string{srv.Addr()}
+	shared.Redis.SpillDir = t.TempDir()
+	for name, cfg := range map[string]config.Config{"state_file": local, "spill_dir": shared} {
+		t.Run(name, func(t *testing.T) {
+			first := startReplica(t, cfg)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c := cfg
+			if _, err := startGateway(&c, ln, slog.New(slog.DiscardHandler), nil, nil); err == nil ||
+				!strings.Contains(err.Error(), "in use by another running gateway") {
+				t.Fatalf("second gateway on the same %s: %v", name, err)
+			}
+			if err := first.stop(); err != nil {
+				t.Fatal(err)
+			}
+			startReplica(t, cfg) // the lock is free again
+		})
+	}
+}
