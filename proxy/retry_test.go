@@ -1,0 +1,430 @@
+package proxy
+
+import (
+	"math"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// retryJustBelowOne is the largest float64 below 1, the top of rnd's range.
+var retryJustBelowOne = math.Nextafter(1, 0)
+
+func retryConstRnd(v float64) func() float64 { return func() float64 { return v } }
+
+func TestBackoffScheduleGrowthAndCap(t *testing.T) {
+	p := defaultRetryPolicy()
+	// Upper bounds written out by hand: 250ms·2^retry, capped at 8s.
+	caps := []struct {
+		retry int
+		cap   time.Duration
+	}{
+		{0, 250 * time.Millisecond},
+		{1, 500 * time.Millisecond},
+		{2, time.Second},
+		{3, 2 * time.Second},
+		{4, 4 * time.Second},
+		{5, 8 * time.Second},
+		{6, 8 * time.Second},
+		{40, 8 * time.Second},
+		{1000, 8 * time.Second},
+		{1 << 40, 8 * time.Second},
+		{math.MaxInt, 8 * time.Second},
+		{-3, 250 * time.Millisecond}, // a negative count is treated as the first retry
+	}
+	for _, c := range caps {
+		if got := p.backoffCap(c.retry); got != c.cap {
+			t.Errorf("backoffCap(%d) = %v, want %v", c.retry, got, c.cap)
+		}
+		if got := p.backoff(c.retry, retryConstRnd(0)); got != 0 {
+			t.Errorf("backoff(%d, rnd=0) = %v, want 0 (full jitter starts at 0)", c.retry, got)
+		}
+		if got := p.backoff(c.retry, retryConstRnd(0.5)); got != c.cap/2 {
+			t.Errorf("backoff(%d, rnd=0.5) = %v, want %v", c.retry, got, c.cap/2)
+		}
+		top := p.backoff(c.retry, retryConstRnd(retryJustBelowOne))
+		if top >= c.cap || top < c.cap-time.Microsecond {
+			t.Errorf("backoff(%d, rnd→1) = %v, want just below %v", c.retry, top, c.cap)
+		}
+	}
+}
+
+func TestBackoffJitterBounds(t *testing.T) {
+	p := defaultRetryPolicy()
+	for retry := range 8 {
+		hi := p.backoffCap(retry)
+		prev := time.Duration(-1)
+		// The delay is monotone in rnd and stays in [0, cap) over [0, 1).
+		for i := range 1001 {
+			r := float64(i) / 1000
+			if i == 1000 {
+				r = retryJustBelowOne
+			}
+			d := p.backoff(retry, retryConstRnd(r))
+			if d < 0 || d >= hi {
+				t.Fatalf("backoff(%d, %v) = %v, outside [0, %v)", retry, r, d, hi)
+			}
+			if d < prev {
+				t.Fatalf("backoff(%d, %v) = %v < %v at a smaller rnd", retry, r, d, prev)
+			}
+			prev = d
+		}
+	}
+}
+
+func TestBackoffBadInputs(t *testing.T) {
+	p := defaultRetryPolicy()
+	cases := []struct {
+		name  string
+		p     retryPolicy
+		retry int
+		rnd   float64
+		want  time.Duration
+	}{
+		{"rnd negative", p, 0, -0.5, 0},
+		{"rnd NaN", p, 0, math.NaN(), 0},
+		{"rnd one", p, 0, 1, 250*time.Millisecond - 1},
+		{"rnd above one", p, 0, 7, 250*time.Millisecond - 1},
+		{"rnd +Inf", p, 0, math.Inf(1), 250*time.Millisecond - 1},
+		{"zero policy", retryPolicy{}, 3, 0.5, 0},
+		{"base above max", retryPolicy{base: time.Minute, max: time.Second, multiplier: 2}, 0, 0.5, 500 * time.Millisecond},
+		{"multiplier NaN", retryPolicy{base: time.Second, max: 4 * time.Second, multiplier: math.NaN()}, 1, 0.5, 2 * time.Second},
+		{"multiplier one", retryPolicy{base: time.Second, max: 4 * time.Second, multiplier: 1}, 9, 0.5, 500 * time.Millisecond},
+	}
+	for _, c := range cases {
+		if got := c.p.backoff(c.retry, retryConstRnd(c.rnd)); got != c.want {
+			t.Errorf("%s: backoff(%d) = %v, want %v", c.name, c.retry, got, c.want)
+		}
+	}
+	// A huge multiplier saturates instead of overflowing at any retry.
+	big := retryPolicy{base: time.Second, max: time.Hour, multiplier: 1e300}
+	for _, retry := range []int{1, 2, 1000} {
+		if got := big.backoffCap(retry); got != time.Hour {
+			t.Errorf("multiplier 1e300: backoffCap(%d) = %v, want 1h", retry, got)
+		}
+	}
+}
+
+func TestRetryAfterHint(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	cases := []struct {
+		name   string
+		ms, ra string // "" leaves the header out
+		want   time.Duration
+		wantOK bool
+	}{
+		{"none", "", "", 0, false},
+		{"ms integer", "1500", "", 1500 * time.Millisecond, true},
+		{"ms float", "0.5", "", 500 * time.Microsecond, true},
+		{"ms zero", "0", "", 0, true},
+		{"ms wins over seconds", "250", "10", 250 * time.Millisecond, true},
+		{"ms garbage falls back to seconds", "soon", "3", 3 * time.Second, true},
+		{"ms negative falls back", "-5", "2", 2 * time.Second, true},
+		{"ms NaN falls back", "NaN", "2", 2 * time.Second, true},
+		{"ms Inf falls back", "+Inf", "2", 2 * time.Second, true},
+		{"ms garbage alone", "x", "", 0, false},
+		{"seconds integer", "", "7", 7 * time.Second, true},
+		{"seconds float", "", "1.25", 1250 * time.Millisecond, true},
+		{"seconds padded", "", "  4 ", 4 * time.Second, true},
+		{"seconds zero", "", "0", 0, true},
+		{"seconds negative", "", "-1", 0, false},
+		{"seconds NaN", "", "NaN", 0, false},
+		{"seconds Inf", "", "Inf", 0, false},
+		{"seconds huge saturates", "", "1e300", maxHint, true},
+		{"garbage", "", "tomorrow", 0, false},
+		{"date future RFC 1123", "", "Sun, 01 Mar 2026 12:00:30 GMT", 30 * time.Second, true},
+		{"date future RFC 850", "", "Sunday, 01-Mar-26 12:01:00 GMT", time.Minute, true},
+		{"date future ANSI C", "", "Sun Mar  1 12:00:05 2026", 5 * time.Second, true},
+		{"date now", "", "Sun, 01 Mar 2026 12:00:00 GMT", 0, true},
+		{"date past", "", "Sun, 01 Mar 2026 11:00:00 GMT", 0, true},
+		{"date with ms garbage", "bad", "Sun, 01 Mar 2026 12:00:02 GMT", 2 * time.Second, true},
+	}
+	for _, c := range cases {
+		h := http.Header{}
+		if c.ms != "" {
+			h.Set("retry-after-ms", c.ms)
+		}
+		if c.ra != "" {
+			h.Set("retry-after", c.ra)
+		}
+		got, ok := retryAfterHint(h, now)
+		if got != c.want || ok != c.wantOK {
+			t.Errorf("%s: retryAfterHint = %v, %v; want %v, %v", c.name, got, ok, c.want, c.wantOK)
+		}
+	}
+}
+
+func TestRetryWait(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	p := defaultRetryPolicy() // 3 attempts, budget 30s, max 8s
+	hdr := func(kv ...string) http.Header {
+		h := http.Header{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return h
+	}
+	cases := []struct {
+		name      string
+		retry     int
+		h         http.Header
+		remaining time.Duration
+		want      time.Duration
+		wantOK    bool
+	}{
+		{"backoff first retry", 0, hdr(), 30 * time.Second, 125 * time.Millisecond, true},
+		{"backoff second retry", 1, hdr(), 30 * time.Second, 250 * time.Millisecond, true},
+		{"attempts spent", 2, hdr(), 30 * time.Second, 0, false},
+		{"attempts spent with hint", 5, hdr("Retry-After", "1"), 30 * time.Second, 0, false},
+		{"hint below max", 0, hdr("Retry-After", "5"), 30 * time.Second, 5 * time.Second, true},
+		{"hint above max is honoured", 0, hdr("Retry-After", "20"), 30 * time.Second, 20 * time.Second, true},
+		{"hint equal to budget", 0, hdr("Retry-After", "30"), 30 * time.Second, 30 * time.Second, true},
+		{"hint above budget: no retry", 0, hdr("Retry-After", "31"), 30 * time.Second, 31 * time.Second, false},
+		{"hint ms above budget: no retry", 0, hdr("Retry-After-Ms", "30001"), 30 * time.Second, 30001 * time.Millisecond, false},
+		{"saturated hint: no retry", 0, hdr("Retry-After", "1e300"), 30 * time.Second, maxHint, false},
+		{"hint above what is left", 1, hdr("Retry-After", "2"), time.Second, 2 * time.Second, false},
+		{"backoff above what is left", 1, hdr(), 100 * time.Millisecond, 250 * time.Millisecond, false},
+		{"nothing left", 0, hdr(), -time.Second, 0, false},
+		{"past date retries now", 0, hdr("Retry-After", "Sun, 01 Mar 2026 11:59:00 GMT"), 30 * time.Second, 0, true},
+		{"garbage hint uses backoff", 0, hdr("Retry-After", "later"), 30 * time.Second, 125 * time.Millisecond, true},
+	}
+	for _, c := range cases {
+		got, ok := p.waitWithin(c.retry, c.h, now, c.remaining, retryConstRnd(0.5))
+		if got != c.want || ok != c.wantOK {
+			t.Errorf("%s: waitWithin = %v, %v; want %v, %v", c.name, got, ok, c.want, c.wantOK)
+		}
+	}
+	// wait is waitWithin with the whole budget.
+	if got, ok := p.wait(0, hdr("Retry-After", "31"), now, retryConstRnd(0.5)); ok {
+		t.Errorf("wait with a 31s hint and a 30s budget = %v, true; want no retry", got)
+	}
+	if got, ok := p.wait(0, hdr("Retry-After", "29"), now, retryConstRnd(0.5)); !ok || got != 29*time.Second {
+		t.Errorf("wait with a 29s hint = %v, %v; want 29s, true", got, ok)
+	}
+	if got, ok := (retryPolicy{}).wait(0, hdr(), now, retryConstRnd(0.5)); ok {
+		t.Errorf("zero policy wait = %v, true; want no retry", got)
+	}
+}
+
+func TestRetryableStatus(t *testing.T) {
+	p := defaultRetryPolicy()
+	cases := []struct {
+		status        int
+		typ, code     string
+		wantRetryable bool
+	}{
+		{429, "requests", "rate_limit_exceeded", true},
+		{429, "tokens", "rate_limit_exceeded", true},
+		{429, "rate_limit_error", "", true},
+		{429, "insufficient_quota", "insufficient_quota", false},
+		{429, "insufficient_quota", "", false}, // older OpenAI answers had code null
+		{429, "", "insufficient_quota", false},
+		{429, "insufficient_quota", "credit_balance_exhausted", false},
+		{429, "insufficient_quota", "organization_spend_limit_exceeded", false},
+		{429, "insufficient_quota", "project_spend_limit_exceeded", false},
+		{429, "insufficient_quota", "organization_usage_limit_exceeded", false},
+		{429, "", "credit_balance_exhausted", false},
+		{500, "server_error", "", true},
+		{500, "api_error", "", true},
+		{502, "", "", true},
+		{503, "server_error", "", true},
+		{504, "timeout_error", "", true},
+		{529, "overloaded_error", "", true},
+		{408, "", "", true},
+		{409, "", "", true},
+		// In the status set but a type that cannot succeed on retry.
+		{500, "billing_error", "", false},
+		{503, "permission_error", "", false},
+		{529, "authentication_error", "", false},
+		{409, "invalid_request_error", "", false},
+		// Not in the status set.
+		{400, "invalid_request_error", "context_length_exceeded", false},
+		{401, "authentication_error", "", false},
+		{401, "invalid_request_error", "invalid_api_key", false},
+		{402, "billing_error", "", false},
+		{403, "permission_error", "", false},
+		{404, "not_found_error", "", false},
+		{413, "request_too_large", "", false},
+		{501, "", "", false},
+		{200, "", "", false},
+		{0, "", "", false},
+	}
+	for _, c := range cases {
+		if got := retryableStatus(p, c.status, c.typ, c.code); got != c.wantRetryable {
+			t.Errorf("retryableStatus(%d, %q, %q) = %v, want %v", c.status, c.typ, c.code, got, c.wantRetryable)
+		}
+	}
+	custom := retryPolicy{statuses: map[int]bool{501: true}}
+	if !retryableStatus(custom, 501, "", "") || retryableStatus(custom, 503, "", "") {
+		t.Error("retryableStatus does not follow the policy's own status set")
+	}
+}
+
+// retryClock is a settable clock for retryBudget.
+type retryClock struct{ t time.Time }
+
+func (c *retryClock) now() time.Time          { return c.t }
+func (c *retryClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+// retryDrain takes retries until one is refused (bounded) and returns how many.
+func retryDrain(b *retryBudget) int {
+	n := 0
+	for n < 1_000_000 && b.tryRetry() {
+		n++
+	}
+	return n
+}
+
+func TestRetryBudgetEnforced(t *testing.T) {
+	cases := []struct {
+		name     string
+		ratio    float64
+		floor    float64 // per second, over a 10 s window
+		requests int
+		want     int
+	}{
+		{"share plus floor", 0.2, 0.5, 100, 20 + 5},
+		{"share only", 0.2, 0, 100, 20},
+		{"floor only, no traffic", 0.2, 1, 0, 10},
+		{"floor with the documented default", 0.2, 10, 100, 20 + 100},
+		{"a fraction of a retry allows one (2 < 2.4)", 0.2, 0, 12, 3},
+		{"nothing allowed", 0, 0, 1000, 0},
+		{"negative inputs mean zero", -1, -1, 50, 0},
+	}
+	for _, c := range cases {
+		clk := &retryClock{t: time.Unix(1_700_000_000, 0)}
+		b := newRetryBudget(c.ratio, c.floor, 10*time.Second, clk.now)
+		for range c.requests {
+			b.recordRequest()
+		}
+		if got := retryDrain(b); got != c.want {
+			t.Errorf("%s: %d retries allowed, want %d", c.name, got, c.want)
+		}
+		if b.tryRetry() {
+			t.Errorf("%s: a retry was allowed after the budget was spent", c.name)
+		}
+	}
+}
+
+func TestRetryBudgetWindowSlides(t *testing.T) {
+	clk := &retryClock{t: time.Unix(1_700_000_000, 0)}
+	b := newRetryBudget(0.2, 0.5, 10*time.Second, clk.now) // floor 5 per window
+
+	for range 100 {
+		b.recordRequest()
+	}
+	clk.advance(5 * time.Second)
+	if got := retryDrain(b); got != 25 {
+		t.Fatalf("at 5s: %d retries allowed, want 25", got)
+	}
+	// At 10s the requests of slice 0 have left the window but the retries
+	// taken at 5s have not: 25 retries against a floor of 5.
+	clk.advance(5 * time.Second)
+	if b.tryRetry() {
+		t.Fatal("at 10s: retry allowed while the window still holds 25 retries")
+	}
+	// 50 new requests earn 10 more, not enough to cover 25 old retries.
+	for range 50 {
+		b.recordRequest()
+	}
+	if b.tryRetry() {
+		t.Fatal("at 10s: retry allowed with 25 retries against 10+5")
+	}
+	// At 15s the retries of slice 5 leave; the 50 requests of slice 10 stay.
+	clk.advance(5 * time.Second)
+	if got := retryDrain(b); got != 15 {
+		t.Fatalf("at 15s: %d retries allowed, want 15", got)
+	}
+	// A whole window later everything has left: only the floor is there.
+	clk.advance(10 * time.Second)
+	if got := retryDrain(b); got != 5 {
+		t.Fatalf("at 25s: %d retries allowed, want 5", got)
+	}
+	// Inside one slice nothing moves.
+	clk.advance(999 * time.Millisecond)
+	if b.tryRetry() {
+		t.Fatal("retry allowed within the same slice after the floor was spent")
+	}
+}
+
+func TestRetryBudgetClockGoesBack(t *testing.T) {
+	clk := &retryClock{t: time.Unix(1_700_000_000, 0)}
+	b := newRetryBudget(0.2, 0.1, 10*time.Second, clk.now) // floor 1
+	clk.advance(30 * time.Second)
+	for range 10 {
+		b.recordRequest()
+	}
+	// A clock that jumps back must neither panic nor wipe the window.
+	clk.advance(-time.Hour)
+	if got := retryDrain(b); got != 3 {
+		t.Fatalf("after the clock went back: %d retries allowed, want 3", got)
+	}
+}
+
+func TestRetryBudgetDefaults(t *testing.T) {
+	b := newRetryBudget(0, 1, 0, nil) // window 10s, time.Now
+	if b.now == nil || b.slice != time.Second {
+		t.Fatalf("defaults: now nil=%v, slice %v; want time.Now and 1s", b.now == nil, b.slice)
+	}
+	if !b.tryRetry() {
+		t.Fatal("a fresh budget with a floor refused its first retry")
+	}
+}
+
+func TestRetryBudgetConcurrent(t *testing.T) {
+	clk := &retryClock{t: time.Unix(1_700_000_000, 0)}
+	b := newRetryBudget(0.2, 0.5, 10*time.Second, clk.now) // floor 5
+	const workers, perWorker = 8, 50                       // 400 requests
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range perWorker {
+				b.recordRequest()
+			}
+		})
+	}
+	wg.Wait()
+	var granted atomic.Int64
+	for range workers {
+		wg.Go(func() {
+			for range 100 {
+				if b.tryRetry() {
+					granted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := granted.Load(); got != 80+5 {
+		t.Fatalf("%d retries granted concurrently, want 85", got)
+	}
+}
+
+func BenchmarkRetryBackoffBudget(b *testing.B) {
+	p := defaultRetryPolicy()
+	clk := &retryClock{t: time.Unix(1_700_000_000, 0)}
+	budget := newRetryBudget(0.2, 10, 10*time.Second, clk.now)
+	var x uint64 = 0x9e3779b97f4a7c15
+	rnd := func() float64 { // xorshift: deterministic and allocation-free
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		return float64(x>>11) / (1 << 53)
+	}
+	var sink time.Duration
+	granted := 0
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		clk.advance(time.Millisecond)
+		budget.recordRequest()
+		sink += p.backoff(i&7, rnd)
+		if budget.tryRetry() {
+			granted++
+		}
+	}
+	if granted == 0 || sink < 0 {
+		b.Fatal("benchmark did no work")
+	}
+}
