@@ -1,15 +1,14 @@
 package ratelimit
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/atomicfile"
 )
 
 // spillVersion is the version of the spill file format.
@@ -191,7 +190,7 @@ func readSpill(name string) (*spillFile, error) {
 		return nil, fmt.Errorf("ratelimit: reading spill file %s: %w", name, err)
 	}
 	var sf spillFile
-	if err := decodeStrict(data, &sf); err != nil {
+	if err := atomicfile.DecodeJSON(data, &sf); err != nil {
 		return nil, fmt.Errorf("ratelimit: spill file %s is corrupt: %w", name, err)
 	}
 	if sf.Version != spillVersion {
@@ -283,53 +282,11 @@ func (f *Failover) removeSpill() error {
 	return nil
 }
 
-// decodeStrict decodes one JSON document into v, refusing unknown fields
-// and trailing data (spend's helper).
-func decodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("data after the JSON document")
-	}
-	return nil
-}
-
-// writeAtomic replaces name with data: a temporary file in the same
-// directory (mode 0600, os.CreateTemp's), fsynced, renamed over name, and
-// the directory fsynced, so that a crash leaves the old file or the new
-// one, never a torn one (spend's helper).
-func writeAtomic(what, name string, data []byte) (err error) {
-	dir := filepath.Dir(name)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp-*")
-	if err != nil {
+// writeAtomic replaces name, a file described as what in errors, with data
+// (atomicfile.Write: a crash leaves the old file or the new one).
+func writeAtomic(what, name string, data []byte) error {
+	if err := atomicfile.Write(name, data); err != nil {
 		return fmt.Errorf("ratelimit: writing %s %s: %w", what, name, err)
 	}
-	defer func() {
-		if err != nil {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-			err = fmt.Errorf("ratelimit: writing %s %s: %w", what, name, err)
-		}
-	}()
-	if _, err = tmp.Write(data); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp.Name(), name); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/atomicfile"
 )
 
 // spillKinds returns the kinds of the operations in the spill file name.
@@ -20,7 +22,7 @@ func spillKinds(t *testing.T, name string) []string {
 		t.Fatal(err)
 	}
 	var sf spillFile
-	if err := decodeStrict(data, &sf); err != nil {
+	if err := atomicfile.DecodeJSON(data, &sf); err != nil {
 		t.Fatal(err)
 	}
 	var kinds []string

@@ -1,18 +1,17 @@
 package spend
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/atomicfile"
 )
 
 // stateVersion is the version of the state file format.
@@ -123,7 +122,7 @@ func (l *Local) load() error {
 		return fmt.Errorf("spend: reading state file %s: %w", l.file, err)
 	}
 	var st stateFile
-	if err := decodeStrict(data, &st); err != nil {
+	if err := atomicfile.DecodeJSON(data, &st); err != nil {
 		return fmt.Errorf("spend: state file %s is corrupt: %w", l.file, err)
 	}
 	if st.Version != stateVersion {
@@ -141,21 +140,6 @@ func (l *Local) load() error {
 		}
 		t.Add(Totals{Requests: r.Requests, Input: r.Input, Output: r.Output, CacheRead: r.CacheRead,
 			CacheWrite: r.CacheWrite, Reasoning: r.Reasoning, CostMicros: r.CostMicros})
-	}
-	return nil
-}
-
-// decodeStrict decodes the one JSON document in data into v, refusing
-// unknown fields and anything after the document: a file we wrote never has
-// them, so they mean damage or a file of another program.
-func decodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("data after the JSON document")
 	}
 	return nil
 }
@@ -236,41 +220,12 @@ func (l *Local) Flush(ctx context.Context) error {
 }
 
 // writeAtomic replaces name, a file described as what in errors, with data
-// so that a crash leaves either the old or the new file, never a torn one: a
-// temporary file in the same directory is written and synced, renamed over
-// name, and the directory synced so the rename itself is durable. The file
-// has mode 0600 (os.CreateTemp's), as it tells who spent what.
-func writeAtomic(what, name string, data []byte) (err error) {
-	dir := filepath.Dir(name)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp-*")
-	if err != nil {
+// (atomicfile.Write: a crash leaves the old file or the new one).
+func writeAtomic(what, name string, data []byte) error {
+	if err := atomicfile.Write(name, data); err != nil {
 		return fmt.Errorf("spend: writing %s %s: %w", what, name, err)
 	}
-	defer func() {
-		if err != nil {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-			err = fmt.Errorf("spend: writing %s %s: %w", what, name, err)
-		}
-	}()
-	if _, err = tmp.Write(data); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp.Name(), name); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }
 
 // flusher writes the state file every interval until Close.

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/atomicfile"
 )
 
 // spillVersion is the version of the spill file format.
@@ -57,7 +59,7 @@ func readSpill(name string) (*spillFile, error) {
 		return nil, fmt.Errorf("spend: reading spill file %s: %w", name, err)
 	}
 	var sf spillFile
-	if err := decodeStrict(data, &sf); err != nil {
+	if err := atomicfile.DecodeJSON(data, &sf); err != nil {
 		return nil, fmt.Errorf("spend: spill file %s is corrupt: %w", name, err)
 	}
 	if sf.Version != spillVersion {
