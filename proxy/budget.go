@@ -15,9 +15,10 @@ const budgetPeekTimeout = time.Second
 // budgetCollector exports what is left of each team's budgets, read from the
 // limiter at scrape time, so every replica reports the shared state.
 type budgetCollector struct {
-	g      *Gateway
-	tokens *prometheus.Desc
-	usd    *prometheus.Desc
+	g        *Gateway
+	subjects []ratelimit.Subject // the teams with a budget
+	tokens   *prometheus.Desc
+	usd      *prometheus.Desc
 }
 
 // BudgetCollector returns a collector of tollgate_budget_remaining_tokens
@@ -25,17 +26,16 @@ type budgetCollector struct {
 // when no team has a budget. Register it next to the metrics; each scrape
 // costs one limiter Peek (one Redis round trip when shared).
 func (g *Gateway) BudgetCollector(constLabels prometheus.Labels) prometheus.Collector {
-	has := false
+	var subjects []ratelimit.Subject
 	for _, t := range g.gov.teams {
-		l := t.subject.Limits
-		if l.TokensPerDay > 0 || l.CostPerDayMicros > 0 || l.CostPerMonthMicros > 0 {
-			has = true
+		if t.subject.Limits.HasBudget() {
+			subjects = append(subjects, t.subject)
 		}
 	}
-	if !has || g.gov.limiter == nil {
+	if len(subjects) == 0 || g.gov.limiter == nil {
 		return nil
 	}
-	return &budgetCollector{g: g,
+	return &budgetCollector{g: g, subjects: subjects,
 		tokens: prometheus.NewDesc("tollgate_budget_remaining_tokens",
 			"Tokens left in a team's tokens_per_day budget.", []string{"team", "window"}, constLabels),
 		usd: prometheus.NewDesc("tollgate_budget_remaining_usd",
@@ -49,16 +49,9 @@ func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
-	var subjects []ratelimit.Subject
-	for _, t := range c.g.gov.teams {
-		l := t.subject.Limits
-		if l.TokensPerDay > 0 || l.CostPerDayMicros > 0 || l.CostPerMonthMicros > 0 {
-			subjects = append(subjects, t.subject)
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), budgetPeekTimeout)
 	defer cancel()
-	states, err := c.g.gov.limiter.Peek(ctx, subjects)
+	states, err := c.g.gov.limiter.Peek(ctx, c.subjects)
 	if err != nil {
 		// A scrape without these series is better than one that fails:
 		// the degraded gauge already says why.

@@ -157,7 +157,8 @@ func (ex *exchange) serve() {
 	cfg := g.cfg
 
 	key, hasKey, malformed := callerKey(r.Header)
-	ex.rec.KeyID = keyID(key)
+	sum, id := keyHash(key)
+	ex.rec.KeyID = id
 	switch {
 	case malformed:
 		ex.fail(errUnauthorized("malformed Authorization header: expected \"Bearer <key>\""), llm.OutcomeBadRequest)
@@ -167,7 +168,7 @@ func (ex *exchange) serve() {
 			llm.OutcomeBadRequest)
 		return
 	}
-	if aerr := ex.identify(key, hasKey); aerr != nil {
+	if aerr := ex.identify(sum, hasKey); aerr != nil {
 		ex.fail(aerr, llm.OutcomeBadRequest)
 		return
 	}

@@ -184,9 +184,10 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
 	ex.rec.Timing.In = g.now()
 	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
 	ex.rec.RequestID = requestIDFrom(r.Context())
-	key, _, _ := callerKey(r.Header)
-	ex.rec.KeyID = keyID(key)
-	if k := g.gov.lookup(key); k != nil {
+	key, hasKey, _ := callerKey(r.Header)
+	sum, id := keyHash(key)
+	ex.rec.KeyID = id
+	if k := g.gov.lookup(sum, hasKey); k != nil {
 		ex.rec.KeyID = k.name
 	}
 	ex.fail(e, llm.OutcomeBadRequest)

@@ -112,12 +112,13 @@ func (gv *governance) hasLimits() bool {
 	return false
 }
 
-// lookup finds the [[keys]] table of a caller's key, or nil.
-func (gv *governance) lookup(key string) *keyEntry {
-	if key == "" || len(gv.keys) == 0 {
+// lookup finds the [[keys]] table of a caller's key by its SHA-256 (see
+// keyHash), or nil; hasKey is false when the caller sent no key.
+func (gv *governance) lookup(sum [sha256.Size]byte, hasKey bool) *keyEntry {
+	if !hasKey || len(gv.keys) == 0 {
 		return nil
 	}
-	return gv.keys[sha256.Sum256([]byte(key))]
+	return gv.keys[sum]
 }
 
 // modelAllowed reports whether a team may use model.
@@ -133,19 +134,18 @@ func (t *teamEntry) modelAllowed(model string) bool {
 	return false
 }
 
-// identify sets the record's key id and team from the caller's key and says
-// whether the caller may go on. In mode "keys" the key must be configured.
-func (ex *exchange) identify(key string, hasKey bool) *apiError {
+// identify names the caller from its key's SHA-256 (see keyHash):
+// the [[keys]] name and team when listed, and says whether the caller may go
+// on. In mode "keys" the key must be configured.
+func (ex *exchange) identify(sum [sha256.Size]byte, hasKey bool) *apiError {
 	gv := ex.g.gov
-	ex.key = gv.lookup(key)
-	switch {
-	case ex.key != nil:
+	ex.key = gv.lookup(sum, hasKey)
+	if ex.key != nil {
+		// The record's key id was the hash prefix; the name says more.
 		ex.rec.KeyID = ex.key.name
 		if ex.key.team != nil {
 			ex.rec.Team = ex.key.team.name
 		}
-	default:
-		ex.rec.KeyID = keyID(key)
 	}
 	if !gv.keysMode {
 		return nil

@@ -69,7 +69,9 @@ func BenchmarkGovernance(b *testing.B) {
 				ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
 				ex.rec.Timing.In = now
 				ex.info.MaxTokens = 200
-				if aerr := ex.identify(keyAlpha, true); aerr != nil {
+				sum, id := keyHash(keyAlpha)
+				ex.rec.KeyID = id
+				if aerr := ex.identify(sum, true); aerr != nil {
 					b.Fatal(aerr)
 				}
 				if !ex.admit() {

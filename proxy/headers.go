@@ -118,11 +118,18 @@ func callerKey(h http.Header) (key string, ok, malformed bool) {
 // keyID identifies a key in logs and metrics without revealing it: the first
 // 12 hex digits of its SHA-256. It is "anonymous" for no key.
 func keyID(key string) string {
+	_, id := keyHash(key)
+	return id
+}
+
+// keyHash returns a key's SHA-256 (zero for no key) and its keyID, hashing
+// once for both the [[keys]] lookup and the logs.
+func keyHash(key string) ([sha256.Size]byte, string) {
 	if key == "" {
-		return "anonymous"
+		return [sha256.Size]byte{}, "anonymous"
 	}
 	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:6])
+	return sum, hex.EncodeToString(sum[:6])
 }
 
 func printableASCII(s string) bool {

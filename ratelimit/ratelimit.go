@@ -89,6 +89,12 @@ type Limits struct {
 	CostPerMonthMicros int64 // micro-dollars per UTC month
 }
 
+// HasBudget reports whether any budget (tokens per day, cost per day or
+// month) is set.
+func (l Limits) HasBudget() bool {
+	return l.TokensPerDay > 0 || l.CostPerDayMicros > 0 || l.CostPerMonthMicros > 0
+}
+
 // Get returns the limit of kind k.
 func (l Limits) Get(k Kind) int64 {
 	switch k {

@@ -25,7 +25,7 @@ func seedBudgets(ctx context.Context, l *ratelimit.Local, ledger spend.Ledger, c
 	byKey, byTeam := map[string]*used{}, map[string]*used{}
 	for i := range cfg.Keys {
 		k := &cfg.Keys[i]
-		if lim := ratelimit.LimitsFrom(k.Limits); lim.TokensPerDay > 0 || lim.CostPerDayMicros > 0 || lim.CostPerMonthMicros > 0 {
+		if lim := ratelimit.LimitsFrom(k.Limits); lim.HasBudget() {
 			u := &used{}
 			subjects[ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim}] = u
 			byKey[k.Name] = u
@@ -33,7 +33,7 @@ func seedBudgets(ctx context.Context, l *ratelimit.Local, ledger spend.Ledger, c
 	}
 	for i := range cfg.Teams {
 		t := &cfg.Teams[i]
-		if lim := ratelimit.LimitsFrom(t.Limits); lim.TokensPerDay > 0 || lim.CostPerDayMicros > 0 || lim.CostPerMonthMicros > 0 {
+		if lim := ratelimit.LimitsFrom(t.Limits); lim.HasBudget() {
 			u := &used{}
 			subjects[ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: t.Name, Limits: lim}] = u
 			byTeam[t.Name] = u
