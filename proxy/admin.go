@@ -113,7 +113,7 @@ func (g *Gateway) adminSpend(w http.ResponseWriter, r *http.Request) {
 		adminError(w, http.StatusBadRequest, "from is after to")
 		return
 	}
-	ctx, cancel := contextWithTimeout(r, adminTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	rows, err := g.gov.ledger.Query(ctx, f)
 	if err != nil {
@@ -186,7 +186,7 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, rep)
 		return
 	}
-	ctx, cancel := contextWithTimeout(r, adminTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	states, err := gv.limiter.Peek(ctx, subjects)
 	if err != nil {
@@ -217,9 +217,4 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 		rep.Subjects[i].Limits = append(rep.Subjects[i].Limits, ls)
 	}
 	writeJSON(w, http.StatusOK, rep)
-}
-
-// contextWithTimeout derives a bounded context from the request's.
-func contextWithTimeout(r *http.Request, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.Context(), d)
 }
