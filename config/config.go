@@ -14,6 +14,7 @@ type Config struct {
 	Server    Server     `toml:"server"`
 	Auth      Auth       `toml:"auth"`
 	Upstreams []Upstream `toml:"upstreams"`
+	Routes    []Route    `toml:"routes"`
 	Metrics   Metrics    `toml:"metrics"`
 	SLO       SLO        `toml:"slo"`
 	Log       Log        `toml:"log"`
@@ -49,6 +50,12 @@ type Server struct {
 	// DrainTimeoutSeconds is how long open streams may run after the
 	// listener closes before they are cancelled. Default 30.
 	DrainTimeoutSeconds float64 `toml:"drain_timeout_seconds"`
+	// StreamErrorEvents makes the gateway end a stream the upstream broke
+	// after bytes were sent (the body ended or broke without its terminal
+	// event, an idle or total timeout, an oversized event) with an error
+	// event in the caller's dialect, so the client's SDK raises instead of
+	// taking a cut answer for a whole one. Default true.
+	StreamErrorEvents bool `toml:"stream_error_events"`
 }
 
 // Auth is the [auth] table: how callers are identified.
@@ -82,12 +89,18 @@ type Upstream struct {
 	// "<secret>"; see Secret.
 	APIKey Secret `toml:"-"`
 	// Dialects lists the APIs this upstream serves: "openai", "anthropic".
-	// A request goes to the first upstream that serves its dialect; other
-	// /v1/* paths go to the first upstream. Default ["openai", "anthropic"].
+	// A request goes to the upstreams of its route (see Route) that serve
+	// its dialect or, when no route matches its model, to every upstream
+	// that serves it, in file order, falling back down that list before
+	// the first byte is sent to the caller; other /v1/* paths go to the
+	// first upstream. Default ["openai", "anthropic"].
 	Dialects []string `toml:"dialects"`
-	// TimeoutSeconds bounds a whole exchange, streamed or not. Default 600.
+	// TimeoutSeconds bounds one attempt whole, from sending the request to
+	// the end of the answer, streamed or not; a retry or a fallback starts
+	// a fresh one. Default 600.
 	TimeoutSeconds float64 `toml:"timeout_seconds"`
-	// ConnectTimeoutSeconds bounds dialing the upstream. Default 10.
+	// ConnectTimeoutSeconds bounds dialing the upstream and the TLS
+	// handshake. Default 10.
 	ConnectTimeoutSeconds float64 `toml:"connect_timeout_seconds"`
 	// IncludeUsage makes the gateway ask OpenAI-dialect streams for usage
 	// (stream_options.include_usage) when the caller did not, and keep the
@@ -97,6 +110,127 @@ type Upstream struct {
 	// MaxIdleConns sizes the pool of idle connections kept to the upstream.
 	// Default 256.
 	MaxIdleConns int `toml:"max_idle_conns"`
+
+	// Timeouts by phase (issue 4). TimeoutSeconds bounds one attempt whole;
+	// ConnectTimeoutSeconds the dial (and TLS handshake).
+
+	// HeaderTimeoutSeconds bounds the wait from the request written to the
+	// response headers of a streamed request; a stall there is retried.
+	// A non-streamed answer's headers come with its whole body, so only
+	// TimeoutSeconds bounds it. 0 turns it off. Default 30.
+	HeaderTimeoutSeconds float64 `toml:"header_timeout_seconds"`
+	// FirstTokenTimeoutSeconds bounds the wait from the request written to
+	// the first token-bearing event of a stream. While nothing has been sent
+	// to the caller the attempt is abandoned and retried (or falls back).
+	// Reasoning models can think for minutes before their first token, so
+	// it is off by default. 0 turns it off. Default 0.
+	FirstTokenTimeoutSeconds float64 `toml:"first_token_timeout_seconds"`
+	// IdleTimeoutSeconds bounds the gap between two reads of a stream after
+	// its first token. 0 turns it off. Default 300.
+	IdleTimeoutSeconds float64 `toml:"idle_timeout_seconds"`
+
+	// Shaping (issue 4): smooth bursts instead of provoking upstream 429s.
+
+	// MaxConcurrent caps the attempts open to this upstream at once (a
+	// stream holds its slot until it ends). 0 means no cap. Default 0.
+	MaxConcurrent int `toml:"max_concurrent"`
+	// RequestsPerSecond caps the rate of attempts sent to this upstream,
+	// evenly spaced. 0 means no cap. Default 0.
+	RequestsPerSecond float64 `toml:"requests_per_second"`
+	// QueueSize is how many requests may wait for a slot or for their turn
+	// under MaxConcurrent and RequestsPerSecond; one more is refused at once
+	// (and falls back to the next upstream, or gets 503). Default 64.
+	QueueSize int `toml:"queue_size"`
+	// QueueTimeoutSeconds is the longest a request waits in that queue.
+	// Default 10.
+	QueueTimeoutSeconds float64 `toml:"queue_timeout_seconds"`
+
+	// Retry is the [upstreams.retry] table.
+	Retry Retry `toml:"retry"`
+	// Breaker is the [upstreams.breaker] table.
+	Breaker Breaker `toml:"breaker"`
+}
+
+// Retry is an [upstreams.retry] table: how a failed attempt on this upstream
+// is retried. Retries happen only before the first byte of the answer is
+// sent to the caller.
+type Retry struct {
+	// MaxAttempts is the number of attempts on this upstream, the first
+	// included: 1 never retries. After them the request falls back to the
+	// route's next upstream. Default 3.
+	MaxAttempts int `toml:"max_attempts"`
+	// BaseDelayMs caps the first retry's delay; the cap grows by Multiplier
+	// per retry up to MaxDelayMs, and the delay is drawn uniformly below the
+	// cap (full jitter). Default 250.
+	BaseDelayMs float64 `toml:"base_delay_ms"`
+	// MaxDelayMs caps every computed delay. An upstream's Retry-After or
+	// retry-after-ms is honoured as it is, even above it. Default 8000.
+	MaxDelayMs float64 `toml:"max_delay_ms"`
+	// Multiplier is the growth of the delay cap per retry, at least 1.
+	// Default 2.
+	Multiplier float64 `toml:"multiplier"`
+	// MaxWaitSeconds is the most one request waits, in total, between its
+	// attempts on this upstream; a wait that would not fit is not taken
+	// (the request falls back, or the caller gets the upstream's error with
+	// its Retry-After). Default 30.
+	MaxWaitSeconds float64 `toml:"max_wait_seconds"`
+	// Statuses are the upstream HTTP statuses worth another attempt.
+	// Connection errors before a response, stalls and a stream whose first
+	// event is an error are retried too. Errors no retry can fix
+	// (insufficient_quota and other billing errors, authentication,
+	// permission and invalid-request errors) never are. Default
+	// [408, 409, 429, 500, 502, 503, 504, 529].
+	Statuses []int `toml:"statuses"`
+	// BudgetRatio caps retries to this upstream (fallbacks to it included)
+	// at this share of the requests first sent to it, over a 10 s window,
+	// so an outage does not multiply its load. Default 0.2.
+	BudgetRatio float64 `toml:"budget_ratio"`
+	// BudgetMinPerSecond is the floor of that budget: retries per second
+	// always allowed, so a quiet upstream still gets its retries. Default 1.
+	BudgetMinPerSecond float64 `toml:"budget_min_per_second"`
+}
+
+// Breaker is an [upstreams.breaker] table: the circuit breaker that stops
+// sending requests to an upstream that keeps failing. Failures are
+// connection errors, timeouts, 429, 5xx and streams the upstream broke.
+type Breaker struct {
+	// Enabled turns the breaker on. Default true.
+	Enabled bool `toml:"enabled"`
+	// ConsecutiveFailures opens the breaker after this many failures in a
+	// row. Default 5.
+	ConsecutiveFailures int `toml:"consecutive_failures"`
+	// FailureRatio opens it when this share of the requests in the window
+	// failed, once MinRequests were seen there. Default 0.5.
+	FailureRatio float64 `toml:"failure_ratio"`
+	// MinRequests keeps the ratio rule quiet on thin traffic. Default 20.
+	MinRequests int `toml:"min_requests"`
+	// WindowSeconds is how far back the ratio rule looks. Default 10.
+	WindowSeconds float64 `toml:"window_seconds"`
+	// CooldownSeconds is how long an open breaker refuses requests before
+	// it lets probes through (half-open). Default 5.
+	CooldownSeconds float64 `toml:"cooldown_seconds"`
+	// HalfOpenProbes is how many probes a half-open breaker lets through at
+	// once; that many successes close it, one failure opens it again.
+	// Default 2.
+	HalfOpenProbes int `toml:"half_open_probes"`
+}
+
+// Route is one [[routes]] table: the ordered upstreams for the models its
+// patterns match. A request goes to the first route whose pattern matches
+// its model; a request no route matches goes to every upstream serving its
+// dialect, in file order. Upstreams that do not serve the request's dialect
+// are skipped.
+type Route struct {
+	// Models are path.Match patterns on the requested model ("gpt-4o*").
+	// Required, non-empty.
+	Models []string `toml:"models"`
+	// Upstreams are [[upstreams]] names, tried in this order: the first
+	// that is not open-circuited gets the request, and a failure before the
+	// first byte was sent to the caller falls back to the next. Required.
+	Upstreams []string `toml:"upstreams"`
+	// Rename maps an upstream name to the model name sent to it (for
+	// example a deployment name); the caller's model is sent otherwise.
+	Rename map[string]string `toml:"rename"`
 }
 
 // Metrics is the [metrics] table.

@@ -19,7 +19,7 @@ const shippedPath = "../gateway.toml"
 
 // readShipped returns the shipped file; the same file with its
 // commented-out api_key_env lines switched on; and that one with the example
-// [[models]], [[teams]] and [[keys]] blocks switched on too.
+// [[routes]], [[models]], [[teams]] and [[keys]] blocks switched on too.
 func readShipped(t *testing.T) (doc, withKeys, withExamples string) {
 	t.Helper()
 	b, err := os.ReadFile(shippedPath)
@@ -32,12 +32,12 @@ func readShipped(t *testing.T) (doc, withKeys, withExamples string) {
 }
 
 // exampleStartRE is the first line of an example block in gateway.toml.
-var exampleStartRE = regexp.MustCompile(`^# \[\[(models|teams|keys)\]\]$`)
+var exampleStartRE = regexp.MustCompile(`^# \[\[(routes|models|teams|keys)\]\]$`)
 
 // uncommentExamples does what gateway.toml tells its reader to do with an
-// example: from each commented-out "# [[models]]", "# [[teams]]" or
-// "# [[keys]]" line down to the next blank line, remove the "# " (or "#")
-// in front of each line.
+// example: from each commented-out "# [[routes]]", "# [[models]]",
+// "# [[teams]]" or "# [[keys]]" line down to the next blank line, remove the
+// "# " (or "#") in front of each line.
 func uncommentExamples(t *testing.T, doc string) string {
 	t.Helper()
 	lines := strings.Split(doc, "\n")
@@ -91,7 +91,7 @@ func TestShippedConfig(t *testing.T) {
 		t.Fatal("gateway.toml has no commented-out api_key_env example")
 	}
 	if withKeys == withExamples {
-		t.Fatal("gateway.toml has no commented-out [[models]], [[teams]] or [[keys]] example")
+		t.Fatal("gateway.toml has no commented-out [[routes]], [[models]], [[teams]] or [[keys]] example")
 	}
 	if !strings.Contains(doc, "gateway check-config -config gateway.toml") {
 		t.Error("gateway.toml does not say how to check it")
@@ -122,9 +122,10 @@ func TestShippedConfig(t *testing.T) {
 	}
 }
 
-// TestShippedExamples checks the example [[models]], [[teams]] and [[keys]]
-// blocks once switched on: they fit together, use every limit, and the
-// example key's hash is the hash of the fake key the comment names.
+// TestShippedExamples checks the example [[routes]], [[models]], [[teams]]
+// and [[keys]] blocks once switched on: they fit together, use every limit,
+// the routes name upstreams of the file and one renames, and the example
+// key's hash is the hash of the fake key the comment names.
 func TestShippedExamples(t *testing.T) {
 	doc, _, withExamples := readShipped(t)
 	c, err := Parse([]byte(withExamples), "gateway.toml", fakeEnv(envNamed(t, withExamples)))
@@ -167,6 +168,27 @@ func TestShippedExamples(t *testing.T) {
 		t.Error("gateway.toml does not say how to hash a key")
 	}
 
+	// Each example route is the one its first model goes to, so no route
+	// hides another, and at least one renames the model.
+	if len(c.Routes) == 0 {
+		t.Fatal("examples give no route")
+	}
+	renames := 0
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		name := r.Models[0]
+		if strings.HasSuffix(name, "*") {
+			name = strings.TrimSuffix(name, "*") + "-x"
+		}
+		if got := c.RouteFor(name); got != r {
+			t.Errorf("model %q goes to %+v, not to its example route %+v", name, got, r)
+		}
+		renames += len(r.Rename)
+	}
+	if renames == 0 {
+		t.Error("no example route shows rename")
+	}
+
 	// Mode "keys" accepts the examples; without them it names the problem.
 	keysMode := strings.Replace(withExamples, `mode = "passthrough"`, `mode = "keys"`, 1)
 	if _, err := Parse([]byte(keysMode), "gateway.toml", fakeEnv(envNamed(t, keysMode))); err != nil {
@@ -179,9 +201,11 @@ func TestShippedExamples(t *testing.T) {
 }
 
 // TestShippedConfigShowsDefaults checks that every table but [[upstreams]]
-// holds exactly the defaults (no models, teams or keys until the examples
-// are switched on), that the upstreams route OpenAI and Anthropic requests to
-// their own providers, and that every key of the schema is written out.
+// holds exactly the defaults (no routes, models, teams or keys until the
+// examples are switched on), that both upstreams hold the upstream defaults
+// but for their name, endpoint and dialect, that the upstreams route OpenAI
+// and Anthropic requests to their own providers, and that every key of the
+// schema is written out.
 func TestShippedConfigShowsDefaults(t *testing.T) {
 	doc, _, withExamples := readShipped(t)
 	c := mustParse(t, doc, nil)
@@ -203,9 +227,10 @@ func TestShippedConfigShowsDefaults(t *testing.T) {
 		if u.Name != want.name || u.BaseURL != want.url || !reflect.DeepEqual(u.Dialects, []string{want.dialect}) {
 			t.Errorf("upstreams[%d] = %s %s %v, want %s %s [%s]", i, u.Name, u.BaseURL, u.Dialects, want.name, want.url, want.dialect)
 		}
-		if u.TimeoutSeconds != up.TimeoutSeconds || u.ConnectTimeoutSeconds != up.ConnectTimeoutSeconds ||
-			u.IncludeUsage != up.IncludeUsage || u.MaxIdleConns != up.MaxIdleConns {
-			t.Errorf("upstreams[%d] does not show the upstream defaults: %+v", i, u)
+		wantUp := up
+		wantUp.Name, wantUp.BaseURL, wantUp.Dialects = u.Name, u.BaseURL, u.Dialects
+		if !reflect.DeepEqual(u, wantUp) {
+			t.Errorf("upstreams[%d] does not hold the upstream defaults:\n%+v\nwant\n%+v", i, u, wantUp)
 		}
 	}
 	if u := c.UpstreamFor(llm.DialectOpenAI); u == nil || u.Name != "openai" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,6 +25,7 @@ func Default() Config {
 			ReadHeaderTimeoutSeconds: 10,
 			IdleTimeoutSeconds:       120,
 			DrainTimeoutSeconds:      30,
+			StreamErrorEvents:        true,
 		},
 		Auth: Auth{
 			Mode:       "passthrough",
@@ -75,6 +77,29 @@ func DefaultUpstream() Upstream {
 		ConnectTimeoutSeconds: 10,
 		IncludeUsage:          true,
 		MaxIdleConns:          256,
+		HeaderTimeoutSeconds:  30,
+		IdleTimeoutSeconds:    300,
+		QueueSize:             64,
+		QueueTimeoutSeconds:   10,
+		Retry: Retry{
+			MaxAttempts:        3,
+			BaseDelayMs:        250,
+			MaxDelayMs:         8000,
+			Multiplier:         2,
+			MaxWaitSeconds:     30,
+			Statuses:           []int{408, 409, 429, 500, 502, 503, 504, 529},
+			BudgetRatio:        0.2,
+			BudgetMinPerSecond: 1,
+		},
+		Breaker: Breaker{
+			Enabled:             true,
+			ConsecutiveFailures: 5,
+			FailureRatio:        0.5,
+			MinRequests:         20,
+			WindowSeconds:       10,
+			CooldownSeconds:     5,
+			HalfOpenProbes:      2,
+		},
 	}
 }
 
@@ -180,8 +205,10 @@ func unjoin(err error) []error {
 }
 
 // fillUpstreamDefaults sets, in each upstream, the default of every key its
-// table in the file leaves out. raw is the decoded "upstreams" value: an
-// array of tables, whether written as [[upstreams]] or inline.
+// table in the file leaves out, key by key inside its [upstreams.retry] and
+// [upstreams.breaker] tables too. raw is the decoded "upstreams" value: an
+// array of tables, whether written as [[upstreams]] or inline. A key given
+// as an empty array ("statuses = []") is present, so it stays empty.
 func fillUpstreamDefaults(ups []Upstream, raw any) {
 	tables, _ := raw.([]any)
 	def := DefaultUpstream()
@@ -190,31 +217,60 @@ func fillUpstreamDefaults(ups []Upstream, raw any) {
 		if i < len(tables) {
 			present, _ = tables[i].(map[string]any)
 		}
-		has := func(key string) bool { _, ok := present[key]; return ok }
 		u := &ups[i]
-		if !has("dialects") {
-			u.Dialects = append([]string(nil), def.Dialects...)
-		}
-		if !has("timeout_seconds") {
-			u.TimeoutSeconds = def.TimeoutSeconds
-		}
-		if !has("connect_timeout_seconds") {
-			u.ConnectTimeoutSeconds = def.ConnectTimeoutSeconds
-		}
-		if !has("include_usage") {
-			u.IncludeUsage = def.IncludeUsage
-		}
-		if !has("max_idle_conns") {
-			u.MaxIdleConns = def.MaxIdleConns
-		}
+		// Slices are cloned so that no two upstreams share a backing array.
+		fill(present, "dialects", &u.Dialects, slices.Clone(def.Dialects))
+		fill(present, "timeout_seconds", &u.TimeoutSeconds, def.TimeoutSeconds)
+		fill(present, "connect_timeout_seconds", &u.ConnectTimeoutSeconds, def.ConnectTimeoutSeconds)
+		fill(present, "include_usage", &u.IncludeUsage, def.IncludeUsage)
+		fill(present, "max_idle_conns", &u.MaxIdleConns, def.MaxIdleConns)
+		fill(present, "header_timeout_seconds", &u.HeaderTimeoutSeconds, def.HeaderTimeoutSeconds)
+		fill(present, "first_token_timeout_seconds", &u.FirstTokenTimeoutSeconds, def.FirstTokenTimeoutSeconds)
+		fill(present, "idle_timeout_seconds", &u.IdleTimeoutSeconds, def.IdleTimeoutSeconds)
+		fill(present, "max_concurrent", &u.MaxConcurrent, def.MaxConcurrent)
+		fill(present, "requests_per_second", &u.RequestsPerSecond, def.RequestsPerSecond)
+		fill(present, "queue_size", &u.QueueSize, def.QueueSize)
+		fill(present, "queue_timeout_seconds", &u.QueueTimeoutSeconds, def.QueueTimeoutSeconds)
+
+		retry, _ := present["retry"].(map[string]any)
+		r, dr := &u.Retry, &def.Retry
+		fill(retry, "max_attempts", &r.MaxAttempts, dr.MaxAttempts)
+		fill(retry, "base_delay_ms", &r.BaseDelayMs, dr.BaseDelayMs)
+		fill(retry, "max_delay_ms", &r.MaxDelayMs, dr.MaxDelayMs)
+		fill(retry, "multiplier", &r.Multiplier, dr.Multiplier)
+		fill(retry, "max_wait_seconds", &r.MaxWaitSeconds, dr.MaxWaitSeconds)
+		fill(retry, "statuses", &r.Statuses, slices.Clone(dr.Statuses))
+		fill(retry, "budget_ratio", &r.BudgetRatio, dr.BudgetRatio)
+		fill(retry, "budget_min_per_second", &r.BudgetMinPerSecond, dr.BudgetMinPerSecond)
+
+		breaker, _ := present["breaker"].(map[string]any)
+		b, db := &u.Breaker, &def.Breaker
+		fill(breaker, "enabled", &b.Enabled, db.Enabled)
+		fill(breaker, "consecutive_failures", &b.ConsecutiveFailures, db.ConsecutiveFailures)
+		fill(breaker, "failure_ratio", &b.FailureRatio, db.FailureRatio)
+		fill(breaker, "min_requests", &b.MinRequests, db.MinRequests)
+		fill(breaker, "window_seconds", &b.WindowSeconds, db.WindowSeconds)
+		fill(breaker, "cooldown_seconds", &b.CooldownSeconds, db.CooldownSeconds)
+		fill(breaker, "half_open_probes", &b.HalfOpenProbes, db.HalfOpenProbes)
+	}
+}
+
+// fill sets *dst to def when the table present (nil when the file has no
+// such table) lacks key.
+func fill[T any](present map[string]any, key string, dst *T, def T) {
+	if _, ok := present[key]; !ok {
+		*dst = def
 	}
 }
 
 // normalize puts values that have several spellings into one form: base_url
 // without a trailing slash, sha256 in lowercase, and empty [[models]],
-// [[teams]], [[keys]] and team models lists as nil, so that a configuration
-// reads back from Redacted() equal to itself ("teams = []" decodes to an
-// empty, non-nil slice).
+// [[teams]], [[keys]], [[routes]], team models lists and route rename tables
+// as nil, so that a configuration reads back from Redacted() equal to itself
+// ("teams = []" decodes to an empty, non-nil slice). Retry statuses are
+// left alone: Parse never leaves them nil (absent, they take the default
+// list; "statuses = []" decodes to an empty, non-nil slice, meaning that no
+// status is retried), so they read back equal as they are.
 func (c *Config) normalize() {
 	for i := range c.Upstreams {
 		// "https://host/" and "https://host" are the same endpoint; URL
@@ -231,8 +287,16 @@ func (c *Config) normalize() {
 			c.Teams[i].Models = nil
 		}
 	}
+	for i := range c.Routes {
+		if len(c.Routes[i].Rename) == 0 {
+			c.Routes[i].Rename = nil
+		}
+	}
 	if len(c.Models) == 0 {
 		c.Models = nil
+	}
+	if len(c.Routes) == 0 {
+		c.Routes = nil
 	}
 	if len(c.Teams) == 0 {
 		c.Teams = nil

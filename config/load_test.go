@@ -15,7 +15,7 @@ func TestDefault(t *testing.T) {
 	c := Default()
 	want := Config{
 		Server: Server{Listen: ":8080", MaxBodyBytes: 32 * 1024 * 1024, MaxEventBytes: 16 * 1024 * 1024,
-			ReadHeaderTimeoutSeconds: 10, IdleTimeoutSeconds: 120, DrainTimeoutSeconds: 30},
+			ReadHeaderTimeoutSeconds: 10, IdleTimeoutSeconds: 120, DrainTimeoutSeconds: 30, StreamErrorEvents: true},
 		Auth: Auth{Mode: "passthrough", RequireKey: true},
 		Metrics: Metrics{LatencyBuckets: []int64{0, 500, 2000, 8000, 32000}, Labels: map[string]string{},
 			Models: []string{}, MaxModels: 100, NativeHistograms: true},
@@ -32,9 +32,22 @@ func TestDefault(t *testing.T) {
 		t.Error("Default() uses Redis or holds models, teams or keys")
 	}
 	wantUp := Upstream{Dialects: []string{"openai", "anthropic"}, TimeoutSeconds: 600,
-		ConnectTimeoutSeconds: 10, IncludeUsage: true, MaxIdleConns: 256}
+		ConnectTimeoutSeconds: 10, IncludeUsage: true, MaxIdleConns: 256,
+		HeaderTimeoutSeconds: 30, FirstTokenTimeoutSeconds: 0, IdleTimeoutSeconds: 300,
+		MaxConcurrent: 0, RequestsPerSecond: 0, QueueSize: 64, QueueTimeoutSeconds: 10,
+		Retry: Retry{MaxAttempts: 3, BaseDelayMs: 250, MaxDelayMs: 8000, Multiplier: 2, MaxWaitSeconds: 30,
+			Statuses: []int{408, 409, 429, 500, 502, 503, 504, 529}, BudgetRatio: 0.2, BudgetMinPerSecond: 1},
+		Breaker: Breaker{Enabled: true, ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20,
+			WindowSeconds: 10, CooldownSeconds: 5, HalfOpenProbes: 2},
+	}
 	if u := DefaultUpstream(); !reflect.DeepEqual(u, wantUp) {
 		t.Errorf("DefaultUpstream() = %+v, want %+v", u, wantUp)
+	}
+	// Each call returns a fresh statuses list.
+	u := DefaultUpstream()
+	u.Retry.Statuses[0] = 999
+	if DefaultUpstream().Retry.Statuses[0] != 408 {
+		t.Error("DefaultUpstream() shares its statuses between calls")
 	}
 	// Default has no upstream, so it is not usable on its own.
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "config: at least one [[upstreams]] is required") {
@@ -62,6 +75,8 @@ func TestParseMinimalGetsDefaults(t *testing.T) {
 
 // TestUpstreamDefaultsPerTable checks that each [[upstreams]] table gets the
 // default of exactly the keys it leaves out, whichever form the array takes.
+// The "set" upstream sets every key, most to the zero value, which must not
+// be taken for a key left out.
 func TestUpstreamDefaultsPerTable(t *testing.T) {
 	docs := map[string]string{
 		"array tables": `
@@ -73,6 +88,32 @@ timeout_seconds = 5
 connect_timeout_seconds = 0.5
 include_usage = false
 max_idle_conns = 3
+header_timeout_seconds = 0
+first_token_timeout_seconds = 20
+idle_timeout_seconds = 0
+max_concurrent = 8
+requests_per_second = 2.5
+queue_size = 0
+queue_timeout_seconds = 1
+
+[upstreams.retry]
+max_attempts = 1
+base_delay_ms = 100
+max_delay_ms = 100
+multiplier = 1
+max_wait_seconds = 0
+statuses = []
+budget_ratio = 0
+budget_min_per_second = 0
+
+[upstreams.breaker]
+enabled = false
+consecutive_failures = 0
+failure_ratio = 0
+min_requests = 0
+window_seconds = 0
+cooldown_seconds = 0
+half_open_probes = 0
 
 [[upstreams]]
 name = "unset"
@@ -80,7 +121,7 @@ base_url = "http://127.0.0.1:2"
 `,
 		"inline": `
 upstreams = [
-  { name = "set", base_url = "http://127.0.0.1:1", dialects = ["anthropic"], timeout_seconds = 5, connect_timeout_seconds = 0.5, include_usage = false, max_idle_conns = 3 },
+  { name = "set", base_url = "http://127.0.0.1:1", dialects = ["anthropic"], timeout_seconds = 5, connect_timeout_seconds = 0.5, include_usage = false, max_idle_conns = 3, header_timeout_seconds = 0, first_token_timeout_seconds = 20, idle_timeout_seconds = 0, max_concurrent = 8, requests_per_second = 2.5, queue_size = 0, queue_timeout_seconds = 1, retry = { max_attempts = 1, base_delay_ms = 100, max_delay_ms = 100, multiplier = 1, max_wait_seconds = 0, statuses = [], budget_ratio = 0, budget_min_per_second = 0 }, breaker = { enabled = false, consecutive_failures = 0, failure_ratio = 0, min_requests = 0, window_seconds = 0, cooldown_seconds = 0, half_open_probes = 0 } },
   { name = "unset", base_url = "http://127.0.0.1:2" },
 ]
 `,
@@ -92,7 +133,9 @@ upstreams = [
 				t.Fatalf("got %d upstreams, want 2", len(c.Upstreams))
 			}
 			set := Upstream{Name: "set", BaseURL: "http://127.0.0.1:1", Dialects: []string{"anthropic"},
-				TimeoutSeconds: 5, ConnectTimeoutSeconds: 0.5, IncludeUsage: false, MaxIdleConns: 3}
+				TimeoutSeconds: 5, ConnectTimeoutSeconds: 0.5, IncludeUsage: false, MaxIdleConns: 3,
+				FirstTokenTimeoutSeconds: 20, MaxConcurrent: 8, RequestsPerSecond: 2.5, QueueTimeoutSeconds: 1,
+				Retry: Retry{MaxAttempts: 1, BaseDelayMs: 100, MaxDelayMs: 100, Multiplier: 1, Statuses: []int{}}}
 			if !reflect.DeepEqual(c.Upstreams[0], set) {
 				t.Errorf("upstreams[0] = %+v, want %+v", c.Upstreams[0], set)
 			}
@@ -102,6 +145,57 @@ upstreams = [
 				t.Errorf("upstreams[1] = %+v, want %+v", c.Upstreams[1], unset)
 			}
 		})
+	}
+}
+
+// TestUpstreamNestedDefaults checks that a [upstreams.retry] or
+// [upstreams.breaker] table, in any of TOML's spellings, keeps the default
+// of each key it leaves out.
+func TestUpstreamNestedDefaults(t *testing.T) {
+	def := DefaultUpstream()
+	cases := []struct {
+		name, body string
+		want       func(u *Upstream)
+	}{
+		{"retry table with one key", "[upstreams.retry]\nmax_attempts = 1\n",
+			func(u *Upstream) { u.Retry.MaxAttempts = 1 }},
+		{"breaker table with one key", "[upstreams.breaker]\nenabled = false\n",
+			func(u *Upstream) { u.Breaker.Enabled = false }},
+		{"empty tables", "[upstreams.retry]\n[upstreams.breaker]\n",
+			func(*Upstream) {}},
+		{"dotted keys", "retry.multiplier = 1.5\nbreaker.cooldown_seconds = 1\n",
+			func(u *Upstream) { u.Retry.Multiplier = 1.5; u.Breaker.CooldownSeconds = 1 }},
+		{"inline tables", "retry = { max_delay_ms = 500, budget_ratio = 0.5 }\nbreaker = { min_requests = 3 }\n",
+			func(u *Upstream) { u.Retry.MaxDelayMs = 500; u.Retry.BudgetRatio = 0.5; u.Breaker.MinRequests = 3 }},
+		{"explicit empty statuses", "[upstreams.retry]\nstatuses = []\n",
+			func(u *Upstream) { u.Retry.Statuses = []int{} }},
+		{"own statuses", "[upstreams.retry]\nstatuses = [429, 503]\n",
+			func(u *Upstream) { u.Retry.Statuses = []int{429, 503} }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := mustParse(t, minimal+tc.body, nil)
+			want := DefaultUpstream()
+			want.Name, want.BaseURL = "a", "http://127.0.0.1:9000"
+			tc.want(&want)
+			if got := c.Upstreams[0]; !reflect.DeepEqual(got, want) {
+				t.Errorf("upstreams[0] =\n%+v\nwant\n%+v", got, want)
+			}
+		})
+	}
+
+	// "statuses = []" means no retried status, not "the default".
+	c := mustParse(t, minimal+"[upstreams.retry]\nstatuses = []\n", nil)
+	if s := c.Upstreams[0].Retry.Statuses; s == nil || len(s) != 0 {
+		t.Errorf("statuses = %#v, want an empty, non-nil list", s)
+	}
+
+	// Upstreams filled with defaults share no slice.
+	c = mustParse(t, minimal+"[[upstreams]]\nname = \"b\"\nbase_url = \"http://127.0.0.1:9001\"\n", nil)
+	c.Upstreams[0].Retry.Statuses[0] = 999
+	c.Upstreams[0].Dialects[0] = "x"
+	if b := c.Upstreams[1]; b.Retry.Statuses[0] != def.Retry.Statuses[0] || b.Dialects[0] != def.Dialects[0] {
+		t.Errorf("upstreams share default slices: upstreams[1] = %+v", b)
 	}
 }
 
@@ -116,21 +210,19 @@ func TestTrueBooleans(t *testing.T) {
 		{"[metrics]", "native_histograms", func(c *Config) bool { return c.Metrics.NativeHistograms }},
 		{"[log]", "access_log", func(c *Config) bool { return c.Log.AccessLog }},
 		{"[[upstreams]]", "include_usage", func(c *Config) bool { return c.Upstreams[0].IncludeUsage }},
+		{"[server]", "stream_error_events", func(c *Config) bool { return c.Server.StreamErrorEvents }},
+		{"[upstreams.breaker]", "enabled", func(c *Config) bool { return c.Upstreams[0].Breaker.Enabled }},
 	}
 	up := "[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1\"\n"
 	for _, tc := range cases {
 		t.Run(tc.key, func(t *testing.T) {
 			for _, v := range []string{"", "true", "false"} {
-				var doc string
-				switch {
-				case tc.table == "[[upstreams]]" && v != "":
-					doc = up + tc.key + " = " + v + "\n"
-				case tc.table == "[[upstreams]]":
-					doc = up
-				case v != "":
-					doc = up + tc.table + "\n" + tc.key + " = " + v + "\n"
-				default:
-					doc = up + tc.table + "\n" // the table is present, the key is not
+				doc := up
+				if tc.table != "[[upstreams]]" {
+					doc += tc.table + "\n" // the table is present, the key may not be
+				}
+				if v != "" {
+					doc += tc.key + " = " + v + "\n"
 				}
 				got := tc.get(mustParse(t, doc, nil))
 				if want := v != "false"; got != want {
@@ -150,6 +242,7 @@ max_event_bytes = 65536
 read_header_timeout_seconds = 2.5
 idle_timeout_seconds = 30
 drain_timeout_seconds = 5
+stream_error_events = false
 
 [auth]
 mode = "passthrough"
@@ -164,11 +257,55 @@ timeout_seconds = 120
 connect_timeout_seconds = 3
 include_usage = false
 max_idle_conns = 64
+header_timeout_seconds = 15
+first_token_timeout_seconds = 60
+idle_timeout_seconds = 0
+max_concurrent = 100
+requests_per_second = 12.5
+queue_size = 0
+queue_timeout_seconds = 2
+
+[upstreams.retry]
+max_attempts = 5
+base_delay_ms = 100
+max_delay_ms = 2000
+multiplier = 3
+max_wait_seconds = 0
+statuses = [429, 503]
+budget_ratio = 0.5
+budget_min_per_second = 0
+
+[upstreams.breaker]
+enabled = true
+consecutive_failures = 3
+failure_ratio = 0.25
+min_requests = 10
+window_seconds = 30
+cooldown_seconds = 2.5
+half_open_probes = 1
 
 [[upstreams]]
 name = "local-vllm_2"
 base_url = "http://10.0.0.5:8000/proxy"
 dialects = ["openai", "anthropic"]
+
+[upstreams.retry]
+statuses = []
+
+[upstreams.breaker]
+enabled = false
+min_requests = 0
+
+[[routes]]
+models = ["gpt-4o*", "o3"]
+upstreams = ["openai", "local-vllm_2"]
+
+[routes.rename]
+local-vllm_2 = "Qwen/Qwen2.5-72B"
+
+[[routes]]
+models = ["local/*"]
+upstreams = ["local-vllm_2"]
 
 [metrics]
 latency_buckets = [0, 1000, 4000]
@@ -265,15 +402,28 @@ sha256 = "8c8e789e8aa3c4d0d9aad5a8b00d81cd96937721471c59209e04a8233ad90f65"
 	c := mustParse(t, doc, env)
 	second := DefaultUpstream()
 	second.Name, second.BaseURL = "local-vllm_2", "http://10.0.0.5:8000/proxy"
+	second.Retry.Statuses = []int{}
+	second.Breaker.Enabled, second.Breaker.MinRequests = false, 0
 	want := Config{
 		Server: Server{Listen: "127.0.0.1:9999", MaxBodyBytes: 1 << 20, MaxEventBytes: 1 << 16,
-			ReadHeaderTimeoutSeconds: 2.5, IdleTimeoutSeconds: 30, DrainTimeoutSeconds: 5},
+			ReadHeaderTimeoutSeconds: 2.5, IdleTimeoutSeconds: 30, DrainTimeoutSeconds: 5, StreamErrorEvents: false},
 		Auth: Auth{Mode: "passthrough", RequireKey: false},
 		Upstreams: []Upstream{{
 			Name: "openai", BaseURL: "https://api.openai.com", APIKeyEnv: "OPENAI_API_KEY",
 			APIKey: "sk-test-1", Dialects: []string{"openai"}, TimeoutSeconds: 120,
 			ConnectTimeoutSeconds: 3, IncludeUsage: false, MaxIdleConns: 64,
+			HeaderTimeoutSeconds: 15, FirstTokenTimeoutSeconds: 60, IdleTimeoutSeconds: 0,
+			MaxConcurrent: 100, RequestsPerSecond: 12.5, QueueSize: 0, QueueTimeoutSeconds: 2,
+			Retry: Retry{MaxAttempts: 5, BaseDelayMs: 100, MaxDelayMs: 2000, Multiplier: 3, MaxWaitSeconds: 0,
+				Statuses: []int{429, 503}, BudgetRatio: 0.5, BudgetMinPerSecond: 0},
+			Breaker: Breaker{Enabled: true, ConsecutiveFailures: 3, FailureRatio: 0.25, MinRequests: 10,
+				WindowSeconds: 30, CooldownSeconds: 2.5, HalfOpenProbes: 1},
 		}, second},
+		Routes: []Route{
+			{Models: []string{"gpt-4o*", "o3"}, Upstreams: []string{"openai", "local-vllm_2"},
+				Rename: map[string]string{"local-vllm_2": "Qwen/Qwen2.5-72B"}},
+			{Models: []string{"local/*"}, Upstreams: []string{"local-vllm_2"}},
+		},
 		Metrics: Metrics{LatencyBuckets: []int64{0, 1000, 4000},
 			Labels: map[string]string{"env": "prod", "scene": "chat"},
 			Models: []string{"gpt-4o", "claude-sonnet-4-5"}, MaxModels: 20, NativeHistograms: false},

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"path"
 	"strings"
 
 	"github.com/tollgate-llm/tollgate/llm"
@@ -46,6 +47,34 @@ func (c *Config) UpstreamFor(d llm.Dialect) *Upstream {
 	for i := range c.Upstreams {
 		if c.Upstreams[i].Serves(d) {
 			return &c.Upstreams[i]
+		}
+	}
+	return nil
+}
+
+// UpstreamByName returns the upstream named name, or nil when there is none.
+// The pointer refers into c.Upstreams.
+func (c *Config) UpstreamByName(name string) *Upstream {
+	for i := range c.Upstreams {
+		if c.Upstreams[i].Name == name {
+			return &c.Upstreams[i]
+		}
+	}
+	return nil
+}
+
+// RouteFor returns the first route with a pattern that matches model, or nil
+// when none does (the request then goes to every upstream serving its
+// dialect, in file order). Patterns match as path.Match does, so * does not
+// cross a "/". The pointer refers into c.Routes.
+func (c *Config) RouteFor(model string) *Route {
+	for i := range c.Routes {
+		for _, p := range c.Routes[i].Models {
+			// Validate rejects malformed patterns; one in a Config built
+			// without it matches nothing.
+			if ok, _ := path.Match(p, model); ok {
+				return &c.Routes[i]
+			}
 		}
 	}
 	return nil

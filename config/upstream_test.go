@@ -124,3 +124,77 @@ func TestSecondsMillis(t *testing.T) {
 		t.Errorf("Millis(0.25) = %v", got)
 	}
 }
+
+func TestUpstreamByName(t *testing.T) {
+	c := mustParse(t, minimal+"[[upstreams]]\nname = \"b\"\nbase_url = \"http://127.0.0.1:9001\"\n", nil)
+	for i, name := range []string{"a", "b"} {
+		if u := c.UpstreamByName(name); u != &c.Upstreams[i] {
+			t.Errorf("UpstreamByName(%q) = %p, want a pointer to upstreams[%d] (%p)", name, u, i, &c.Upstreams[i])
+		}
+	}
+	for _, name := range []string{"", "c", "A", "a "} {
+		if u := c.UpstreamByName(name); u != nil {
+			t.Errorf("UpstreamByName(%q) = %+v, want nil", name, u)
+		}
+	}
+	var empty Config
+	if u := empty.UpstreamByName("a"); u != nil {
+		t.Errorf("empty config: UpstreamByName = %+v, want nil", u)
+	}
+}
+
+func TestRouteFor(t *testing.T) {
+	doc := minimal + `
+[[upstreams]]
+name = "b"
+base_url = "http://127.0.0.1:9001"
+
+[[routes]]
+models = ["gpt-4o-mini", "o[13]-*"]
+upstreams = ["b"]
+
+[[routes]]
+models = ["gpt-4o*", "claude-?-opus"]
+upstreams = ["a", "b"]
+rename = { b = "deploy-4o" }
+
+[[routes]]
+models = ["*"]
+upstreams = ["a"]
+`
+	c := mustParse(t, doc, nil)
+	for model, want := range map[string]int{
+		"gpt-4o-mini":     0, // listed in the first route and matched by the second: the first wins
+		"o1-preview":      0,
+		"o3-mini":         0,
+		"gpt-4o":          1,
+		"gpt-4o-mini-x":   1,
+		"claude-3-opus":   1,
+		"claude-35-opus":  2, // ? is one character
+		"GPT-4o":          2, // case counts
+		"o2-x":            2,
+		"":                2,
+		"meta/llama-3-8b": -1, // * does not cross "/"
+	} {
+		got := c.RouteFor(model)
+		switch {
+		case want < 0 && got != nil:
+			t.Errorf("RouteFor(%q) = %+v, want nil", model, got)
+		case want >= 0 && got != &c.Routes[want]:
+			t.Errorf("RouteFor(%q) = %+v, want routes[%d]", model, got, want)
+		}
+	}
+	if r := c.RouteFor("gpt-4o"); r == nil || r.Rename["b"] != "deploy-4o" {
+		t.Errorf("RouteFor(gpt-4o).Rename = %v", r)
+	}
+
+	// Without routes, and with a malformed pattern (a Config not validated),
+	// nothing matches.
+	if r := mustParse(t, minimal, nil).RouteFor("gpt-4o"); r != nil {
+		t.Errorf("no routes: RouteFor = %+v, want nil", r)
+	}
+	bad := Config{Routes: []Route{{Models: []string{"gpt-[4"}, Upstreams: []string{"a"}}}}
+	if r := bad.RouteFor("gpt-[4"); r != nil {
+		t.Errorf("malformed pattern: RouteFor = %+v, want nil", r)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -57,6 +58,7 @@ func (c *Config) Validate() error {
 		}
 		u.validate(&v, key)
 	}
+	c.validateRoutes(&v)
 	c.Metrics.validate(&v)
 	c.SLO.validate(&v)
 	c.Log.validate(&v)
@@ -93,6 +95,28 @@ func (v *validator) duration(key string, x float64, unit time.Duration, zeroOK b
 func (v *validator) positive(key string, n int64) {
 	if n <= 0 {
 		v.add(key, "must be greater than 0, not %d", n)
+	}
+}
+
+// atLeast checks an integer against its lowest allowed value.
+func (v *validator) atLeast(key string, n, lowest int64) {
+	if n < lowest {
+		v.add(key, "must be at least %d, not %d", lowest, n)
+	}
+}
+
+// number checks a float that is not a duration: finite and in [lo, hi]
+// (no upper bound when hi is +Inf).
+func (v *validator) number(key string, x, lo, hi float64) {
+	switch {
+	case math.IsNaN(x):
+		v.add(key, "must be a number, not nan")
+	case math.IsInf(x, 0):
+		v.add(key, "must be a finite number, not %g", x)
+	case x < lo && math.IsInf(hi, 1):
+		v.add(key, "must be %g or more, not %g", lo, x)
+	case x < lo || x > hi:
+		v.add(key, "must be from %g to %g, not %g", lo, hi, x)
 	}
 }
 
@@ -169,6 +193,116 @@ func (u *Upstream) validate(v *validator, key string) {
 	v.duration(key+".timeout_seconds", u.TimeoutSeconds, time.Second, false)
 	v.duration(key+".connect_timeout_seconds", u.ConnectTimeoutSeconds, time.Second, false)
 	v.positive(key+".max_idle_conns", int64(u.MaxIdleConns))
+
+	v.duration(key+".header_timeout_seconds", u.HeaderTimeoutSeconds, time.Second, true)
+	v.duration(key+".first_token_timeout_seconds", u.FirstTokenTimeoutSeconds, time.Second, true)
+	v.duration(key+".idle_timeout_seconds", u.IdleTimeoutSeconds, time.Second, true)
+
+	if u.MaxConcurrent < 0 {
+		v.add(key+".max_concurrent", "must be 0 (no cap) or more, not %d", u.MaxConcurrent)
+	}
+	v.number(key+".requests_per_second", u.RequestsPerSecond, 0, math.Inf(1))
+	if u.QueueSize < 0 {
+		v.add(key+".queue_size", "must be 0 (no waiting) or more, not %d", u.QueueSize)
+	}
+	v.duration(key+".queue_timeout_seconds", u.QueueTimeoutSeconds, time.Second, false)
+
+	u.Retry.validate(v, key+".retry")
+	if u.Breaker.Enabled {
+		u.Breaker.validate(v, key+".breaker")
+	}
+}
+
+// maxAttempts bounds retry.max_attempts: more attempts on one upstream only
+// hold a caller longer on an upstream that keeps failing.
+const maxAttempts = 10
+
+// maxBudgetRatio bounds retry.budget_ratio: beyond it the budget no longer
+// keeps an outage from multiplying an upstream's load.
+const maxBudgetRatio = 10
+
+func (r *Retry) validate(v *validator, key string) {
+	if r.MaxAttempts < 1 || r.MaxAttempts > maxAttempts {
+		v.add(key+".max_attempts", "must be from 1 (no retry) to %d, not %d", maxAttempts, r.MaxAttempts)
+	}
+	v.duration(key+".base_delay_ms", r.BaseDelayMs, time.Millisecond, false)
+	v.duration(key+".max_delay_ms", r.MaxDelayMs, time.Millisecond, false)
+	if r.BaseDelayMs > 0 && r.MaxDelayMs > 0 && r.MaxDelayMs < r.BaseDelayMs {
+		v.add(key+".max_delay_ms", "must be at least base_delay_ms (%g), not %g", r.BaseDelayMs, r.MaxDelayMs)
+	}
+	v.number(key+".multiplier", r.Multiplier, 1, math.Inf(1))
+	v.duration(key+".max_wait_seconds", r.MaxWaitSeconds, time.Second, true)
+	for i, s := range r.Statuses {
+		sk := fmt.Sprintf("%s.statuses[%d]", key, i)
+		switch {
+		case s < 400 || s > 599:
+			v.add(sk, "%d is not an HTTP error status (400 to 599)", s)
+		case slices.Index(r.Statuses, s) < i:
+			v.add(sk, "%d is listed twice", s)
+		}
+	}
+	v.number(key+".budget_ratio", r.BudgetRatio, 0, maxBudgetRatio)
+	v.number(key+".budget_min_per_second", r.BudgetMinPerSecond, 0, math.Inf(1))
+}
+
+func (b *Breaker) validate(v *validator, key string) {
+	v.atLeast(key+".consecutive_failures", int64(b.ConsecutiveFailures), 1)
+	if math.IsNaN(b.FailureRatio) || b.FailureRatio <= 0 || b.FailureRatio > 1 {
+		v.add(key+".failure_ratio", "must be greater than 0 and at most 1, not %g", b.FailureRatio)
+	}
+	v.atLeast(key+".min_requests", int64(b.MinRequests), 1)
+	v.duration(key+".window_seconds", b.WindowSeconds, time.Second, false)
+	v.duration(key+".cooldown_seconds", b.CooldownSeconds, time.Second, false)
+	v.atLeast(key+".half_open_probes", int64(b.HalfOpenProbes), 1)
+}
+
+// validateRoutes checks the [[routes]] tables against the [[upstreams]]
+// names.
+func (c *Config) validateRoutes(v *validator) {
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		key := "routes[" + strconv.Itoa(i) + "]"
+		if len(r.Models) == 0 {
+			v.add(key+".models", `must list at least one model name, or a pattern such as "gpt-4o*"`)
+		}
+		for j, p := range r.Models {
+			mk := fmt.Sprintf("%s.models[%d]", key, j)
+			switch _, err := path.Match(p, ""); {
+			case p == "":
+				v.add(mk, `must not be empty: a model name, or a pattern such as "gpt-4o*"`)
+			case err != nil:
+				v.add(mk, `%q is not a valid pattern: %v (syntax of Go's path.Match: *, ?, [a-z], \ escapes)`, p, err)
+			case slices.Index(r.Models, p) < j:
+				v.add(mk, "%q is listed twice", p)
+			}
+		}
+		if len(r.Upstreams) == 0 {
+			v.add(key+".upstreams", "must list at least one [[upstreams]] name")
+		}
+		for j, name := range r.Upstreams {
+			uk := fmt.Sprintf("%s.upstreams[%d]", key, j)
+			switch {
+			case c.UpstreamByName(name) == nil:
+				v.add(uk, "%q is not the name of any [[upstreams]] table", name)
+			case slices.Index(r.Upstreams, name) < j:
+				v.add(uk, "%q is listed twice", name)
+			}
+		}
+		names := make([]string, 0, len(r.Rename))
+		for name := range r.Rename {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			rk := joinKey(key+".rename", name)
+			if !slices.Contains(r.Upstreams, name) {
+				v.add(rk, "%q is not one of this route's upstreams; rename maps an upstream name to the model sent to it", name)
+			}
+			if r.Rename[name] == "" {
+				v.add(rk, "must not be empty: the model name to send to %q", name)
+			}
+		}
+	}
 }
 
 // validateBaseURL checks an upstream endpoint. Messages show the URL with any

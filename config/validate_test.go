@@ -176,6 +176,7 @@ func TestBadConfigs(t *testing.T) {
 			}},
 	}
 	cases = append(cases, governanceCases...)
+	cases = append(cases, resilienceCases...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.doc), "gateway.toml", fakeEnv(tc.env))
