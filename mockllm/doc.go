@@ -101,17 +101,43 @@
 // X-Mock-Cached-Tokens, X-Mock-Reasoning-Tokens (non-negative integers),
 // X-Mock-No-Usage (1/true), and X-Mock-Fault, a ';'-separated list of:
 //
-//	status=<400..599>  answer with that status and a dialect error body
-//	retry-after=<s>    with status: the Retry-After header
-//	type=<s>, code=<s> with status: override error.type (both dialects) and
-//	                   the OpenAI error.code (e.g. insufficient_quota)
-//	disconnect=<n>     after n token events, abort the connection (no terminal marker)
-//	error-event=<n>    after n token events, send the dialect's error event and end the body
-//	malformed=<n>      after n token events, send one event with truncated JSON, then go on
-//	stall=<ms>         wait that long before writing the response headers
+//	status=<400..599>   answer with that status and a dialect error body
+//	retry-after=<s>     with status: the Retry-After header
+//	retry-after-ms=<ms> with status: the retry-after-ms header, which the
+//	                    OpenAI and Anthropic SDKs read before Retry-After
+//	type=<s>, code=<s>  with status: override error.type (both dialects) and
+//	                    the OpenAI error.code (e.g. insufficient_quota)
+//	disconnect=<n>      after n token events, abort the connection (no terminal marker)
+//	error-event=<n>     after n token events, send the dialect's error event and end the body
+//	malformed=<n>       after n token events, send one event with truncated JSON, then go on
+//	hang=<n>            after n token events, go silent with the connection open
+//	                    until the client leaves (counted in Stats.Canceled)
+//	stall=<ms>          wait that long before writing the response headers
 //
-// An n at or past the number of token events fires after the last one, before
-// the finish events. Faults apply to the two generation routes. On a
-// non-streamed request disconnect sends half of the body and aborts, malformed
-// sends a truncated body, and error-event is a 400 (it needs a stream).
+// The two retry hints are sent verbatim and independently: give both to test
+// a client's precedence, one to test it alone. An n at or past the number of
+// token events fires after the last one, before the finish events; faults
+// due at the same n fire in the order malformed, error-event, disconnect,
+// hang, and the first that ends the body wins. A status answers at once
+// (after any stall) and the stream faults do not fire. Faults apply to the
+// two generation routes. On a non-streamed request disconnect sends half of
+// the body and aborts, malformed sends a truncated body, hang writes nothing,
+// headers included, until the client leaves, and error-event is a 400 (it
+// needs a stream).
+//
+// # Injected faults
+//
+// A retrying client resends the same headers, so a header cannot make a
+// first attempt fail and the retry succeed. Server.Inject(spec, n) queues a
+// fault for the next n generation requests: each takes the spec in place of
+// its own X-Mock-Fault header, in the order the requests pass validation,
+// and successive calls queue up behind each other (Inject("status=429", 1)
+// then Inject("stall=500", 2): the first request gets a 429, the next two
+// stall, the fourth is served as its headers say). The spec is parsed when
+// Inject is called; an empty spec means a normal answer. A request rejected
+// before generation (bad JSON, a bad X-Mock-* header, a wrong key, a wrong
+// method) does not use up an injected fault; a non-streamed request that
+// takes error-event does, and gets its 400. Server.ClearInjected drops what
+// is left. Stats.Injected counts the requests that took an injected fault;
+// Stats.Faults counts every request that took a fault, header or injected.
 package mockllm

@@ -15,6 +15,11 @@ type apiError struct {
 	code   string // OpenAI error.code; "" is null
 	param  string // OpenAI error.param; "" is null
 	msg    string
+	// retryAfter and retryAfterMs, when set, are sent verbatim as the
+	// Retry-After and retry-after-ms headers, each on its own, so a client's
+	// precedence between them can be tested.
+	retryAfter   string
+	retryAfterMs string
 }
 
 // defaultError returns the error the real API gives for status (wire.md 1.7
@@ -130,14 +135,17 @@ func setHeaders(h http.Header, d llm.Dialect, reqID, contentType string) {
 	}
 }
 
-// writeError writes e in the dialect's shape, with Retry-After when set.
-func writeError(w http.ResponseWriter, d llm.Dialect, reqID string, e apiError, retryAfter string) {
+// writeError writes e in the dialect's shape, with its retry hints.
+func writeError(w http.ResponseWriter, d llm.Dialect, reqID string, e apiError) {
 	body := errorJSON(d, e, reqID)
 	h := w.Header()
 	setHeaders(h, d, reqID, "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	if retryAfter != "" {
-		h.Set("Retry-After", retryAfter)
+	if e.retryAfter != "" {
+		h.Set("Retry-After", e.retryAfter)
+	}
+	if e.retryAfterMs != "" {
+		h.Set("Retry-After-Ms", e.retryAfterMs)
 	}
 	w.WriteHeader(e.status)
 	_, _ = w.Write(body) // a client that left is not our concern here
@@ -150,7 +158,7 @@ func (s *Server) reject(w http.ResponseWriter, d llm.Dialect, reqID string, stat
 	if msg != "" {
 		e.msg = msg
 	}
-	writeError(w, d, reqID, e, "")
+	writeError(w, d, reqID, e)
 	return outcomeBadRequest
 }
 

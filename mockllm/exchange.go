@@ -71,6 +71,8 @@ type exchange struct {
 	toolID    string
 	// ended is set when a fault ended the body early (error event).
 	ended bool
+	// injected is set when the fault came from Server.Inject.
+	injected bool
 }
 
 // serve validates the request and answers it.
@@ -81,8 +83,12 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 		return s.badRequest(x.w, x.dialect, x.reqID, err.Error())
 	}
 	if e, ok := x.parseBody(body); !ok {
-		writeError(x.w, x.dialect, x.reqID, e, "")
+		writeError(x.w, x.dialect, x.reqID, e)
 		return outcomeBadRequest
+	}
+	// Only now, with the request accepted, may it use up an injected fault.
+	if inj, ok := s.takeInjected(); ok {
+		x.p.fault, x.injected = inj, true
 	}
 	f := x.p.fault
 	if f.set {
@@ -114,7 +120,8 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 		if f.errCode != "" {
 			e.code = f.errCode
 		}
-		writeError(x.w, x.dialect, x.reqID, e, f.retryAfter)
+		e.retryAfter, e.retryAfterMs = f.retryAfter, f.retryAfterMs
+		writeError(x.w, x.dialect, x.reqID, e)
 		x.log(f.status, outcomeCompleted)
 		return outcomeCompleted
 	}
@@ -238,8 +245,10 @@ func (x *exchange) emit() bool {
 
 // faults fires the stream faults due after n token events; last marks the
 // call after the final token event, where every count at or past n is due.
-// writeError and writeMalformed write the dialect's events. It reports false
-// when the body must end (the error event was sent, or the client is gone).
+// writeMalformed and writeErrorEvent write the dialect's events. Faults due
+// together fire in the order malformed, error-event, disconnect, hang. It
+// reports false when the body must end (the error event was sent, or the
+// client is gone).
 func (x *exchange) faults(n int, last bool, writeMalformed, writeErrorEvent func()) bool {
 	f := &x.p.fault
 	due := func(at int) bool { return at == n || (last && at > n) }
@@ -260,12 +269,23 @@ func (x *exchange) faults(n int, last bool, writeMalformed, writeErrorEvent func
 		x.log(http.StatusOK, outcomeAborted)
 		panic(http.ErrAbortHandler)
 	}
+	if f.hang >= 0 && due(f.hang) {
+		// Everything so far was flushed by emit; the upstream now goes
+		// silent with the connection open, which only the client can end.
+		<-x.ctx.Done()
+		return false
+	}
 	return true
 }
 
 // whole answers a non-streamed request at the deadline of its last token
 // event.
 func (x *exchange) whole() outcome {
+	if x.p.fault.hang >= 0 {
+		// Nothing is written, not even the headers, until the client leaves.
+		<-x.ctx.Done()
+		return outcomeCanceled
+	}
 	var at time.Time
 	for k := range x.plan.events() {
 		at = x.sched.deadline(k)
@@ -315,6 +335,7 @@ func (x *exchange) log(status int, oc outcome) {
 		slog.String("model", x.req.Model),
 		slog.Bool("stream", x.req.Stream),
 		slog.Int("status", status),
+		slog.Bool("injected", x.injected),
 		slog.String("outcome", names[oc]),
 		slog.Int("output_tokens", x.plan.output()),
 		slog.Duration("elapsed", time.Since(x.arrival)))

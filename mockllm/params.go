@@ -22,17 +22,26 @@ type params struct {
 	fault             fault
 }
 
-// fault is the parsed X-Mock-Fault header. Event counts are -1 when unset.
+// fault is a parsed fault spec (the X-Mock-Fault header or an Inject
+// spec). Event counts are -1 when unset.
 type fault struct {
-	set        bool
-	status     int
-	retryAfter string
-	errType    string
-	errCode    string
-	disconnect int
-	errorEvent int
-	malformed  int
-	stall      time.Duration
+	// set reports that the spec named at least one fault.
+	set          bool
+	status       int
+	retryAfter   string
+	retryAfterMs string
+	errType      string
+	errCode      string
+	disconnect   int
+	errorEvent   int
+	malformed    int
+	hang         int
+	stall        time.Duration
+}
+
+// noFault is the fault of a request without one.
+func noFault() fault {
+	return fault{disconnect: -1, errorEvent: -1, malformed: -1, hang: -1}
 }
 
 // maxHeaderTokens bounds token counts from headers, so a typo cannot make the
@@ -46,7 +55,7 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 	p := params{
 		ttft: s.opts.TTFT, itl: s.opts.ITL, jitter: s.opts.Jitter,
 		outputTokens: s.opts.OutputTokens, tokensPerChunk: s.opts.TokensPerChunk,
-		fault: fault{disconnect: -1, errorEvent: -1, malformed: -1},
+		fault: noFault(),
 	}
 	var err error
 	if p.ttft, err = headerMs(h, "X-Mock-TTFT-Ms", p.ttft); err != nil {
@@ -76,7 +85,7 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 		}
 	}
 	if v := h.Get("X-Mock-Fault"); v != "" {
-		if p.fault, err = parseFault(v); err != nil {
+		if p.fault, err = parseFault(v, "header X-Mock-Fault"); err != nil {
 			return p, err
 		}
 	}
@@ -132,14 +141,15 @@ func parseCount(v string, lo int) (int, error) {
 	return n, nil
 }
 
-// parseFault parses "key=value;key=value".
-func parseFault(v string) (fault, error) {
-	f := fault{set: true, disconnect: -1, errorEvent: -1, malformed: -1}
+// parseFault parses "key=value;key=value"; what names the source in errors.
+func parseFault(v, what string) (fault, error) {
+	f := noFault()
 	for part := range strings.SplitSeq(v, ";") {
 		part = strings.TrimSpace(part)
 		if part == "" {
 			continue
 		}
+		f.set = true
 		key, val, _ := strings.Cut(part, "=")
 		key, val = strings.ToLower(strings.TrimSpace(key)), strings.TrimSpace(val)
 		var err error
@@ -153,12 +163,11 @@ func parseFault(v string) (fault, error) {
 					err = errors.New("want a status in [400, 599]")
 				}
 			case "retry-after":
-				var secs float64
-				secs, err = strconv.ParseFloat(val, 64)
-				if err == nil && (math.IsNaN(secs) || secs < 0) {
-					err = errors.New("want non-negative seconds")
-				}
+				err = checkNonNegative(val, "seconds")
 				f.retryAfter = val
+			case "retry-after-ms":
+				err = checkNonNegative(val, "milliseconds")
+				f.retryAfterMs = val
 			case "type":
 				f.errType = val
 			case "code":
@@ -169,6 +178,8 @@ func parseFault(v string) (fault, error) {
 				f.errorEvent, err = parseCount(val, 0)
 			case "malformed":
 				f.malformed, err = parseCount(val, 0)
+			case "hang":
+				f.hang, err = parseCount(val, 0)
 			case "stall":
 				f.stall, err = parseMs(val)
 			default:
@@ -176,11 +187,24 @@ func parseFault(v string) (fault, error) {
 			}
 		}
 		if err != nil {
-			return f, fmt.Errorf("mockllm: header X-Mock-Fault %q: %s: %w", v, key, err)
+			return f, fmt.Errorf("mockllm: %s %q: %s: %w", what, v, key, err)
 		}
 	}
-	if f.status == 0 && (f.retryAfter != "" || f.errType != "" || f.errCode != "") {
-		return f, fmt.Errorf("mockllm: header X-Mock-Fault %q: retry-after, type and code need status", v)
+	if f.status == 0 && (f.retryAfter != "" || f.retryAfterMs != "" || f.errType != "" || f.errCode != "") {
+		return f, fmt.Errorf("mockllm: %s %q: retry-after, retry-after-ms, type and code need status", what, v)
 	}
 	return f, nil
+}
+
+// checkNonNegative checks that v is a finite non-negative decimal; the value
+// is sent verbatim, so a client parsing it as a float must succeed.
+func checkNonNegative(v, unit string) error {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return err
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return errors.New("want non-negative " + unit)
+	}
+	return nil
 }

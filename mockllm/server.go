@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -56,8 +57,12 @@ type Stats struct {
 	// done (seen through the request context or a failed write), including
 	// while queued or stalled.
 	Canceled int64
-	// Faults counts requests that carried an X-Mock-Fault.
+	// Faults counts generation requests that took a fault, from their
+	// X-Mock-Fault header or from Inject.
 	Faults int64
+	// Injected counts generation requests that took an injected fault (see
+	// Inject) in place of their X-Mock-Fault header, an empty spec included.
+	Injected int64
 	// Aborted counts connections the mock broke on purpose (disconnect=).
 	Aborted int64
 	// BadRequests counts requests rejected with a 4xx before generation
@@ -101,6 +106,13 @@ type Server struct {
 	changed chan struct{} // closed and replaced on every change of stats
 	rec     []Recorded    // ring of at most recordCap
 	recNext int
+	inj     []injection // queued by Inject, oldest first
+}
+
+// injection is one Inject call not yet used up.
+type injection struct {
+	f    fault
+	left int
 }
 
 // New returns a Server for opts. Negative durations and counts are taken as
@@ -172,13 +184,64 @@ func (s *Server) Requests() []Recorded {
 	return append(out, s.rec...)
 }
 
+// Inject makes the next n generation requests (POST /v1/chat/completions
+// and /v1/messages) take the fault spec, in the syntax of X-Mock-Fault, in
+// place of their own X-Mock-Fault header. Calls queue up: the requests after
+// the first call's n take the second call's spec, and so on. An empty spec
+// makes its requests answer without a fault. A request takes its fault once
+// it has passed validation, so a rejected request (bad JSON, bad headers,
+// wrong key) does not use one up. Inject returns an error, and queues
+// nothing, when spec does not parse or n is not positive.
+func (s *Server) Inject(spec string, n int) error {
+	if n <= 0 {
+		return fmt.Errorf("mockllm: inject %q: count %d: want a positive count", spec, n)
+	}
+	f, err := parseFault(spec, "inject")
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.inj = append(s.inj, injection{f: f, left: n})
+	s.mu.Unlock()
+	return nil
+}
+
+// ClearInjected drops every injected fault not yet taken.
+func (s *Server) ClearInjected() {
+	s.mu.Lock()
+	s.inj = nil
+	s.mu.Unlock()
+}
+
+// takeInjected takes the next injected fault, if any, and counts it.
+func (s *Server) takeInjected() (fault, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.inj) == 0 {
+		return fault{}, false
+	}
+	f := s.inj[0].f
+	if s.inj[0].left--; s.inj[0].left == 0 {
+		s.inj[0] = injection{}
+		s.inj = s.inj[1:]
+	}
+	s.stats.Injected++
+	s.notifyLocked()
+	return f, true
+}
+
 // update applies f to the counters and wakes WaitStats callers.
 func (s *Server) update(f func(*Stats)) {
 	s.mu.Lock()
 	f(&s.stats)
+	s.notifyLocked()
+	s.mu.Unlock()
+}
+
+// notifyLocked wakes WaitStats callers; s.mu must be held.
+func (s *Server) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
-	s.mu.Unlock()
 }
 
 func (s *Server) record(r *http.Request, body []byte, at time.Time) {
@@ -257,7 +320,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// OpenAI's answer to an unknown route; its code is null, unlike a
 		// 404 for an unknown model.
 		writeError(w, llm.DialectOpenAI, reqID, apiError{status: http.StatusNotFound,
-			typ: "invalid_request_error", msg: "Invalid URL (" + r.Method + " " + r.URL.Path + ")"}, "")
+			typ: "invalid_request_error", msg: "Invalid URL (" + r.Method + " " + r.URL.Path + ")"})
 		oc = outcomeBadRequest
 		return
 	}
