@@ -2,6 +2,10 @@
 // collector is registered on a registry the caller injects; label values come
 // from closed sets so that no caller input can grow the series count without
 // bound.
+//
+// Besides the request figures, the tollgate_upstream_* families follow each
+// [[upstreams]] entry through retries, fallbacks, its circuit breaker and
+// its shaping queue (issue 4); their upstream label is a configured name.
 package metrics
 
 import (
@@ -53,6 +57,23 @@ type Metrics struct {
 	cost         *prometheus.CounterVec
 	rejections   *prometheus.CounterVec
 	degraded     *prometheus.GaugeVec
+
+	// Upstream resilience (issue 4).
+	attempts           *prometheus.CounterVec
+	retries            *prometheus.CounterVec
+	retriesSkipped     *prometheus.CounterVec
+	fallbacks          *prometheus.CounterVec
+	circuitState       *prometheus.GaugeVec
+	circuitTransitions *prometheus.CounterVec
+	retryWait          *prometheus.HistogramVec
+	queueWait          *prometheus.HistogramVec
+	queueWaiting       *prometheus.GaugeVec
+
+	// circuit holds each upstream's last circuit state, so that a
+	// transition is counted from what was set rather than read back from
+	// the gauge.
+	circuitMu sync.Mutex
+	circuit   map[string]int
 
 	buckets llm.Buckets
 	slo     llm.SLOTargets
@@ -118,12 +139,41 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 			Help: "1 while a shared backend is unreachable and the gateway runs on its fallback (component = ratelimit, spend)."},
 			[]string{"component"}),
 
+		attempts: counter("upstream_attempts_total",
+			"Attempts sent to an upstream, by result (ok, client_error, rate_limited, overloaded, server_error, connect_error, connection_error, header_timeout, first_token_timeout, error_event, stream_broken, timeout).",
+			"upstream", "result"),
+		retries: counter("upstream_retries_total",
+			"Retries and fallbacks taken after a failed attempt on an upstream, by reason (the failed attempt's result).",
+			"upstream", "reason"),
+		retriesSkipped: counter("upstream_retries_skipped_total",
+			"Retries not taken after a failed attempt, by why (budget, wait_too_long, attempts, breaker_open, queue_full, queue_timeout).",
+			"upstream", "why"),
+		fallbacks: counter("upstream_fallbacks_total",
+			"Requests moved from one upstream of their route to the next, by reason (a failed attempt's result, or breaker_open, queue_full, queue_timeout when from was skipped without an attempt).",
+			"from", "to", "reason"),
+		circuitState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "upstream_circuit_state",
+			Help: "An upstream's circuit breaker: 0 closed, 1 half-open, 2 open."}, []string{"upstream"}),
+		circuitTransitions: counter("upstream_circuit_transitions_total",
+			"Circuit breaker state changes, by the state entered (closed, half_open, open).",
+			"upstream", "to"),
+		retryWait: hist("upstream_retry_wait_seconds",
+			"Time one request spent waiting between attempts (backoff and Retry-After), once per request that waited, by the upstream that finally answered it.",
+			latencyBuckets, "upstream"),
+		queueWait: hist("upstream_queue_wait_seconds",
+			"Time an attempt waited in an upstream's shaping queue (max_concurrent, requests_per_second) before it was sent.",
+			latencyBuckets, "upstream"),
+		queueWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "upstream_queue_waiting",
+			Help: "Requests waiting now in an upstream's shaping queue."}, []string{"upstream"}),
+		circuit: make(map[string]int, len(cfg.Upstreams)),
+
 		buckets: llm.NewBuckets(mc.LatencyBuckets),
 		slo:     cfg.SLOTargets(),
 		models:  newModelSet(mc.Models, mc.MaxModels),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
-		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded} {
+		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded,
+		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions,
+		m.retryWait, m.queueWait, m.queueWaiting} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -133,6 +183,13 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	}
 	for _, c := range []string{"ratelimit", "spend"} {
 		m.degraded.WithLabelValues(c)
+	}
+	// Every upstream shows a closed circuit and a zero ok count from the
+	// start, so rate() and alerts on them work before the first failure.
+	for _, u := range cfg.Upstreams {
+		m.circuitState.WithLabelValues(u.Name)
+		m.circuit[u.Name] = CircuitClosed
+		m.attempts.WithLabelValues(u.Name, "ok")
 	}
 	return m, nil
 }
@@ -234,6 +291,86 @@ func (m *Metrics) SetDegraded(component string, degraded bool) {
 		v = 1
 	}
 	m.degraded.WithLabelValues(component).Set(v)
+}
+
+// UpstreamAttempt counts one attempt sent to an upstream, by result.
+func (m *Metrics) UpstreamAttempt(upstream, result string) {
+	m.attempts.WithLabelValues(upstream, result).Inc()
+}
+
+// UpstreamRetry counts a retry or fallback taken after a failed attempt on
+// upstream, by reason (the failed attempt's result).
+func (m *Metrics) UpstreamRetry(upstream, reason string) {
+	m.retries.WithLabelValues(upstream, reason).Inc()
+}
+
+// UpstreamRetrySkipped counts a retry not taken after a failed attempt on
+// upstream, by why: budget, wait_too_long, attempts, breaker_open,
+// queue_full, queue_timeout.
+func (m *Metrics) UpstreamRetrySkipped(upstream, why string) {
+	m.retriesSkipped.WithLabelValues(upstream, why).Inc()
+}
+
+// UpstreamFallback counts a request moved from one upstream to the next of
+// its route, by reason: a failed attempt's result, or breaker_open,
+// queue_full or queue_timeout when from was skipped without an attempt.
+func (m *Metrics) UpstreamFallback(from, to, reason string) {
+	m.fallbacks.WithLabelValues(from, to, reason).Inc()
+}
+
+// Circuit breaker states, as SetCircuitState takes them and
+// tollgate_upstream_circuit_state exports them.
+const (
+	CircuitClosed   = 0
+	CircuitHalfOpen = 1
+	CircuitOpen     = 2
+)
+
+// circuitStates are the to label values of the transitions counter, by
+// state.
+var circuitStates = [...]string{CircuitClosed: "closed", CircuitHalfOpen: "half_open", CircuitOpen: "open"}
+
+// SetCircuitState sets an upstream's circuit state gauge (CircuitClosed,
+// CircuitHalfOpen, CircuitOpen) and, when the state differs from the last
+// one set, counts the transition by the state entered. Every upstream starts
+// closed. A state outside the three is ignored, to keep the to label a
+// closed set.
+func (m *Metrics) SetCircuitState(upstream string, state int) {
+	if state < 0 || state >= len(circuitStates) {
+		return
+	}
+	// One lock around compare, gauge and counter keeps the gauge at the
+	// last state counted when two callers race.
+	m.circuitMu.Lock()
+	defer m.circuitMu.Unlock()
+	prev, known := m.circuit[upstream]
+	if !known {
+		prev = CircuitClosed
+	}
+	m.circuit[upstream] = state
+	m.circuitState.WithLabelValues(upstream).Set(float64(state))
+	if state != prev {
+		m.circuitTransitions.WithLabelValues(upstream, circuitStates[state]).Inc()
+	}
+}
+
+// RetryWait observes the time one request spent waiting between attempts
+// (backoff and Retry-After), once per request that waited. upstream is the
+// one that finally answered the request.
+func (m *Metrics) RetryWait(upstream string, d time.Duration) {
+	m.retryWait.WithLabelValues(upstream).Observe(d.Seconds())
+}
+
+// QueueWait observes the time an attempt spent in an upstream's shaping
+// queue.
+func (m *Metrics) QueueWait(upstream string, d time.Duration) {
+	m.queueWait.WithLabelValues(upstream).Observe(d.Seconds())
+}
+
+// SetQueueWaiting sets the number of requests waiting now in an upstream's
+// shaping queue.
+func (m *Metrics) SetQueueWaiting(upstream string, n int) {
+	m.queueWaiting.WithLabelValues(upstream).Set(float64(n))
 }
 
 func (m *Metrics) addTokens(route, model, team, typ, est string, n int64) {

@@ -137,3 +137,153 @@ func TestDuplicateRegistrationFails(t *testing.T) {
 		t.Error("registering twice on one registry succeeded")
 	}
 }
+
+// newUpstreamTest returns Metrics for two upstreams, "mock" and "backup".
+func newUpstreamTest(t *testing.T) (*Metrics, *prometheus.Registry) {
+	t.Helper()
+	return newTest(t, func(c *config.Config) {
+		backup := c.Upstreams[0]
+		backup.Name = "backup"
+		c.Upstreams = append(c.Upstreams, backup)
+	})
+}
+
+func TestUpstreamSeriesArePreCreated(t *testing.T) {
+	_, reg := newUpstreamTest(t)
+	want := `
+# HELP tollgate_upstream_attempts_total Attempts sent to an upstream, by result (ok, client_error, rate_limited, overloaded, server_error, connect_error, connection_error, header_timeout, first_token_timeout, error_event, stream_broken, timeout).
+# TYPE tollgate_upstream_attempts_total counter
+tollgate_upstream_attempts_total{result="ok",upstream="backup"} 0
+tollgate_upstream_attempts_total{result="ok",upstream="mock"} 0
+# HELP tollgate_upstream_circuit_state An upstream's circuit breaker: 0 closed, 1 half-open, 2 open.
+# TYPE tollgate_upstream_circuit_state gauge
+tollgate_upstream_circuit_state{upstream="backup"} 0
+tollgate_upstream_circuit_state{upstream="mock"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"tollgate_upstream_attempts_total", "tollgate_upstream_circuit_state",
+		"tollgate_upstream_circuit_transitions_total", "tollgate_upstream_retries_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestUpstreamCountersMove(t *testing.T) {
+	m, reg := newUpstreamTest(t)
+	m.UpstreamAttempt("mock", "rate_limited")
+	m.UpstreamAttempt("mock", "rate_limited")
+	m.UpstreamAttempt("backup", "ok")
+	m.UpstreamRetry("mock", "rate_limited")
+	m.UpstreamRetrySkipped("mock", "budget")
+	m.UpstreamRetrySkipped("mock", "budget")
+	m.UpstreamRetrySkipped("backup", "queue_full")
+	m.UpstreamFallback("mock", "backup", "rate_limited")
+	m.UpstreamFallback("mock", "backup", "breaker_open")
+	m.UpstreamFallback("mock", "backup", "breaker_open")
+	m.SetQueueWaiting("mock", 3)
+	m.SetQueueWaiting("mock", 1)
+
+	for _, tc := range []struct {
+		name string
+		c    prometheus.Collector
+		want float64
+	}{
+		{"attempts mock rate_limited", m.attempts.WithLabelValues("mock", "rate_limited"), 2},
+		{"attempts mock ok", m.attempts.WithLabelValues("mock", "ok"), 0},
+		{"attempts backup ok", m.attempts.WithLabelValues("backup", "ok"), 1},
+		{"retries mock rate_limited", m.retries.WithLabelValues("mock", "rate_limited"), 1},
+		{"skipped mock budget", m.retriesSkipped.WithLabelValues("mock", "budget"), 2},
+		{"skipped backup queue_full", m.retriesSkipped.WithLabelValues("backup", "queue_full"), 1},
+		{"fallbacks rate_limited", m.fallbacks.WithLabelValues("mock", "backup", "rate_limited"), 1},
+		{"fallbacks breaker_open", m.fallbacks.WithLabelValues("mock", "backup", "breaker_open"), 2},
+		{"queue waiting mock", m.queueWaiting.WithLabelValues("mock"), 1},
+	} {
+		if got := testutil.ToFloat64(tc.c); got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.fallbacks); n != 2 {
+		t.Errorf("%d fallback series, want 2", n)
+	}
+
+	// 120 ms lands in the (0.1, 0.15] bucket; 4 s in (3, 5].
+	m.RetryWait("backup", 120*time.Millisecond)
+	m.QueueWait("mock", 4*time.Second)
+	checkBucket(t, reg, "tollgate_upstream_retry_wait_seconds", 0.1, 0, 0.15, 1)
+	checkBucket(t, reg, "tollgate_upstream_queue_wait_seconds", 3, 0, 5, 1)
+	if n := testutil.CollectAndCount(m.retryWait); n != 1 {
+		t.Errorf("%d retry wait series, want 1", n)
+	}
+}
+
+func TestCircuitTransitionsCountOnlyChanges(t *testing.T) {
+	m, reg := newUpstreamTest(t)
+	for _, s := range []struct {
+		upstream string
+		state    int
+	}{
+		{"mock", CircuitClosed}, // already closed: no transition
+		{"mock", CircuitOpen},
+		{"mock", CircuitOpen},
+		{"mock", CircuitHalfOpen},
+		{"mock", CircuitOpen},
+		{"mock", CircuitHalfOpen},
+		{"mock", CircuitClosed},
+		{"mock", CircuitClosed},
+		{"backup", CircuitHalfOpen},
+		{"backup", 7},  // not a state: ignored
+		{"backup", -1}, // likewise
+		{"unlisted", CircuitOpen},
+	} {
+		m.SetCircuitState(s.upstream, s.state)
+	}
+	want := `
+# HELP tollgate_upstream_circuit_state An upstream's circuit breaker: 0 closed, 1 half-open, 2 open.
+# TYPE tollgate_upstream_circuit_state gauge
+tollgate_upstream_circuit_state{upstream="backup"} 1
+tollgate_upstream_circuit_state{upstream="mock"} 0
+tollgate_upstream_circuit_state{upstream="unlisted"} 2
+# HELP tollgate_upstream_circuit_transitions_total Circuit breaker state changes, by the state entered (closed, half_open, open).
+# TYPE tollgate_upstream_circuit_transitions_total counter
+tollgate_upstream_circuit_transitions_total{to="closed",upstream="mock"} 1
+tollgate_upstream_circuit_transitions_total{to="half_open",upstream="backup"} 1
+tollgate_upstream_circuit_transitions_total{to="half_open",upstream="mock"} 2
+tollgate_upstream_circuit_transitions_total{to="open",upstream="mock"} 2
+tollgate_upstream_circuit_transitions_total{to="open",upstream="unlisted"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"tollgate_upstream_circuit_state", "tollgate_upstream_circuit_transitions_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestUpstreamHotPathsDoNotAllocate(t *testing.T) {
+	m, _ := newUpstreamTest(t)
+	// The first call of each creates its series; only later calls count.
+	for name, f := range map[string]func(){
+		"UpstreamAttempt":      func() { m.UpstreamAttempt("mock", "ok") },
+		"UpstreamRetry":        func() { m.UpstreamRetry("mock", "server_error") },
+		"UpstreamRetrySkipped": func() { m.UpstreamRetrySkipped("mock", "budget") },
+		"UpstreamFallback":     func() { m.UpstreamFallback("mock", "backup", "timeout") },
+		"SetCircuitState":      func() { m.SetCircuitState("mock", CircuitClosed) },
+		"QueueWait":            func() { m.QueueWait("mock", time.Millisecond) },
+		"RetryWait":            func() { m.RetryWait("mock", time.Millisecond) },
+		"SetQueueWaiting":      func() { m.SetQueueWaiting("mock", 2) },
+	} {
+		f()
+		if a := testing.AllocsPerRun(100, f); a != 0 {
+			t.Errorf("%s allocates %v times on an existing series", name, a)
+		}
+	}
+}
+
+func BenchmarkUpstreamAttempt(b *testing.B) {
+	cfg := config.DemoConfig("http://127.0.0.1:1")
+	m, err := New(prometheus.NewRegistry(), &cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.UpstreamAttempt("mock", "ok")
+	}
+}
