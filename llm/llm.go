@@ -258,6 +258,47 @@ type Record struct {
 	TerminalSeen bool   // [DONE] or message_stop was seen
 	Goodput      SLO
 	BytesOut     int64
+
+	// Attempts lists the first MaxRecordedAttempts upstream attempts, in
+	// order; AttemptCount counts them all. RetryWait is the time spent
+	// waiting between attempts (backoff and Retry-After), and QueueWait in
+	// upstreams' shaping queues.
+	Attempts     [MaxRecordedAttempts]Attempt
+	AttemptCount int
+	RetryWait    time.Duration
+	QueueWait    time.Duration
+	// Retrying is the time from the first attempt's start to the last
+	// one's: failed attempts, waits between them and shaping queues. It is
+	// not the gateway's overhead, so Overhead leaves it out.
+	Retrying time.Duration
+}
+
+// MaxRecordedAttempts bounds the attempts a Record lists (a fixed array, so
+// recording them costs no allocation).
+const MaxRecordedAttempts = 8
+
+// Attempt is one request sent to an upstream on behalf of a caller.
+type Attempt struct {
+	Upstream string
+	// Status is the upstream's HTTP status, 0 when it sent none.
+	Status int
+	// Result is the attempt's result: "ok", or why it failed (for example
+	// "rate_limited", "overloaded", "server_error", "connect_error",
+	// "header_timeout", "first_token_timeout", "error_event",
+	// "stream_broken"); or why it was not sent ("breaker_open",
+	// "queue_full", "queue_timeout").
+	Result string
+	// Duration runs from the attempt's start to its end (for a stream
+	// relayed to the caller, the stream's end).
+	Duration time.Duration
+}
+
+// AddAttempt appends a to the record's attempts.
+func (r *Record) AddAttempt(a Attempt) {
+	if r.AttemptCount < MaxRecordedAttempts {
+		r.Attempts[r.AttemptCount] = a
+	}
+	r.AttemptCount++
 }
 
 // since returns b-a, or 0 when either moment is missing.
@@ -287,10 +328,11 @@ func (r *Record) TPOT() (d time.Duration, ok bool) {
 	return r.Timing.LastToken.Sub(r.Timing.FirstToken) / time.Duration(n-1), true
 }
 
-// Overhead is the gateway's own share of the exchange: (t_up_sent − t_in)
+// Overhead is the gateway's own share of the exchange: (t_up_sent − t_in),
+// less the time spent on earlier attempts (Retrying),
 // plus the time every event spent between being read and being flushed.
 func (r *Record) Overhead() time.Duration {
-	return since(r.Timing.In, r.Timing.UpSent) + r.RelayOverhead
+	return max(since(r.Timing.In, r.Timing.UpSent)-r.Retrying, 0) + r.RelayOverhead
 }
 
 // SLOTargets are the goodput objectives; a zero target is not checked.

@@ -201,6 +201,23 @@ func (t *ticket) done(success bool) {
 	}
 }
 
+// release gives the ticket back without an outcome: the request it was
+// taken for was never sent (its retry budget or the upstream's queue said
+// no). A half-open probe slot is freed for another request. A second call,
+// or a call after done, does nothing.
+func (t *ticket) release() {
+	b := t.b
+	if b == nil {
+		return
+	}
+	t.b = nil
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t.gen == b.gen && t.probe && b.st == breakerHalfOpen {
+		b.probes--
+	}
+}
+
 // state returns the current state, moving from open to half-open if the
 // cooldown has passed.
 func (b *breaker) state() breakerState {

@@ -6,12 +6,9 @@ import (
 	"errors"
 	"io"
 	"mime"
-	"net"
 	"net/http"
-	"net/http/httptrace"
 	"runtime/debug"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
@@ -59,11 +56,6 @@ type exchange struct {
 	lease      *ratelimit.Lease
 	rlStates   []ratelimit.State
 	costMicros int64
-
-	// Moments the transport's goroutines report, as nanoseconds since
-	// rec.Timing.In (0 = not yet); atomic because the HTTP/1 write loop may
-	// still be running when RoundTrip returns.
-	upSent, upFirstByte atomic.Int64
 }
 
 // dialectHandler serves POST /v1/chat/completions and POST /v1/messages.
@@ -174,19 +166,10 @@ func (ex *exchange) serve() {
 	}
 
 	d := ex.rec.Dialect
-	if d == llm.DialectNone {
-		ex.up = g.upstreamFor(guessDialect(r))
-		if ex.up == nil {
-			ex.up = g.upstreamFor(llm.DialectNone)
-		}
-	} else {
-		ex.up = g.upstreamFor(d)
-	}
-	if ex.up == nil {
+	if len(ex.targets("")) == 0 {
 		ex.fail(errNoUpstream(d), llm.OutcomeBadRequest)
 		return
 	}
-	ex.rec.Upstream = ex.up.cfg.Name
 
 	body, aerr := readBody(r, cfg.Server.MaxBodyBytes)
 	if aerr != nil {
@@ -212,12 +195,6 @@ func (ex *exchange) serve() {
 		ex.info = info
 		ex.rec.Model = info.Model
 		ex.rec.Stream = info.Stream
-		if d == llm.DialectOpenAI && info.Stream && ex.up.cfg.IncludeUsage && !info.IncludeUsage {
-			if nb, ok := addIncludeUsage(body); ok {
-				body = nb
-				ex.info.suppressUsage = true
-			}
-		}
 	}
 	if d == llm.DialectNone {
 		if aerr := ex.meterForwarded(body); aerr != nil {
@@ -257,117 +234,32 @@ func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
 	return buf.Bytes(), nil
 }
 
+// targets returns the upstreams a request for model goes to, in order.
+// Another /v1/* path that no upstream of its guessed dialect serves goes to
+// the first upstream.
+func (ex *exchange) targets(model string) []target {
+	rt := ex.g.routing
+	t := rt.targets(ex.routeDialect(), model)
+	if len(t) == 0 && ex.rec.Dialect == llm.DialectNone {
+		t = rt.fallback[llm.DialectNone]
+	}
+	return t
+}
+
+// routeDialect is the dialect that picks a request's upstreams: its own, or
+// for another /v1/* path the one its path and headers suggest.
+func (ex *exchange) routeDialect() llm.Dialect {
+	if ex.rec.Dialect != llm.DialectNone {
+		return ex.rec.Dialect
+	}
+	return guessDialect(ex.r)
+}
+
 func (ex *exchange) since(ns int64) time.Time {
 	if ns == 0 {
 		return time.Time{}
 	}
 	return ex.rec.Timing.In.Add(time.Duration(ns))
-}
-
-// roundTrip sends the request upstream and relays the answer.
-// callerKeyUp says whether the caller's key goes upstream; when it does not,
-// the upstream's own key (if any) is sent instead.
-func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
-	g, r, up := ex.g, ex.r, ex.up
-	// The upstream request lives in the caller's context: a caller that
-	// hangs up cancels it (DESIGN 1).
-	ctx, cancel := context.WithTimeout(r.Context(), up.timeout)
-	defer cancel()
-	in := ex.rec.Timing.In
-	trace := &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) {
-			ex.upSent.CompareAndSwap(0, int64(max(g.now().Sub(in), 1)))
-		},
-		GotFirstResponseByte: func() {
-			ex.upFirstByte.CompareAndSwap(0, int64(max(g.now().Sub(in), 1)))
-		},
-	}
-	// The path goes upstream as the caller encoded it: decoding it would
-	// turn an escaped "?" or "/" into a different request than the one the
-	// router and the governance saw.
-	target := up.cfg.URL(r.URL.EscapedPath())
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
-	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), r.Method, target, bytes.NewReader(body))
-	if err != nil {
-		g.log.Error("building upstream request", "request_id", ex.rec.RequestID, "upstream", up.cfg.Name, "err", err)
-		ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
-		return
-	}
-	if len(body) == 0 && r.ContentLength == 0 {
-		req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
-	}
-	req.Header = upstreamRequestHeaders(r.Header)
-	req.Header.Set(requestIDHeader, ex.rec.RequestID)
-	if !callerKeyUp {
-		req.Header.Del("Authorization")
-		req.Header.Del("X-Api-Key")
-		if g.gov.keysMode {
-			// With the gateway's upstream key, the caller must not pick the
-			// organisation or project that is billed.
-			req.Header.Del("Openai-Organization")
-			req.Header.Del("Openai-Project")
-		}
-		if k := up.cfg.APIKey.Reveal(); k != "" {
-			setUpstreamKey(req.Header, ex.rec.Dialect, r, k)
-		}
-	}
-
-	resp, err := up.transport.RoundTrip(req)
-	ex.rec.Timing.UpSent = ex.since(ex.upSent.Load())
-	ex.rec.Timing.UpFirstByte = ex.since(ex.upFirstByte.Load())
-	if err != nil {
-		ex.upstreamFailed(ctx, err)
-		return
-	}
-	defer resp.Body.Close()
-
-	ex.rec.Status = resp.StatusCode
-	ex.rec.UpstreamRequestID = upstreamRequestID(resp.Header)
-	h := ex.w.Header()
-	copyResponseHeaders(h, resp.Header)
-	if g.gov.keysMode || len(ex.rlStates) > 0 {
-		// The upstream's rate-limit headers describe the gateway's upstream
-		// account, not the caller: a governed caller sees only its own
-		// limits, never a mix of both.
-		deleteUpstreamAccountHeaders(h, g.gov.keysMode)
-	}
-	if len(ex.rlStates) > 0 {
-		setRateLimitHeaders(h, ex.rec.Dialect, ex.rlStates, g.now())
-	}
-
-	switch {
-	case resp.StatusCode >= 400:
-		ex.rec.Outcome = llm.OutcomeUpstreamError
-		ex.copyBody(ctx, resp.Body, errorCaptureLimit, false)
-		ex.rec.ErrorType = sseparse.ErrorTypeFromBody(ex.captured)
-	case isEventStream(resp.Header.Get("Content-Type")):
-		h.Set("X-Accel-Buffering", "no")
-		if h.Get("Cache-Control") == "" {
-			h.Set("Cache-Control", "no-cache")
-		}
-		if ex.rec.Dialect == llm.DialectNone {
-			ex.copyBody(ctx, resp.Body, 0, true)
-		} else {
-			ex.rec.Stream = true
-			ex.relay(ctx, cancel, resp.Body)
-		}
-	default:
-		ex.rec.Stream = false // answered in one piece, whatever was asked
-		limit := 0
-		if ex.rec.Dialect != llm.DialectNone || ex.metered {
-			limit = g.cfg.Server.MaxEventBytes
-		}
-		ex.copyBody(ctx, resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
-		if ex.rec.Outcome == llm.OutcomeOK && (ex.rec.Dialect != llm.DialectNone || ex.metered) {
-			if len(ex.captured) >= limit {
-				g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
-					"upstream", ex.up.cfg.Name, "limit_bytes", limit)
-			}
-			ex.usageFromBody()
-		}
-	}
 }
 
 // setUpstreamKey puts the upstream's own key in the header its API expects.
@@ -380,29 +272,6 @@ func setUpstreamKey(h http.Header, d llm.Dialect, r *http.Request, key string) {
 		return
 	}
 	h.Set("Authorization", "Bearer "+key)
-}
-
-// upstreamFailed answers a request whose upstream round trip returned no
-// response.
-func (ex *exchange) upstreamFailed(ctx context.Context, err error) {
-	r := ex.r
-	if r.Context().Err() != nil {
-		ex.clientGone()
-		return
-	}
-	var ne net.Error
-	var oe *net.OpError
-	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
-		ex.g.log.Warn("upstream timed out", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", err)
-		ex.fail(errUpstreamTimeout(), llm.OutcomeUpstreamTimeout)
-	case errors.As(err, &oe) && oe.Op == "dial":
-		ex.g.log.Warn("upstream unreachable", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", err)
-		ex.fail(errUpstreamUnreachable(), llm.OutcomeUpstreamUnreachable)
-	default:
-		ex.g.log.Warn("upstream request failed", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", err)
-		ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
-	}
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream,

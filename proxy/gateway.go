@@ -68,18 +68,11 @@ type Gateway struct {
 
 	gov       *governance
 	upstreams []*upstream
-	byConfig  map[*config.Upstream]*upstream
+	routing   *routing
 	draining  atomic.Bool
 	open      atomic.Int64 // exchanges whose finish has not run yet
 	bufPool   sync.Pool    // *[]byte relay buffers
 	states    sync.Pool    // *streamState
-}
-
-// upstream is a configured upstream with its transport.
-type upstream struct {
-	cfg       *config.Upstream
-	transport http.RoundTripper
-	timeout   time.Duration
 }
 
 // New builds a Gateway from opts.
@@ -114,17 +107,18 @@ func New(opts Options) (*Gateway, error) {
 		b := make([]byte, relayBufSize)
 		return &b
 	}
-	g.byConfig = make(map[*config.Upstream]*upstream, len(g.cfg.Upstreams))
+	byName := make(map[string]*upstream, len(g.cfg.Upstreams))
 	for i := range g.cfg.Upstreams {
 		u := &g.cfg.Upstreams[i]
 		t := opts.Transport
 		if t == nil {
 			t = newTransport(u)
 		}
-		up := &upstream{cfg: u, transport: t, timeout: config.Seconds(u.TimeoutSeconds)}
+		up := newUpstream(u, t, g.now, g.metrics)
 		g.upstreams = append(g.upstreams, up)
-		g.byConfig[u] = up
+		byName[u.Name] = up
 	}
+	g.routing = newRouting(g.cfg, byName, g.upstreams)
 	return g, nil
 }
 
@@ -224,12 +218,6 @@ func (g *Gateway) readyz(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))
-}
-
-// upstreamFor returns the upstream config.UpstreamFor chooses for dialect d
-// (the first that serves it; the first of all for DialectNone), or nil.
-func (g *Gateway) upstreamFor(d llm.Dialect) *upstream {
-	return g.byConfig[g.cfg.UpstreamFor(d)]
 }
 
 // guessDialect picks the error dialect for a request outside the two dialect

@@ -240,7 +240,12 @@ func TestUpstreamFaults(t *testing.T) {
 	m := mockllm.New(mockllm.Options{OutputTokens: 8})
 	mock := httptest.NewServer(m)
 	defer mock.Close()
-	tg := newTestGateway(t, mock.URL, nil)
+	// What the upstream sends, relayed as it is: no retry, no breaker
+	// (resilience_test.go covers those).
+	tg := newTestGateway(t, mock.URL, func(c *config.Config) {
+		c.Upstreams[0].Retry.MaxAttempts = 1
+		c.Upstreams[0].Breaker.Enabled = false
+	})
 
 	t.Run("error status passes through", func(t *testing.T) {
 		resp, body := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","stream":true}`,
@@ -271,6 +276,15 @@ func TestUpstreamFaults(t *testing.T) {
 				map[string]string{"X-Mock-Fault": "disconnect=3"})
 			if strings.Contains(string(body), "[DONE]") || strings.Contains(string(body), "message_stop") {
 				t.Errorf("%s: a terminal marker was invented: %q", route, body)
+			}
+			// The stream ends with the gateway's error event, after the
+			// tokens that were relayed.
+			tail := string(openAIBrokenEvent)
+			if route == "/v1/messages" {
+				tail = string(anthropicBrokenEvent)
+			}
+			if !strings.HasSuffix(string(body), tail) || !strings.Contains(string(body), "tok3") {
+				t.Errorf("%s: stream does not end with the in-band error after the relayed tokens: %q", route, body)
 			}
 			rec := tg.record(t)
 			if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptUpstreamEOF ||

@@ -54,9 +54,19 @@ const terminalGrace = time.Second
 // the usage-only chunk the gateway asked for on the caller's behalf (DESIGN
 // 3.3), which is observed but not written.
 //
+// With hold set (another attempt could follow), the response headers and the
+// events that carry no token (OpenAI's role chunk, Anthropic's message_start
+// and pings) are held back until the first token-bearing, usage or terminal
+// event: until then nothing is committed to the caller, so an error event or
+// a stall before the first token can still be retried elsewhere (issue 4).
+// The caller's time to first token is unchanged; only the opening events
+// reach it later, with that token. Held bytes never exceed one relay buffer:
+// a longer preamble is committed.
+//
 // The bytes of an incomplete event stay in the buffer until it completes.
-func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body io.Reader) {
+func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *http.Response, hold bool, pt *phaseTimer) attemptResult {
 	g := ex.g
+	body := resp.Body
 	st := g.getStreamState()
 	defer g.putStreamState(st)
 	st.tap.Reset(ex.rec.Dialect)
@@ -67,22 +77,34 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 	buf := *bp
 
 	rc := http.NewResponseController(ex.w)
-	ex.headersSent = true
-	ex.w.WriteHeader(ex.rec.Status)
-	// Send the headers now: a caller waiting for a slow first token should
-	// see the stream open.
-	if err := rc.Flush(); err != nil {
-		ex.streamEnded(ctx, cancel, st, nil, err)
-		return
+	committed := false
+	// commit sends the headers: from here on the answer is the caller's.
+	commit := func() {
+		committed = true
+		ex.prepareHeaders(resp.Header)
+		ex.sseHeaders()
+		ex.headersSent = true
+		ex.w.WriteHeader(ex.rec.Status)
+	}
+	ex.terminalOut = false
+	if !hold {
+		commit()
+		// Send the headers now: a caller waiting for a slow first token
+		// should see the stream open.
+		if err := rc.Flush(); err != nil {
+			ex.streamEnded(ctx, cancel, st, nil, err)
+			return ex.committed(ex.rec.Status)
+		}
 	}
 
 	maxEvent := g.cfg.Server.MaxEventBytes
 	suppress := ex.info.suppressUsage
 	var (
 		// buf[start:end] is not yet written; the framer has consumed
-		// buf[:pos]; buf[start:writeEnd] holds complete events to write.
-		start, pos, end, writeEnd int
-		firstOut                  bool
+		// buf[:pos]; buf[start:writeEnd] holds complete events to write;
+		// buf[:heldEnd] are the complete events held back (hold).
+		start, pos, end, writeEnd, heldEnd int
+		firstOut                           bool
 		// lfPending: the last block ended with a CR at the end of a read,
 		// so an LF opening the next read is the rest of that CRLF (the
 		// framer swallows it) and belongs to that block. prevWithheld: that
@@ -95,10 +117,12 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 			stopTimer.Stop()
 		}
 	}()
-	ex.terminalOut = false
 
 	// flush writes the complete events of this read and flushes once.
 	flush := func(readAt time.Time, events int, firstInBatch, wrote bool) error {
+		if !committed {
+			return nil
+		}
 		if writeEnd > start {
 			if err := ex.write(buf[start:writeEnd]); err != nil {
 				return err
@@ -125,6 +149,16 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 	}
 
 	for {
+		if end == len(buf) && !committed {
+			// The preamble fills the buffer: commit what is held rather
+			// than grow it.
+			commit()
+			writeEnd = heldEnd
+			if err := flush(g.now(), 0, false, false); err != nil {
+				ex.streamEnded(ctx, cancel, st, nil, err)
+				return ex.committed(ex.rec.Status)
+			}
+		}
 		if end == len(buf) {
 			if start > 0 { // move the pending event to the front
 				n := copy(buf, buf[start:end])
@@ -133,7 +167,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 			} else { // one event larger than the buffer
 				if len(buf) >= maxEvent+relayBufSize {
 					ex.streamEnded(ctx, cancel, st, errEventTooLarge, nil)
-					return
+					return ex.committed(ex.rec.Status)
 				}
 				nb := make([]byte, min(2*len(buf), maxEvent+relayBufSize))
 				copy(nb, buf[:end])
@@ -143,6 +177,9 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 		n, rerr := body.Read(buf[end:])
 		now := g.now()
 		end += n
+		if n > 0 {
+			pt.touch()
+		}
 
 		writeEnd = start
 		if lfPending && pos < end {
@@ -160,13 +197,17 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 			c, boundary, ferr := st.fr.Push(buf[pos:end])
 			pos += c
 			if ferr != nil {
+				if !committed {
+					return ex.heldFailure(resp, buf[:heldEnd], resultStreamBroken, llm.OutcomeUpstreamError,
+						llm.InterruptProtocolError, nil, true)
+				}
 				// Deliver the complete events before the oversized one.
 				if err := flush(now, events, firstInBatch, wrote); err != nil {
 					ex.streamEnded(ctx, cancel, st, nil, err)
-					return
+					return ex.committed(ex.rec.Status)
 				}
 				ex.streamEnded(ctx, cancel, st, errEventTooLarge, nil)
-				return
+				return ex.committed(ex.rec.Status)
 			}
 			if !boundary {
 				break
@@ -174,11 +215,21 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 			withheld := false
 			if ev := st.fr.Event(); ev != nil {
 				obs := st.tap.Observe(ev, now)
+				if !committed {
+					switch {
+					case obs.Error:
+						return ex.heldFailure(resp, buf[:pos], resultErrorEvent, llm.OutcomeUpstreamError,
+							llm.InterruptUpstreamErrorEvent, obs.ErrorType, false)
+					case obs.TokenBearing || obs.UsageOnly || obs.Terminal:
+						commit()
+					}
+				}
 				switch {
 				case suppress && obs.UsageOnly:
 					withheld = true
 				case obs.TokenBearing && !firstOut:
 					firstOut, firstInBatch = true, true
+					pt.firstToken()
 					events++
 				default:
 					events++
@@ -189,40 +240,90 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, body i
 				if blockStart > start {
 					if err := ex.write(buf[start:blockStart]); err != nil {
 						ex.streamEnded(ctx, cancel, st, nil, err)
-						return
+						return ex.committed(ex.rec.Status)
 					}
 					wrote = true
 				}
 				start = pos
 			}
 			writeEnd = pos
+			if !committed {
+				heldEnd = pos
+			}
 			prevWithheld = withheld
 			lfPending = pos == end && buf[pos-1] == '\r'
 		}
 		if err := flush(now, events, firstInBatch, wrote); err != nil {
 			ex.streamEnded(ctx, cancel, st, nil, err)
-			return
+			return ex.committed(ex.rec.Status)
 		}
-		if start == end { // nothing pending: offer the next read the whole buffer
+		if start == end && committed { // nothing pending: offer the next read the whole buffer
 			start, pos, end = 0, 0, 0
 		}
 		if rerr != nil {
 			if rerr == io.EOF {
 				rerr = nil
 			}
-			if rerr == nil && end > start {
+			if !committed {
+				return ex.heldEnd(ctx, resp, buf[:heldEnd])
+			}
+			if rerr == nil && end > start && !g.cfg.Server.StreamErrorEvents {
 				// Bytes of an unterminated final event: the upstream broke
 				// off mid-event. Per WHATWG they are discarded by any
 				// client; pass them on anyway so nothing the upstream sent
-				// is lost, and do not count them.
+				// is lost, and do not count them. With stream error events
+				// on they are dropped instead: the error event would
+				// otherwise be glued to them.
 				if werr := ex.write(buf[start:end]); werr == nil {
 					_ = rc.Flush()
 				}
 			}
 			ex.streamEnded(ctx, cancel, st, rerr, nil)
-			return
+			return ex.committed(ex.rec.Status)
 		}
 	}
+}
+
+// heldFailure is an attempt whose stream failed before anything was sent to
+// the caller: its held events (held) are kept, to be relayed if no other
+// attempt follows. errType is the error event's type, retried by the rules
+// of the status the same error has outside a stream; other failures are
+// always worth another attempt.
+func (ex *exchange) heldFailure(resp *http.Response, held []byte, result string,
+	o llm.Outcome, why llm.Interruption, errType []byte, retryable bool) attemptResult {
+	f := &failure{result: result, status: ex.rec.Status, header: resp.Header,
+		body: append([]byte(nil), held...), stream: true, outcome: o, interrupt: why,
+		errType: string(errType), upReqID: ex.rec.UpstreamRequestID}
+	healthy := false
+	if errType != nil || why == llm.InterruptUpstreamErrorEvent {
+		status := errorEventStatus(errType)
+		retryable = status != 0 && retryableStatus(ex.up.policy, status, f.errType, "")
+		healthy = status != 0 && status < 500 && status != http.StatusTooManyRequests
+	}
+	if f.errType == "" && why == llm.InterruptProtocolError {
+		f.errType = "event_too_large"
+	}
+	return attemptResult{result: result, status: f.status, retryable: retryable, healthy: healthy, fail: f}
+}
+
+// heldEnd classifies a held stream whose body ended or broke before its
+// first token.
+func (ex *exchange) heldEnd(ctx context.Context, resp *http.Response, held []byte) attemptResult {
+	if ex.r.Context().Err() != nil {
+		ex.clientGone()
+		return attemptResult{result: resultClientGone, done: true, healthy: true}
+	}
+	cause := context.Cause(ctx)
+	switch {
+	case errors.Is(cause, errFirstTokenTimeout):
+		return ex.heldFailure(resp, held, resultFirstTokenTimeout, llm.OutcomeUpstreamTimeout,
+			llm.InterruptTimeout, nil, true)
+	case errors.Is(cause, errAttemptTimeout) || errors.Is(cause, context.DeadlineExceeded):
+		return ex.heldFailure(resp, held, resultTimeout, llm.OutcomeUpstreamTimeout,
+			llm.InterruptTimeout, nil, true)
+	}
+	return ex.heldFailure(resp, held, resultStreamBroken, llm.OutcomeUpstreamError,
+		llm.InterruptUpstreamEOF, nil, true)
 }
 
 // write sends p to the client and counts it.
@@ -264,7 +365,11 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 		if ex.rec.ErrorType == "" {
 			ex.rec.ErrorType = "event_too_large"
 		}
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(context.Cause(ctx), errIdleTimeout):
+		ex.rec.Outcome = llm.OutcomeUpstreamTimeout
+		ex.rec.Interruption = llm.InterruptIdleTimeout
+	case ctx.Err() != nil && !errors.Is(context.Cause(ctx), context.Canceled):
+		// The attempt's total or first-token timeout.
 		ex.rec.Outcome = llm.OutcomeUpstreamTimeout
 		ex.rec.Interruption = llm.InterruptTimeout
 	case errorEvent:
@@ -277,6 +382,15 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 		if readErr != nil {
 			ex.g.log.Warn("upstream stream broke", "request_id", ex.rec.RequestID,
 				"upstream", ex.up.cfg.Name, "err", readErr)
+		}
+	}
+	// An honest end (issue 4, item 6): a stream the upstream broke gets an
+	// error event in the caller's dialect, so its SDK raises instead of
+	// taking a cut answer for a whole one. Never a synthetic terminal
+	// marker (wire.md 1.5).
+	if !ex.terminalOut && !clientGone && !errorEvent && ex.g.cfg.Server.StreamErrorEvents {
+		if ex.write(streamErrorEvent(ex.rec.Dialect, ex.rec.Interruption)) == nil {
+			_ = http.NewResponseController(ex.w).Flush()
 		}
 	}
 }

@@ -61,6 +61,8 @@ func openAIStream(n int) [][]byte {
 	return append(pieces, []byte(openAIStop), []byte(openAIUsage), []byte(openAIDone))
 }
 
+var sseHeader = http.Header{"Content-Type": {"text/event-stream"}}
+
 // relayHarness runs ex.relay in process, with no sockets, so the relay's own
 // cost is what is measured.
 type relayHarness struct {
@@ -68,6 +70,9 @@ type relayHarness struct {
 	req *http.Request
 	w   *discardWriter
 	src [][]byte
+	// resp and pt are reused so the harness adds no allocation per run.
+	resp http.Response
+	pt   phaseTimer
 }
 
 func newRelayHarness(tb testing.TB, events int, native bool) *relayHarness {
@@ -84,7 +89,8 @@ func (h *relayHarness) run(ex *exchange, body *piecesReader) {
 	ex.info.suppressUsage = true
 	body.pieces = append(body.pieces[:0], h.src...)
 	body.i = 0
-	ex.relay(context.Background(), func() {}, body)
+	h.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
+	ex.relay(context.Background(), func() {}, &h.resp, false, &h.pt)
 }
 
 // TestRelayAllocationsDoNotGrowWithEvents proves that the relay allocates

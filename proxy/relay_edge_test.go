@@ -83,7 +83,7 @@ func runRelay(g *Gateway, r *http.Request, w http.ResponseWriter, d llm.Dialect,
 	ex.info.suppressUsage = suppress
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	ex.relay(ctx, cancel, body)
+	ex.relay(ctx, cancel, sseResponse(body), false, &phaseTimer{})
 	return ex
 }
 
@@ -128,9 +128,9 @@ func TestRelayEventTooLargeKeepsEarlierEvents(t *testing.T) {
 	if ex.rec.Interruption != llm.InterruptProtocolError {
 		t.Fatalf("interruption %s, want protocol_error", ex.rec.Interruption)
 	}
-	if string(w.written) != openAIRole+openAITok1 {
-		t.Errorf("client got %d bytes, want the %d bytes of the two complete events (the tap counted %d token events)",
-			len(w.written), len(openAIRole+openAITok1), ex.rec.TokenEvents)
+	if want := openAIRole + openAITok1 + string(openAIBrokenEvent); string(w.written) != want {
+		t.Errorf("client got %d bytes, want the %d bytes of the two complete events and the gateway's error event (the tap counted %d token events)",
+			len(w.written), len(want), ex.rec.TokenEvents)
 	}
 }
 
@@ -378,14 +378,20 @@ func TestTimeoutAfterTerminalFlushed(t *testing.T) {
 	ex := &exchange{g: g, w: w, r: req, up: g.upstreams[0], modelLabel: "m"}
 	ex.rec.Route, ex.rec.Dialect, ex.rec.Status = llm.RouteChatCompletions, llm.DialectOpenAI, 200
 	ex.rec.Timing.In = g.now()
-	ex.relay(ctx, cancel, io.MultiReader(strings.NewReader(openAIRole+openAITok1+openAIStop+openAIDone),
-		errReader{context.DeadlineExceeded}))
+	ex.relay(ctx, cancel, sseResponse(io.MultiReader(strings.NewReader(openAIRole+openAITok1+openAIStop+openAIDone),
+		errReader{context.DeadlineExceeded})), false, &phaseTimer{})
 	if string(w.written) != openAIRole+openAITok1+openAIStop+openAIDone {
 		t.Fatalf("client got %q", w.written)
 	}
 	if ex.rec.Outcome != llm.OutcomeOK {
 		t.Errorf("outcome %s (interruption %s) for a stream whose [DONE] reached the caller", ex.rec.Outcome, ex.rec.Interruption)
 	}
+}
+
+// sseResponse is an upstream event-stream response with body.
+func sseResponse(body io.Reader) *http.Response {
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+		Body: io.NopCloser(body)}
 }
 
 type errReader struct{ err error }

@@ -148,14 +148,26 @@ func TestRelayTruncatedStream(t *testing.T) {
 	up := &rawUpstream{pieces: [][]byte{[]byte(openAIRole + openAITok1 + `data: {"choi`)}}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	tg := newTestGateway(t, srv.URL, nil)
-	_, got := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","stream":true}`, nil)
-	if string(got) != openAIRole+openAITok1+`data: {"choi` {
-		t.Fatalf("client received %q", got)
-	}
-	rec := tg.record(t)
-	if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptUpstreamEOF ||
-		rec.TerminalSeen || rec.Usage.Output != 1 || !rec.Estimated {
-		t.Fatalf("record %+v", rec)
+	for _, errorEvents := range []bool{true, false} {
+		tg := newTestGateway(t, srv.URL, func(c *config.Config) {
+			c.Server.StreamErrorEvents = errorEvents
+			c.Upstreams[0].Retry.MaxAttempts = 1
+		})
+		_, got := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","stream":true}`, nil)
+		// With stream error events the unterminated bytes are dropped (the
+		// error event would be glued to them) and the error event ends
+		// the stream; without, they pass as the upstream sent them.
+		want := openAIRole + openAITok1 + string(openAIBrokenEvent)
+		if !errorEvents {
+			want = openAIRole + openAITok1 + `data: {"choi`
+		}
+		if string(got) != want {
+			t.Fatalf("stream_error_events=%v: client received %q", errorEvents, got)
+		}
+		rec := tg.record(t)
+		if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptUpstreamEOF ||
+			rec.TerminalSeen || rec.Usage.Output != 1 || !rec.Estimated {
+			t.Fatalf("record %+v", rec)
+		}
 	}
 }
