@@ -107,5 +107,29 @@ func logRecord(l *slog.Logger, rec *llm.Record) {
 	if rec.ErrorType != "" {
 		attrs = append(attrs, slog.String("error_type", rec.ErrorType))
 	}
+	if rec.AttemptCount > 0 {
+		n := min(rec.AttemptCount, llm.MaxRecordedAttempts)
+		list := make([]attemptEntry, n)
+		for i, a := range rec.Attempts[:n] {
+			list[i] = attemptEntry{Upstream: a.Upstream, Status: a.Status, Result: a.Result, Ms: ms(a.Duration)}
+		}
+		attrs = append(attrs, slog.Int("attempt_count", rec.AttemptCount), slog.Any("attempts", list))
+	}
+	if rec.RetryWait > 0 {
+		attrs = append(attrs, slog.Float64("retry_wait_ms", ms(rec.RetryWait)))
+	}
+	if rec.QueueWait > 0 {
+		attrs = append(attrs, slog.Float64("queue_wait_ms", ms(rec.QueueWait)))
+	}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}
+
+// attemptEntry is one upstream attempt in the access log: the upstream, its
+// status (0 when it sent none or was skipped), the result ("ok" or why it
+// failed or was skipped) and how long it took.
+type attemptEntry struct {
+	Upstream string  `json:"upstream"`
+	Status   int     `json:"status"`
+	Result   string  `json:"result"`
+	Ms       float64 `json:"ms"`
 }
