@@ -73,6 +73,9 @@ type relayHarness struct {
 	// resp and pt are reused so the harness adds no allocation per run.
 	resp http.Response
 	pt   phaseTimer
+	// hold relays as when another attempt could follow: the opening
+	// events wait for the first token.
+	hold bool
 }
 
 func newRelayHarness(tb testing.TB, events int, native bool) *relayHarness {
@@ -90,7 +93,7 @@ func (h *relayHarness) run(ex *exchange, body *piecesReader) {
 	body.pieces = append(body.pieces[:0], h.src...)
 	body.i = 0
 	h.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
-	ex.relay(context.Background(), func() {}, &h.resp, false, &h.pt)
+	ex.relay(context.Background(), func() {}, &h.resp, h.hold, &h.pt)
 }
 
 // TestRelayAllocationsDoNotGrowWithEvents proves that the relay allocates
@@ -102,8 +105,15 @@ func (h *relayHarness) run(ex *exchange, body *piecesReader) {
 // NativeHistogramMaxBucketNumber of them, so amortised to zero, as
 // BenchmarkRelay shows), which would make an exact count depend on timing.
 func TestRelayAllocationsDoNotGrowWithEvents(t *testing.T) {
+	for _, hold := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) { relayAllocations(t, hold) })
+	}
+}
+
+func relayAllocations(t *testing.T, hold bool) {
 	allocs := func(events int) float64 {
 		h := newRelayHarness(t, events, false)
+		h.hold = hold
 		var ex exchange
 		var body piecesReader
 		h.run(&ex, &body) // warm the pools and the metric children
@@ -126,9 +136,14 @@ func TestRelayAllocationsDoNotGrowWithEvents(t *testing.T) {
 // BenchmarkRelay measures the relay loop alone (framer, decoder, tap, ITL
 // observation, write and flush to a discarding writer), per event.
 func BenchmarkRelay(b *testing.B) {
-	for _, events := range []int{64, 1024} {
-		b.Run(fmt.Sprintf("events=%d", events), func(b *testing.B) {
+	for _, c := range []struct {
+		events int
+		hold   bool
+	}{{64, false}, {1024, false}, {64, true}, {1024, true}} {
+		events := c.events
+		b.Run(fmt.Sprintf("events=%d/hold=%v", events, c.hold), func(b *testing.B) {
 			h := newRelayHarness(b, events, true)
+			h.hold = c.hold
 			var ex exchange
 			var body piecesReader
 			h.run(&ex, &body)
