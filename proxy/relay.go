@@ -355,6 +355,11 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 		if errorEvent { // e.g. vLLM: an error event, then [DONE]
 			ex.rec.Outcome = llm.OutcomeUpstreamError
 		}
+	case errorEvent:
+		// The upstream ended the stream with an error event. The SDKs hang
+		// up as soon as they read one, so a caller gone now does not make
+		// it the caller's doing.
+		ex.rec.Outcome = llm.OutcomeUpstreamError
 	case clientGone:
 		ex.rec.Outcome, ex.rec.Interruption = ex.cancelledBy()
 	case errors.Is(readErr, errEventTooLarge):
@@ -372,8 +377,6 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 		// The attempt's total or first-token timeout.
 		ex.rec.Outcome = llm.OutcomeUpstreamTimeout
 		ex.rec.Interruption = llm.InterruptTimeout
-	case errorEvent:
-		ex.rec.Outcome = llm.OutcomeUpstreamError
 	default:
 		// The body broke or ended without [DONE] / message_stop: a
 		// truncated stream, never a success (STYLE 12).
