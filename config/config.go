@@ -114,13 +114,14 @@ type Upstream struct {
 	// Timeouts by phase (issue 4). TimeoutSeconds bounds one attempt whole;
 	// ConnectTimeoutSeconds the dial (and TLS handshake).
 
-	// HeaderTimeoutSeconds bounds the wait from the request written to the
-	// response headers of a streamed request; a stall there is retried.
+	// HeaderTimeoutSeconds bounds the wait from the attempt's start (dial,
+	// TLS and sending the request included) to the response headers of a
+	// streamed request; a stall there is retried.
 	// A non-streamed answer's headers come with its whole body, so only
 	// TimeoutSeconds bounds it. 0 turns it off. Default 30.
 	HeaderTimeoutSeconds float64 `toml:"header_timeout_seconds"`
-	// FirstTokenTimeoutSeconds bounds the wait from the request written to
-	// the first token-bearing event of a stream. While nothing has been sent
+	// FirstTokenTimeoutSeconds bounds the wait from a stream's response
+	// headers to its first token-bearing event. While nothing has been sent
 	// to the caller the attempt is abandoned and retried (or falls back).
 	// Reasoning models can think for minutes before their first token, so
 	// it is off by default. 0 turns it off. Default 0.
@@ -181,9 +182,10 @@ type Retry struct {
 	// permission and invalid-request errors) never are. Default
 	// [408, 409, 429, 500, 502, 503, 504, 529].
 	Statuses []int `toml:"statuses"`
-	// BudgetRatio caps retries to this upstream (fallbacks to it included)
-	// at this share of the requests first sent to it, over a 10 s window,
-	// so an outage does not multiply its load. Default 0.2.
+	// BudgetRatio caps retries to this upstream at this share of the
+	// requests first sent to it (a fallback to it counts as one of those),
+	// over a 10 s window, so an outage does not multiply its load.
+	// Default 0.2.
 	BudgetRatio float64 `toml:"budget_ratio"`
 	// BudgetMinPerSecond is the floor of that budget: retries per second
 	// always allowed, so a quiet upstream still gets its retries. Default 1.

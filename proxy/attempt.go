@@ -151,6 +151,8 @@ type failure struct {
 	upReqID   string
 	// hint is the upstream's Retry-After header set, for the next wait.
 	hint http.Header
+	// usage is what a held stream reported before it failed.
+	usage llm.Usage
 }
 
 // attemptResult is what one attempt left behind.
@@ -210,11 +212,9 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				break
 			}
 			if n == 0 {
+				// A fallback is a first request to this upstream; its own
+				// retries are charged below, before their wait.
 				up.budget.recordRequest()
-			} else if !up.budget.tryRetry() {
-				tk.release()
-				g.metrics.UpstreamRetrySkipped(up.cfg.Name, skipBudget)
-				break
 			}
 			if firstStart.IsZero() {
 				firstStart = g.now()
@@ -248,8 +248,18 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 			start := g.now()
 			ex.rec.Retrying = start.Sub(firstStart)
 			res := func() (res attemptResult) {
+				ex.tk, ex.tkEarly = &tk, false
 				defer up.shaper.Release()
-				defer func() { tk.done(res.healthy) }() // a panic counts as a failure
+				defer func() { // a panic counts as a failure
+					early := ex.tkEarly
+					ex.tk = nil
+					tk.done(res.healthy)
+					if early && !res.healthy && up.breaker != nil {
+						// The stream was reported healthy at its first
+						// token and failed later.
+						up.breaker.observe(false)
+					}
+				}()
 				return ex.attempt(t, body, callerKeyUp, mayRetry)
 			}()
 			sent = true
@@ -261,22 +271,30 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				return
 			}
 			held = res.fail
-			if !res.retryable || !retryOK {
+			if !res.retryable || !retryOK || !ex.repeatable(res) {
 				ex.relayFailure(held)
 				ex.waited(up)
 				return
 			}
 			last, lastResult = up, res.result
 			wait, ok := up.policy.waitWithin(n, held.hint, g.now(), up.policy.budget-waited, jitter)
-			if !ok {
-				why := skipWaitTooLong
-				if n+1 >= up.policy.maxAttempts {
-					why = skipAttempts
-				}
+			// Decided before the wait: a retry that will not be taken
+			// must not make the caller wait for it.
+			why := ""
+			switch {
+			case !ok && n+1 >= up.policy.maxAttempts:
+				why = skipAttempts
+			case !ok:
+				why = skipWaitTooLong
+			case up.breaker != nil && up.breaker.state() == breakerOpen:
+				why = skipBreakerOpen
+			case !up.budget.tryRetry():
+				why = skipBudget
+			}
+			if why != "" {
+				g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
 				if ti+1 < len(targets) {
 					g.metrics.UpstreamRetry(up.cfg.Name, res.result) // taken as a fallback
-				} else {
-					g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
 				}
 				break
 			}
@@ -298,6 +316,22 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	case !sent:
 		ex.allUnavailable(targets)
 	}
+}
+
+// repeatable reports whether a failed attempt may be sent again. The dialect
+// routes and GET/HEAD always may. Other model calls may create things
+// (fine-tuning jobs, images, stored responses), so they are sent again only
+// when the upstream surely did not act on them: connection refused, 429,
+// 503 or 529.
+func (ex *exchange) repeatable(res attemptResult) bool {
+	if ex.rec.Dialect != llm.DialectNone || ex.r.Method == http.MethodGet || ex.r.Method == http.MethodHead {
+		return true
+	}
+	switch res.result {
+	case resultConnectError, resultRateLimited, resultOverloaded:
+		return true
+	}
+	return res.status == http.StatusServiceUnavailable
 }
 
 // waited reports the request's retry waits, once, under the upstream that
@@ -412,7 +446,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 		}
 	}
 
-	if ex.rec.Stream {
+	if ex.info.Stream {
 		// A non-streamed answer's headers come with its whole body.
 		pt.enter(phaseHeaders, up.headerTimeout)
 	}
@@ -497,10 +531,10 @@ func (ex *exchange) noResponse(ctx context.Context, err error) attemptResult {
 	switch {
 	case errors.Is(cause, errHeaderTimeout):
 		f.result, f.outcome, f.apiErr = resultHeaderTimeout, llm.OutcomeUpstreamTimeout, errUpstreamTimeout()
+	case errors.As(err, &oe) && oe.Op == "dial": // refused, or connect_timeout_seconds
+		f.result, f.outcome, f.apiErr = resultConnectError, llm.OutcomeUpstreamUnreachable, errUpstreamUnreachable()
 	case errors.Is(cause, errAttemptTimeout) || errors.As(err, &ne) && ne.Timeout():
 		f.result, f.outcome, f.apiErr = resultTimeout, llm.OutcomeUpstreamTimeout, errUpstreamTimeout()
-	case errors.As(err, &oe) && oe.Op == "dial":
-		f.result, f.outcome, f.apiErr = resultConnectError, llm.OutcomeUpstreamUnreachable, errUpstreamUnreachable()
 	}
 	ex.g.log.Warn("upstream attempt failed", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name,
 		"result", f.result, "err", err)
@@ -512,8 +546,7 @@ func (ex *exchange) noResponse(ctx context.Context, err error) attemptResult {
 // it is kept, to be relayed if no later attempt does better.
 func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRetry bool) attemptResult {
 	st := resp.StatusCode
-	res := attemptResult{status: st, result: statusResult(st),
-		healthy: st < 500 && st != http.StatusTooManyRequests && st != http.StatusRequestTimeout}
+	res := attemptResult{status: st, result: statusResult(st)}
 	var captured []byte
 	complete := false
 	if mayRetry {
@@ -526,6 +559,10 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 		}
 	}
 	errType, errCode := errorFields(captured)
+	// Quota, billing, key and request errors are about the account or the
+	// request, not the upstream's health: they do not open its breaker.
+	res.healthy = st < 500 && st != http.StatusTooManyRequests && st != http.StatusRequestTimeout ||
+		neverRetryable(errType) || neverRetryable(errCode)
 	if complete && shouldRetry(ex.up.policy, st, resp.Header, errType, errCode) {
 		res.retryable = true
 		res.fail = &failure{result: res.result, status: st, header: resp.Header, body: captured,
@@ -665,6 +702,9 @@ func (ex *exchange) relayFailure(f *failure) {
 	rec.UpstreamRequestID = f.upReqID
 	rec.Status = f.status
 	rec.Outcome, rec.Interruption = f.outcome, f.interrupt
+	if f.usage.HasInput || f.usage.HasOutput {
+		rec.Usage = f.usage
+	}
 	if f.errType != "" {
 		rec.ErrorType = f.errType
 	}

@@ -218,6 +218,17 @@ func (t *ticket) release() {
 	}
 }
 
+// observe counts the outcome of a request whose ticket is already done (a
+// stream reported healthy at its first token that the upstream broke
+// later). It weighs only in the closed state; a probe's verdict stands.
+func (b *breaker) observe(success bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.st == breakerClosed {
+		b.record(b.now(), success)
+	}
+}
+
 // state returns the current state, moving from open to half-open if the
 // cooldown has passed.
 func (b *breaker) state() breakerState {

@@ -52,6 +52,12 @@ type exchange struct {
 	// Governance: the caller's [[keys]] entry (nil if none), its lease when
 	// a limiter admitted it, the limiter's RPM/TPM states for the
 	// rate-limit headers, and the cost billed.
+	// tk is the breaker ticket of the attempt in progress; a stream reports
+	// it healthy at commit (tkEarly), so a long stream does not hold a
+	// half-open probe slot to its end.
+	tk      *ticket
+	tkEarly bool
+
 	key        *keyEntry
 	lease      *ratelimit.Lease
 	rlStates   []ratelimit.State

@@ -41,6 +41,10 @@ func (g *Gateway) putStreamState(s *streamState) {
 // max_event_bytes.
 var errEventTooLarge = errors.New("proxy: upstream event exceeds max_event_bytes")
 
+// maxHold bounds how long a stream's opening events are held back waiting
+// for its first token (see relay).
+const maxHold = 10 * time.Second
+
 // terminalGrace is how long the relay keeps reading after the terminal
 // marker has reached the caller, waiting for the upstream's end of body (so
 // the connection can be reused) before it stops: a caller such as curl reads
@@ -63,6 +67,10 @@ const terminalGrace = time.Second
 // reach it later, with that token. Held bytes never exceed one relay buffer:
 // a longer preamble is committed.
 //
+// A hold lasts at most maxHold (or the first-token timeout, if longer): a
+// stream still without a token then is committed at its next read, so the
+// upstream's keep-alive comments and pings reach the caller's proxies again.
+//
 // The bytes of an incomplete event stay in the buffer until it completes.
 func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *http.Response, hold bool, pt *phaseTimer) attemptResult {
 	g := ex.g
@@ -81,6 +89,10 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	// commit sends the headers: from here on the answer is the caller's.
 	commit := func() {
 		committed = true
+		if ex.tk != nil && ex.rec.Status < 400 {
+			ex.tk.done(true)
+			ex.tkEarly = true
+		}
 		ex.prepareHeaders(resp.Header)
 		ex.sseHeaders()
 		ex.headersSent = true
@@ -148,13 +160,20 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 		return nil
 	}
 
+	// commitHeld commits and sends the events held so far.
+	commitHeld := func(at time.Time) error {
+		commit()
+		writeEnd = heldEnd
+		return flush(at, 0, false, true)
+	}
+	holdStart := g.now()
+	holdCap := max(maxHold, ex.up.firstToken)
+
 	for {
 		if end == len(buf) && !committed {
 			// The preamble fills the buffer: commit what is held rather
 			// than grow it.
-			commit()
-			writeEnd = heldEnd
-			if err := flush(g.now(), 0, false, false); err != nil {
+			if err := commitHeld(g.now()); err != nil {
 				ex.streamEnded(ctx, cancel, st, nil, err)
 				return ex.committed(ex.rec.Status)
 			}
@@ -179,9 +198,20 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 		end += n
 		if n > 0 {
 			pt.touch()
+			if !committed && now.Sub(holdStart) >= holdCap {
+				// Held long enough: let the upstream's keep-alives and
+				// pings reach the caller (and its proxies) again.
+				if err := commitHeld(now); err != nil {
+					ex.streamEnded(ctx, cancel, st, nil, err)
+					return ex.committed(ex.rec.Status)
+				}
+			}
 		}
 
 		writeEnd = start
+		if !committed {
+			writeEnd = heldEnd // the held events come before this read's
+		}
 		if lfPending && pos < end {
 			lfPending = false
 			if buf[pos] == '\n' {
@@ -189,6 +219,9 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 					start = pos + 1
 				}
 				writeEnd = pos + 1
+				if !committed {
+					heldEnd = pos + 1
+				}
 			}
 		}
 		events, firstInBatch, wrote := 0, false, false
@@ -198,7 +231,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 			pos += c
 			if ferr != nil {
 				if !committed {
-					return ex.heldFailure(resp, buf[:heldEnd], resultStreamBroken, llm.OutcomeUpstreamError,
+					return ex.heldFailure(st, resp, buf[:heldEnd], resultStreamBroken, llm.OutcomeUpstreamError,
 						llm.InterruptProtocolError, nil, true)
 				}
 				// Deliver the complete events before the oversized one.
@@ -218,7 +251,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 				if !committed {
 					switch {
 					case obs.Error:
-						return ex.heldFailure(resp, buf[:pos], resultErrorEvent, llm.OutcomeUpstreamError,
+						return ex.heldFailure(st, resp, buf[:pos], resultErrorEvent, llm.OutcomeUpstreamError,
 							llm.InterruptUpstreamErrorEvent, obs.ErrorType, false)
 					case obs.TokenBearing || obs.UsageOnly || obs.Terminal:
 						commit()
@@ -265,7 +298,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 				rerr = nil
 			}
 			if !committed {
-				return ex.heldEnd(ctx, resp, buf[:heldEnd])
+				return ex.heldEnd(ctx, st, resp, buf[:heldEnd])
 			}
 			if rerr == nil && end > start && !g.cfg.Server.StreamErrorEvents {
 				// Bytes of an unterminated final event: the upstream broke
@@ -289,11 +322,14 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 // attempt follows. errType is the error event's type, retried by the rules
 // of the status the same error has outside a stream; other failures are
 // always worth another attempt.
-func (ex *exchange) heldFailure(resp *http.Response, held []byte, result string,
+func (ex *exchange) heldFailure(st *streamState, resp *http.Response, held []byte, result string,
 	o llm.Outcome, why llm.Interruption, errType []byte, retryable bool) attemptResult {
 	f := &failure{result: result, status: ex.rec.Status, header: resp.Header,
 		body: append([]byte(nil), held...), stream: true, outcome: o, interrupt: why,
 		errType: string(errType), upReqID: ex.rec.UpstreamRequestID}
+	// Usage the opening events reported (Anthropic's message_start input),
+	// billed if this failure is what the caller gets.
+	f.usage, _ = st.tap.Usage()
 	healthy := false
 	if errType != nil || why == llm.InterruptUpstreamErrorEvent {
 		status := errorEventStatus(errType)
@@ -308,7 +344,7 @@ func (ex *exchange) heldFailure(resp *http.Response, held []byte, result string,
 
 // heldEnd classifies a held stream whose body ended or broke before its
 // first token.
-func (ex *exchange) heldEnd(ctx context.Context, resp *http.Response, held []byte) attemptResult {
+func (ex *exchange) heldEnd(ctx context.Context, st *streamState, resp *http.Response, held []byte) attemptResult {
 	if ex.r.Context().Err() != nil {
 		ex.clientGone()
 		return attemptResult{result: resultClientGone, done: true, healthy: true}
@@ -316,13 +352,13 @@ func (ex *exchange) heldEnd(ctx context.Context, resp *http.Response, held []byt
 	cause := context.Cause(ctx)
 	switch {
 	case errors.Is(cause, errFirstTokenTimeout):
-		return ex.heldFailure(resp, held, resultFirstTokenTimeout, llm.OutcomeUpstreamTimeout,
+		return ex.heldFailure(st, resp, held, resultFirstTokenTimeout, llm.OutcomeUpstreamTimeout,
 			llm.InterruptTimeout, nil, true)
 	case errors.Is(cause, errAttemptTimeout) || errors.Is(cause, context.DeadlineExceeded):
-		return ex.heldFailure(resp, held, resultTimeout, llm.OutcomeUpstreamTimeout,
+		return ex.heldFailure(st, resp, held, resultTimeout, llm.OutcomeUpstreamTimeout,
 			llm.InterruptTimeout, nil, true)
 	}
-	return ex.heldFailure(resp, held, resultStreamBroken, llm.OutcomeUpstreamError,
+	return ex.heldFailure(st, resp, held, resultStreamBroken, llm.OutcomeUpstreamError,
 		llm.InterruptUpstreamEOF, nil, true)
 }
 
