@@ -58,14 +58,25 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listening for the fake upstream: %w", err)
 	}
-	mock := &http.Server{Handler: mockllm.New(mf.options(nil)), ReadHeaderTimeout: 10 * time.Second}
+	primary := mockllm.New(mf.options(nil))
+	mock := &http.Server{Handler: primary, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = mock.Serve(mockLn) }()
 	defer mock.Close()
+	// A second fake upstream the gateway falls back to.
+	backupLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("listening for the backup upstream: %w", err)
+	}
+	backup := &http.Server{Handler: mockllm.New(mf.options(nil)), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = backup.Serve(backupLn) }()
+	defer backup.Close()
+	faults := &demoFaults{m: primary}
 
 	// The gateway, on the embedded demo config.
 	cfg := config.DemoConfig("http://" + mockLn.Addr().String())
 	cfg.Auth.RequireKey = false
 	demoGovernance(&cfg)
+	demoUpstreams(&cfg, "http://"+backupLn.Addr().String())
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s is taken (%v); using a free port\n", *listen, err)
@@ -85,12 +96,13 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		*requests, *concurrency)
 
 	started := time.Now()
-	failures := sendBurst(ctx, base, *requests, *concurrency)
+	failures := sendBurst(ctx, base, *requests, *concurrency, faults.before)
 	if ctx.Err() != nil {
 		return gw.shutdown(0, 5*time.Second)
 	}
 	fmt.Fprintf(stdout, "burst done in %s\n\n", time.Since(started).Round(time.Millisecond))
 	printDemoTable(stdout, col.snapshot(), gw)
+	printDemoResilience(stdout, col.snapshot(), faults.injected)
 	printDemoSpend(ctx, stdout, gw)
 	if failures > 0 {
 		fmt.Fprintf(stdout, "\n%d requests failed on the client side\n", failures)
@@ -142,7 +154,7 @@ func demoPrompt(words int) string {
 
 // sendBurst sends n requests, c at a time, cycling through the four kinds
 // (OpenAI and Anthropic, streamed and not). It returns how many failed.
-func sendBurst(ctx context.Context, base string, n, c int) int {
+func sendBurst(ctx context.Context, base string, n, c int, before func(i int)) int {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c}}
 	defer client.CloseIdleConnections()
 	var mu sync.Mutex
@@ -151,6 +163,9 @@ func sendBurst(ctx context.Context, base string, n, c int) int {
 	var wg sync.WaitGroup
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		sem <- struct{}{}
+		if before != nil {
+			before(i)
+		}
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
@@ -349,4 +364,86 @@ func printDemoSpend(ctx context.Context, w io.Writer, gw *runningGateway) {
 			microsUSD(r.CostMicros))
 	}
 	_ = tw.Flush()
+}
+
+// demoFaults scripts upstream failures into the primary fake upstream, one
+// every 8 requests of the burst (a 429 with retry-after-ms, a 529 on every
+// attempt, a 503, a 500), so the demo shows the gateway retrying and falling
+// back while its callers see only successes. Spread over the burst, they do
+// not add up to the breaker's 5 failures in a row.
+type demoFaults struct {
+	m        *mockllm.Server
+	injected int
+}
+
+func (f *demoFaults) before(i int) {
+	if i%8 != 5 {
+		return
+	}
+	spec, times := []string{"status=429;retry-after-ms=30", "status=529", "status=503", "status=500"}[i/8%4], 1
+	if spec == "status=529" {
+		times = 3 // every attempt on the primary: the request falls back
+	}
+	if err := f.m.Inject(spec, times); err == nil {
+		f.injected += times
+	}
+}
+
+// demoUpstreams adds the backup upstream and makes the demo's retries quick.
+func demoUpstreams(cfg *config.Config, backupURL string) {
+	b := config.DefaultUpstream()
+	b.Name, b.BaseURL = "mock-backup", backupURL
+	cfg.Upstreams = append(cfg.Upstreams, b)
+	for i := range cfg.Upstreams {
+		cfg.Upstreams[i].Retry.BaseDelayMs = 20
+		cfg.Upstreams[i].Retry.MaxDelayMs = 200
+	}
+}
+
+// printDemoResilience prints what the gateway did about the injected
+// upstream failures: attempts, retries and fallbacks by reason, and what the
+// callers saw.
+func printDemoResilience(w io.Writer, recs []llm.Record, injected int) {
+	if injected == 0 {
+		return
+	}
+	attempts, retried, fellBack := 0, 0, 0 // retried: requests with a failed attempt
+	reasons := map[string]int{}
+	callerErrors := 0
+	for i := range recs {
+		r := &recs[i]
+		attempts += r.AttemptCount
+		if r.Upstream == "mock-backup" {
+			fellBack++
+		}
+		failed := false
+		for _, a := range r.Attempts[:min(r.AttemptCount, llm.MaxRecordedAttempts)] {
+			if a.Result != "ok" {
+				reasons[a.Result]++
+				failed = true
+			}
+		}
+		if failed {
+			retried++
+		}
+		if r.Outcome != llm.OutcomeOK {
+			callerErrors++
+		}
+	}
+	keys := make([]string, 0, len(reasons))
+	for k := range reasons {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, reasons[k]))
+	}
+	fallback := ""
+	if fellBack > 0 {
+		fallback = fmt.Sprintf(", served %d from mock-backup", fellBack)
+	}
+	fmt.Fprintf(w, "\nupstream failures injected into the fake upstream: %d; the gateway made %d attempts for %d "+
+		"requests (failed: %s) and retried %d requests%s; callers saw %d errors\n",
+		injected, attempts, len(recs), strings.Join(parts, " "), retried, fallback, callerErrors)
 }
