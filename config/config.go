@@ -92,8 +92,11 @@ type Upstream struct {
 	// A request goes to the upstreams of its route (see Route) that serve
 	// its dialect or, when no route matches its model, to every upstream
 	// that serves it, in file order, falling back down that list before
-	// the first byte is sent to the caller; other /v1/* paths go to the
-	// first upstream. Default ["openai", "anthropic"].
+	// the first byte is sent to the caller. Other /v1/* paths are routed
+	// the same way in the dialect their path and headers suggest (Anthropic
+	// for /v1/messages/... or an anthropic-version or x-api-key header,
+	// OpenAI otherwise), and go to the first upstream when none serves it.
+	// Default ["openai", "anthropic"].
 	Dialects []string `toml:"dialects"`
 	// TimeoutSeconds bounds one attempt whole, from sending the request to
 	// the end of the answer, streamed or not; a retry or a fallback starts

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"math"
@@ -10,8 +11,10 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/internal/shaper"
@@ -72,7 +75,10 @@ type phaseTimer struct {
 	idle   time.Duration
 	// deadline (UnixNano) is when the current phase runs out: a timer that
 	// fires as its phase ends (the headers came just in time) finds the
-	// deadline moved or cleared and does nothing.
+	// deadline moved or cleared and does nothing. mu makes the deadline and
+	// the phase change together, so fire never pairs an old deadline with
+	// the next phase.
+	mu       sync.Mutex
 	deadline atomic.Int64
 }
 
@@ -81,27 +87,34 @@ func newPhaseTimer(cancel context.CancelCauseFunc, idle time.Duration) *phaseTim
 }
 
 func (pt *phaseTimer) fire() {
-	if time.Now().UnixNano() < pt.deadline.Load() {
-		return
+	pt.mu.Lock()
+	var cause error
+	if time.Now().UnixNano() >= pt.deadline.Load() {
+		switch pt.phase.Load() {
+		case phaseHeaders:
+			cause = errHeaderTimeout
+		case phaseFirstToken:
+			cause = errFirstTokenTimeout
+		case phaseIdle:
+			cause = errIdleTimeout
+		}
 	}
-	switch pt.phase.Load() {
-	case phaseHeaders:
-		pt.cancel(errHeaderTimeout)
-	case phaseFirstToken:
-		pt.cancel(errFirstTokenTimeout)
-	case phaseIdle:
-		pt.cancel(errIdleTimeout)
+	pt.mu.Unlock()
+	if cause != nil {
+		pt.cancel(cause)
 	}
 }
 
 // enter starts phase ph with timeout d (0: no timer in this phase).
 func (pt *phaseTimer) enter(ph int32, d time.Duration) {
+	pt.mu.Lock()
 	if d <= 0 {
 		pt.deadline.Store(math.MaxInt64)
 	} else {
 		pt.deadline.Store(time.Now().Add(d).UnixNano())
 	}
 	pt.phase.Store(ph)
+	pt.mu.Unlock()
 	switch {
 	case d <= 0:
 		if pt.t != nil {
@@ -120,14 +133,18 @@ func (pt *phaseTimer) firstToken() { pt.enter(phaseIdle, pt.idle) }
 // touch restarts the idle timer after a read.
 func (pt *phaseTimer) touch() {
 	if pt.idle > 0 && pt.t != nil && pt.phase.Load() == phaseIdle {
+		pt.mu.Lock()
 		pt.deadline.Store(time.Now().Add(pt.idle).UnixNano())
+		pt.mu.Unlock()
 		pt.t.Reset(pt.idle)
 	}
 }
 
 func (pt *phaseTimer) stop() {
+	pt.mu.Lock()
 	pt.deadline.Store(math.MaxInt64)
 	pt.phase.Store(phaseNone)
+	pt.mu.Unlock()
 	if pt.t != nil {
 		pt.t.Stop()
 	}
@@ -777,8 +794,11 @@ func setModel(body []byte, name string) ([]byte, bool) {
 	if !ok || jsonscan.KindOf(obj) != jsonscan.KindObject {
 		return body, false
 	}
-	q := strconv.Quote(name)
-	if !jsonStringOK(q) {
+	if !utf8.ValidString(name) { // json.Marshal would turn it into U+FFFD
+		return body, false
+	}
+	q, err := json.Marshal(name) // JSON's escapes, not Go's (\x00, \a, \U…)
+	if err != nil {
 		return body, false
 	}
 	out := make([]byte, 0, len(body)+len(q))
@@ -797,21 +817,4 @@ func setModel(body []byte, name string) ([]byte, bool) {
 		return body, false
 	}
 	return append(out, body[prev:]...), true
-}
-
-// jsonStringOK reports whether a Go-quoted string is also a valid JSON
-// string: strconv.Quote writes \x escapes for invalid UTF-8 and \a-style
-// escapes JSON does not have.
-func jsonStringOK(q string) bool {
-	for i := 0; i < len(q); i++ {
-		if q[i] == '\\' && i+1 < len(q) {
-			switch q[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't', 'u':
-				i++
-			default:
-				return false
-			}
-		}
-	}
-	return true
 }

@@ -89,10 +89,6 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	// commit sends the headers: from here on the answer is the caller's.
 	commit := func() {
 		committed = true
-		if ex.tk != nil && ex.rec.Status < 400 {
-			ex.tk.done(true)
-			ex.tkEarly = true
-		}
 		ex.prepareHeaders(resp.Header)
 		ex.sseHeaders()
 		ex.headersSent = true
@@ -263,6 +259,13 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 				case obs.TokenBearing && !firstOut:
 					firstOut, firstInBatch = true, true
 					pt.firstToken()
+					if ex.tk != nil {
+						// The upstream answers: a long stream must not hold a
+						// half-open probe slot to its end (a later break is
+						// still counted, see roundTrip).
+						ex.tk.done(true)
+						ex.tkEarly = true
+					}
 					events++
 				default:
 					events++

@@ -112,8 +112,10 @@ type target struct {
 // and of requests no route matches.
 type routing struct {
 	routes   []config.Route
-	byRoute  [][3][]target // [route][dialect]
-	fallback [3][]target   // [dialect]: every upstream serving it, in file order
+	byRoute  [][3][]target // [route][dialect]; DialectNone unused
+	// fallback[d] is every upstream serving d, in file order;
+	// fallback[DialectNone] the first upstream.
+	fallback [3][]target
 }
 
 // newRouting resolves the configuration's routes to upstreams once, so that
@@ -137,7 +139,6 @@ func newRouting(cfg *config.Config, byName map[string]*upstream, ordered []*upst
 				continue // Validate refuses this; keep New total anyway
 			}
 			t := target{up: up, model: r.Rename[name]}
-			rt.byRoute[i][llm.DialectNone] = append(rt.byRoute[i][llm.DialectNone], t)
 			for _, d := range []llm.Dialect{llm.DialectOpenAI, llm.DialectAnthropic} {
 				if up.cfg.Serves(d) {
 					rt.byRoute[i][d] = append(rt.byRoute[i][d], t)
@@ -150,8 +151,9 @@ func newRouting(cfg *config.Config, byName map[string]*upstream, ordered []*upst
 
 // targets returns the upstreams a request of dialect d for model goes to, in
 // order: its route's (the first whose pattern matches), or every upstream
-// serving d. A request on another /v1/* path (DialectNone) goes to the first
-// upstream unless its model has a route.
+// serving d. A request on another /v1/* path asks with the dialect its
+// path and headers suggest (exchange.targets), and goes to the first
+// upstream (fallback[DialectNone]) when no upstream serves that dialect.
 func (rt *routing) targets(d llm.Dialect, model string) []target {
 	if model != "" {
 		for i := range rt.routes {
