@@ -111,8 +111,8 @@ type target struct {
 // routing holds, per dialect, the ordered targets of every [[routes]] table
 // and of requests no route matches.
 type routing struct {
-	routes   []config.Route
-	byRoute  [][3][]target // [route][dialect]; DialectNone unused
+	routes  []config.Route
+	byRoute [][3][]target // [route][dialect]; DialectNone unused
 	// fallback[d] is every upstream serving d, in file order;
 	// fallback[DialectNone] the first upstream.
 	fallback [3][]target
