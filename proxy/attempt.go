@@ -237,9 +237,6 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				firstStart = g.now()
 			}
 			qw, err := up.shaper.Acquire(r.Context())
-			if up.shaper != nil {
-				g.metrics.SetQueueWaiting(up.cfg.Name, up.shaper.Waiting())
-			}
 			if qw > 0 {
 				ex.rec.QueueWait += qw
 				g.metrics.QueueWait(up.cfg.Name, qw)

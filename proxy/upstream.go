@@ -43,6 +43,10 @@ func newUpstream(u *config.Upstream, t http.RoundTripper, now func() time.Time, 
 		shaper: shaper.New(u.MaxConcurrent, u.RequestsPerSecond, u.QueueSize,
 			config.Seconds(u.QueueTimeoutSeconds)),
 	}
+	if up.shaper != nil {
+		name := u.Name
+		up.shaper.OnWaiting = func(n int) { m.SetQueueWaiting(name, n) }
+	}
 	if b := u.Breaker; b.Enabled {
 		name := u.Name
 		up.breaker = newBreaker(breakerConfig{

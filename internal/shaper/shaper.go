@@ -47,6 +47,11 @@ type Shaper struct {
 	inflight atomic.Int64
 	waiting  atomic.Int64
 
+	// OnWaiting, if set (before the first Acquire), is called with the
+	// number of waiting requests each time a request joins or leaves the
+	// queue (for a gauge); only requests that wait pay for it.
+	OnWaiting func(waiting int)
+
 	// now is the clock given to the limiter and used to measure waits.
 	// Tests replace it to place rate turns at synthetic instants.
 	now func() time.Time
@@ -120,7 +125,15 @@ func (s *Shaper) wait(ctx context.Context, haveSlot bool) (time.Duration, error)
 		}
 		return 0, ErrQueueFull
 	}
-	defer s.waiting.Add(-1)
+	defer func() {
+		n := s.waiting.Add(-1)
+		if s.OnWaiting != nil {
+			s.OnWaiting(int(n))
+		}
+	}()
+	if s.OnWaiting != nil {
+		s.OnWaiting(int(s.waiting.Load()))
+	}
 	if s.queueTimeout <= 0 {
 		if haveSlot {
 			s.releaseSlot()

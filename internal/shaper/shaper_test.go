@@ -521,3 +521,37 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		})
 	}
 }
+
+// TestOnWaitingFollowsTheQueue checks that the hook sees a request join the
+// queue while it waits and leave it once it has its slot.
+func TestOnWaitingFollowsTheQueue(t *testing.T) {
+	s := New(1, 0, 4, 10*time.Second)
+	var mu sync.Mutex
+	var seen []int
+	s.OnWaiting = func(n int) {
+		mu.Lock()
+		seen = append(seen, n)
+		mu.Unlock()
+	}
+	if _, err := s.Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(context.Background())
+		done <- err
+	}()
+	for s.Waiting() != 1 {
+		runtime.Gosched()
+	}
+	s.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s.Release()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 || seen[0] != 1 || seen[1] != 0 {
+		t.Fatalf("OnWaiting saw %v, want [1 0]", seen)
+	}
+}
