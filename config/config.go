@@ -110,6 +110,15 @@ type Upstream struct {
 	// extra usage-only chunk from the caller. Turn it off for servers that
 	// reject the field. Default true.
 	IncludeUsage bool `toml:"include_usage"`
+	// CallerKeysOnFallback lets a passthrough caller's own key reach this
+	// upstream when it is a fallback at another origin (scheme, host, port)
+	// than the first upstream of the request's route. Off, such a fallback
+	// is skipped for callers that bring a key, so that a key for one
+	// provider never reaches another's endpoint; turn it on for endpoints
+	// that accept the same keys (replicas of one self-hosted server). It
+	// does not matter in mode "keys", where each upstream gets its own key.
+	// Default false.
+	CallerKeysOnFallback bool `toml:"caller_keys_on_fallback"`
 	// MaxIdleConns sizes the pool of idle connections kept to the upstream.
 	// Default 256.
 	MaxIdleConns int `toml:"max_idle_conns"`

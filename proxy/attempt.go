@@ -52,6 +52,7 @@ const (
 	skipQueueFull    = "queue_full"
 	skipQueueTimeout = "queue_timeout"
 	skipBudget       = "budget"
+	skipKeyScope     = "key_scope"
 	skipWaitTooLong  = "wait_too_long"
 	skipAttempts     = "attempts"
 )
@@ -220,6 +221,13 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	)
 	for ti, t := range targets {
 		up := t.up
+		if callerKeyUp && up.origin != targets[0].up.origin && !up.cfg.CallerKeysOnFallback {
+			// A caller's own key goes only where the route sends it first
+			// (or to upstreams that accept it): a key for one provider must
+			// not reach another's endpoint.
+			ex.skip(up, skipKeyScope)
+			continue
+		}
 		var waited time.Duration // between attempts on this upstream
 		for n := 0; ; n++ {
 			tk, ok := up.allow()

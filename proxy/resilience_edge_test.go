@@ -753,6 +753,7 @@ func TestEdgeShapingQueueFull(t *testing.T) {
 				if withBackup {
 					b := config.DefaultUpstream()
 					b.Name, b.BaseURL = "backup", backupURL
+					b.CallerKeysOnFallback = true
 					c.Upstreams = append(c.Upstreams, b)
 				}
 			})
@@ -955,5 +956,64 @@ func TestEdgeOverheadExcludesRetries(t *testing.T) {
 	}
 	if oh := rec.Overhead(); oh >= rec.RetryWait || oh < 0 {
 		t.Errorf("overhead %v includes the retry (wait %v, retrying %v)", oh, rec.RetryWait, rec.Retrying)
+	}
+}
+
+// TestEdgeCallerKeyScope: in passthrough mode a caller's own key goes only to
+// upstreams at the origin of its route's first upstream, unless the fallback
+// accepts caller keys; a keyless caller falls back freely (the upstream's own
+// key, if any, is what goes there).
+func TestEdgeCallerKeyScope(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		key         string
+		acceptsKeys bool
+		wantStatus  int
+		wantBackup  int64
+	}{
+		{"caller key, backup at another origin: skipped", "sk-caller-1", false, 529, 0},
+		{"caller key, backup accepts caller keys", "sk-caller-1", true, 200, 1},
+		{"no caller key: fallback", "", false, 200, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			primary := mockllm.New(mockllm.Options{OutputTokens: 2})
+			ps := httptest.NewServer(primary)
+			defer ps.Close()
+			backup := mockllm.New(mockllm.Options{OutputTokens: 2})
+			bs := httptest.NewServer(backup)
+			defer bs.Close()
+			tg := newTestGateway(t, ps.URL, func(cfg *config.Config) {
+				cfg.Upstreams[0].Name = "primary"
+				cfg.Upstreams[0].Retry.MaxAttempts = 1
+				b := config.DefaultUpstream()
+				b.Name, b.BaseURL, b.CallerKeysOnFallback = "backup", bs.URL, c.acceptsKeys
+				cfg.Upstreams = append(cfg.Upstreams, b)
+			})
+			if err := primary.Inject("status=529", 1); err != nil {
+				t.Fatal(err)
+			}
+			hdr := map[string]string{}
+			if c.key != "" {
+				hdr["Authorization"] = "Bearer " + c.key
+			}
+			resp, body := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, hdr)
+			if resp.StatusCode != c.wantStatus {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, c.wantStatus, body)
+			}
+			if n := backup.Stats().Requests; n != c.wantBackup {
+				t.Errorf("backup saw %d requests, want %d", n, c.wantBackup)
+			}
+			rec := tg.record(t)
+			if c.wantBackup == 0 {
+				if rec.AttemptCount != 2 || rec.Attempts[1].Result != skipKeyScope || rec.Attempts[1].Upstream != "backup" {
+					t.Errorf("attempts %+v, want primary then backup skipped for key_scope", rec.Attempts[:rec.AttemptCount])
+				}
+			}
+			for _, r := range backup.Requests() {
+				if strings.Contains(r.Header.Get("Authorization"), "sk-caller") && !c.acceptsKeys {
+					t.Errorf("the caller's key reached the backup")
+				}
+			}
+		})
 	}
 }

@@ -106,6 +106,10 @@ func newResWorld(t *testing.T, s resSetup) *resWorld {
 			u.Name, u.BaseURL = name, urls[name]
 			// Short backoff: the schedule itself is retry_test.go's.
 			u.Retry.BaseDelayMs, u.Retry.MaxDelayMs = 5, 20
+			// The loopback mocks stand for replicas of one server, so the
+			// SDKs' keys may follow a fallback (TestEdgeCallerKeyScope
+			// covers the default).
+			u.CallerKeysOnFallback = true
 			c.Upstreams = append(c.Upstreams, u)
 		}
 		if s.ledger {

@@ -3,7 +3,9 @@ package proxy
 import (
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"path"
+	"strings"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/config"
@@ -18,6 +20,10 @@ import (
 type upstream struct {
 	cfg       *config.Upstream
 	transport http.RoundTripper
+	// origin is the base URL's scheme://host[:port]: in passthrough mode a
+	// caller's key goes only to upstreams at the origin its route starts
+	// with.
+	origin string
 	// timeout bounds one attempt whole; headerTimeout the wait for a
 	// stream's headers, firstToken the wait for its first token, idle the
 	// gap between reads after it (0 = off).
@@ -33,6 +39,7 @@ type upstream struct {
 func newUpstream(u *config.Upstream, t http.RoundTripper, now func() time.Time, m *metrics.Metrics) *upstream {
 	up := &upstream{
 		cfg:           u,
+		origin:        originOf(u.BaseURL),
 		transport:     t,
 		timeout:       config.Seconds(u.TimeoutSeconds),
 		headerTimeout: config.Seconds(u.HeaderTimeoutSeconds),
@@ -59,6 +66,16 @@ func newUpstream(u *config.Upstream, t http.RoundTripper, now func() time.Time, 
 		}, now, func(_, to breakerState) { m.SetCircuitState(name, circuitMetric(to)) })
 	}
 	return up
+}
+
+// originOf returns scheme://host[:port] of a base URL, lowercased; the URL
+// itself when it does not parse (Validate refuses such URLs).
+func originOf(base string) string {
+	u, err := url.Parse(base)
+	if err != nil || u.Host == "" {
+		return base
+	}
+	return strings.ToLower(u.Scheme + "://" + u.Host)
 }
 
 // circuitMetric is the value of tollgate_upstream_circuit_state for s.

@@ -393,6 +393,9 @@ func (f *demoFaults) before(i int) {
 func demoUpstreams(cfg *config.Config, backupURL string) {
 	b := config.DefaultUpstream()
 	b.Name, b.BaseURL = "mock-backup", backupURL
+	// The demo's callers bring keys (passthrough); the backup is a replica
+	// of the same fake server, so their keys may follow a fallback.
+	b.CallerKeysOnFallback = true
 	cfg.Upstreams = append(cfg.Upstreams, b)
 	for i := range cfg.Upstreams {
 		cfg.Upstreams[i].Retry.BaseDelayMs = 20
