@@ -206,7 +206,8 @@ type Retry struct {
 
 // Breaker is an [upstreams.breaker] table: the circuit breaker that stops
 // sending requests to an upstream that keeps failing. Failures are
-// connection errors, timeouts, 429, 5xx and streams the upstream broke.
+// connection errors, timeouts, 408, 429, 5xx and streams the upstream broke;
+// quota, billing, key and invalid-request errors are not.
 type Breaker struct {
 	// Enabled turns the breaker on. Default true.
 	Enabled bool `toml:"enabled"`
@@ -238,9 +239,10 @@ type Route struct {
 	// Models are path.Match patterns on the requested model ("gpt-4o*").
 	// Required, non-empty.
 	Models []string `toml:"models"`
-	// Upstreams are [[upstreams]] names, tried in this order: the first
-	// that is not open-circuited gets the request, and a failure before the
-	// first byte was sent to the caller falls back to the next. Required.
+	// Upstreams are [[upstreams]] names, tried in this order: the first not
+	// skipped (open circuit, full queue, or a caller's key that may not go
+	// there) gets the request, and a retryable failure before the first byte
+	// was sent to the caller falls back to the next. Required.
 	Upstreams []string `toml:"upstreams"`
 	// Rename maps an upstream name to the model name sent to it (for
 	// example a deployment name); the caller's model is sent otherwise.

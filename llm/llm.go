@@ -286,7 +286,7 @@ type Attempt struct {
 	// "rate_limited", "overloaded", "server_error", "connect_error",
 	// "header_timeout", "first_token_timeout", "error_event",
 	// "stream_broken"); or why it was not sent ("breaker_open",
-	// "queue_full", "queue_timeout").
+	// "queue_full", "queue_timeout", "key_scope").
 	Result string
 	// Duration runs from the attempt's start to its end (for a stream
 	// relayed to the caller, the stream's end).

@@ -151,7 +151,7 @@ func newUpstreamTest(t *testing.T) (*Metrics, *prometheus.Registry) {
 func TestUpstreamSeriesArePreCreated(t *testing.T) {
 	_, reg := newUpstreamTest(t)
 	want := `
-# HELP tollgate_upstream_attempts_total Attempts sent to an upstream, by result (ok, client_error, rate_limited, overloaded, server_error, connect_error, connection_error, header_timeout, first_token_timeout, error_event, stream_broken, timeout).
+# HELP tollgate_upstream_attempts_total Attempts sent to an upstream, by result (ok, client_error, rate_limited, overloaded, server_error, connect_error, connection_error, header_timeout, first_token_timeout, idle_timeout, error_event, stream_broken, timeout, client_gone).
 # TYPE tollgate_upstream_attempts_total counter
 tollgate_upstream_attempts_total{result="ok",upstream="backup"} 0
 tollgate_upstream_attempts_total{result="ok",upstream="mock"} 0
@@ -285,5 +285,51 @@ func BenchmarkUpstreamAttempt(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m.UpstreamAttempt("mock", "ok")
+	}
+}
+
+// TestOwnLabelsRefusedAsConstantLabels checks that every label name a
+// tollgate series carries is refused by config validation as a constant
+// label: otherwise check-config passes and metrics.New fails at startup
+// with a duplicate label name.
+func TestOwnLabelsRefusedAsConstantLabels(t *testing.T) {
+	cfg := config.DemoConfig("http://127.0.0.1:1")
+	reg := prometheus.NewRegistry()
+	m, err := New(reg, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Touch the series that exist only once used, so Gather lists them.
+	m.UpstreamRetry("mock", "rate_limited")
+	m.UpstreamRetrySkipped("mock", "budget")
+	m.UpstreamFallback("mock", "mock", "overloaded")
+	m.RetryWait("mock", time.Millisecond)
+	m.QueueWait("mock", time.Millisecond)
+	m.SetQueueWaiting("mock", 1)
+	m.Rejected("key", "rpm", "none")
+	m.SetCircuitState("mock", CircuitOpen)
+	rec := llm.Record{Route: llm.RouteChatCompletions, Stream: true, Status: 200, Interruption: llm.InterruptUpstreamEOF}
+	m.Observe(&rec, "m")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		for _, metric := range mf.GetMetric() {
+			for _, lp := range metric.GetLabel() {
+				names[lp.GetName()] = true
+			}
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("only %d label names gathered: %v", len(names), names)
+	}
+	for name := range names {
+		c := cfg
+		c.Metrics.Labels = map[string]string{name: "x"}
+		if err := c.Validate(); err == nil {
+			t.Errorf("constant label %q (a label of tollgate's own series) passes validation", name)
+		}
 	}
 }

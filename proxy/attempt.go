@@ -212,19 +212,31 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	// a model call; a file upload retried could be stored twice.
 	retryOK := ex.rec.Dialect != llm.DialectNone || ex.metered ||
 		r.Method == http.MethodGet || r.Method == http.MethodHead
+	// A caller's own key goes only where the route sends it first (or to
+	// upstreams that accept it): a key for one provider must not reach
+	// another's endpoint.
+	eligible := func(t target) bool {
+		return !callerKeyUp || t.up.origin == targets[0].up.origin || t.up.cfg.CallerKeysOnFallback
+	}
+	hasNext := func(ti int) bool {
+		for _, t := range targets[ti+1:] {
+			if eligible(t) {
+				return true
+			}
+		}
+		return false
+	}
 	var (
 		held       *failure
 		firstStart time.Time
 		last       *upstream
 		lastResult string
 		sent       bool
+		openFor    time.Duration // shortest wait until a skipped breaker half-opens
 	)
 	for ti, t := range targets {
 		up := t.up
-		if callerKeyUp && up.origin != targets[0].up.origin && !up.cfg.CallerKeysOnFallback {
-			// A caller's own key goes only where the route sends it first
-			// (or to upstreams that accept it): a key for one provider must
-			// not reach another's endpoint.
+		if !eligible(t) {
 			ex.skip(up, skipKeyScope)
 			continue
 		}
@@ -234,12 +246,10 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 			if !ok {
 				ex.skip(up, skipBreakerOpen)
 				last, lastResult = up, skipBreakerOpen
+				if d := up.retryIn(); d > 0 && (openFor == 0 || d < openFor) {
+					openFor = d
+				}
 				break
-			}
-			if n == 0 {
-				// A fallback is a first request to this upstream; its own
-				// retries are charged below, before their wait.
-				up.budget.recordRequest()
 			}
 			if firstStart.IsZero() {
 				firstStart = g.now()
@@ -263,10 +273,15 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				last, lastResult = up, why
 				break
 			}
+			if n == 0 {
+				// A fallback is a first request to this upstream; its own
+				// retries are charged below, before their wait.
+				up.budget.recordRequest()
+			}
 			if last != nil && last != up {
 				g.metrics.UpstreamFallback(last.cfg.Name, up.cfg.Name, lastResult)
 			}
-			mayRetry := retryOK && (n+1 < up.policy.maxAttempts || ti+1 < len(targets))
+			mayRetry := retryOK && (n+1 < up.policy.maxAttempts || hasNext(ti))
 			start := g.now()
 			ex.rec.Retrying = start.Sub(firstStart)
 			res := func() (res attemptResult) {
@@ -315,7 +330,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 			}
 			if why != "" {
 				g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
-				if ti+1 < len(targets) {
+				if hasNext(ti) {
 					g.metrics.UpstreamRetry(up.cfg.Name, res.result) // taken as a fallback
 				}
 				break
@@ -336,7 +351,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 			ex.waited(last)
 		}
 	case !sent:
-		ex.allUnavailable(targets)
+		ex.allUnavailable(openFor)
 	}
 }
 
@@ -387,15 +402,10 @@ func (ex *exchange) sleep(d time.Duration) bool {
 }
 
 // allUnavailable answers a request whose every upstream was skipped (open
-// breaker, full or timed-out queue): 503 with Retry-After, the shortest wait
-// until a breaker lets probes through (at least 1 s).
-func (ex *exchange) allUnavailable(targets []target) {
-	wait := time.Duration(-1)
-	for _, t := range targets {
-		if d := t.up.retryIn(); d > 0 && (wait < 0 || d < wait) {
-			wait = d
-		}
-	}
+// breaker, full or timed-out queue, a caller's key that may not go there):
+// 503 with Retry-After, the shortest wait until one of the skipped breakers
+// lets probes through (at least 1 s).
+func (ex *exchange) allUnavailable(wait time.Duration) {
 	if wait < time.Second {
 		wait = time.Second
 	}
@@ -598,6 +608,13 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 	ex.rec.Outcome = llm.OutcomeUpstreamError
 	ex.copyBody(ctx, io.MultiReader(bytes.NewReader(captured), resp.Body), errorCaptureLimit, false)
 	ex.rec.ErrorType = sseparse.ErrorTypeFromBody(ex.captured)
+	if !mayRetry {
+		// The body was not read before: judge the upstream's health on
+		// what was relayed (a quota error on the last attempt is not an
+		// outage either).
+		typ, code := errorFields(ex.captured)
+		res.healthy = res.healthy || neverRetryable(typ) || neverRetryable(code)
+	}
 	res.done = true
 	return res
 }

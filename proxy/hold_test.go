@@ -564,6 +564,14 @@ func TestHoldCapCommitsKeepAlives(t *testing.T) {
 // Before the fix the first quota answer opened the circuit and the second
 // request got the gateway's 503.
 func TestHoldQuotaDoesNotOpenBreaker(t *testing.T) {
+	// With retries possible the error body is read before deciding; on the
+	// last attempt (max_attempts 1) it is relayed first and judged after.
+	for _, attempts := range []int{3, 1} {
+		t.Run(fmt.Sprintf("max_attempts=%d", attempts), func(t *testing.T) { holdQuotaBreaker(t, attempts) })
+	}
+}
+
+func holdQuotaBreaker(t *testing.T, attempts int) {
 	const quota = `{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`
 	var hits atomic.Int32
 	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -581,6 +589,7 @@ func TestHoldQuotaDoesNotOpenBreaker(t *testing.T) {
 	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
 		u := &c.Upstreams[0]
 		u.Retry.BaseDelayMs, u.Retry.MaxDelayMs = 1, 2
+		u.Retry.MaxAttempts = attempts
 		u.Breaker.ConsecutiveFailures = 1
 	}, func(o *Options) { o.Now = newFakeClock().Now })
 	state := func() float64 {
@@ -842,5 +851,80 @@ func TestHoldProbeBrokenBeforeTokenReopens(t *testing.T) {
 	}
 	if s := state(); s != 2 {
 		t.Errorf("circuit state %v after a probe that broke before its first token, want 2 (open)", s)
+	}
+}
+
+// TestHoldErrorEventHealth: an error event before the first token whose type
+// is a quota, billing, key or request error is not an outage (the breaker
+// stays closed); one of an unknown type is taken for one.
+func TestHoldErrorEventHealth(t *testing.T) {
+	for _, c := range []struct {
+		typ       string
+		wantState float64
+	}{
+		{"insufficient_quota", metrics.CircuitClosed},
+		{"invalid_request_error", metrics.CircuitClosed},
+		{"mystery_error", metrics.CircuitOpen},
+	} {
+		t.Run(c.typ, func(t *testing.T) {
+			ev := `data: {"error":{"message":"no","type":"` + c.typ + `","param":null,"code":null}}` + "\n\n"
+			us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, openAIRole+ev)
+			}))
+			defer us.Close()
+			tg := newTestGatewayWith(t, us.URL, func(cfg *config.Config) {
+				cfg.Upstreams[0].Breaker.ConsecutiveFailures = 1
+			}, func(o *Options) { o.Now = newFakeClock().Now })
+			resp, body := post(t, tg.URL+"/v1/chat/completions", holdChat, nil)
+			rec := tg.record(t)
+			if resp.StatusCode != 200 || !strings.Contains(string(body), c.typ) || rec.AttemptCount != 1 {
+				t.Fatalf("status %d attempts %v body %q: want the upstream's error event, not retried",
+					resp.StatusCode, attemptList(rec), body)
+			}
+			s := metricValue(t, tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"})
+			if s != c.wantState {
+				t.Errorf("circuit state %v, want %v", s, c.wantState)
+			}
+		})
+	}
+}
+
+// TestHoldUnavailableRetryAfterFromSkippedBreakers: the 503 of a request
+// whose every upstream was skipped advertises the cooldown of the breakers
+// it skipped, not that of an upstream its key may not go to.
+func TestHoldUnavailableRetryAfterFromSkippedBreakers(t *testing.T) {
+	clk := newFakeClock()
+	primary := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	defer primary.Close()
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	defer other.Close()
+	tg := newTestGatewayWith(t, primary.URL, func(cfg *config.Config) {
+		u := &cfg.Upstreams[0]
+		u.Retry.MaxAttempts = 1
+		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds = 1, 30
+		b := config.DefaultUpstream()
+		b.Name, b.BaseURL = "other", other.URL
+		b.Retry.MaxAttempts = 1
+		b.Breaker.ConsecutiveFailures, b.Breaker.CooldownSeconds = 1, 2
+		cfg.Upstreams = append(cfg.Upstreams, b)
+	}, func(o *Options) { o.Now = clk.Now })
+	// A keyless request opens both breakers (primary, then the fallback).
+	post(t, tg.URL+"/v1/chat/completions", holdChatPlain, nil)
+	tg.record(t)
+	// A caller with a key may only go to the primary (another origin):
+	// its 503 must say 30 s, not the other upstream's 2 s.
+	resp, body := post(t, tg.URL+"/v1/chat/completions", holdChatPlain, map[string]string{"Authorization": "Bearer sk-caller"})
+	tg.record(t)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "30" {
+		t.Fatalf("status %d Retry-After %q body %s; want 503 with Retry-After 30", resp.StatusCode,
+			resp.Header.Get("Retry-After"), body)
 	}
 }

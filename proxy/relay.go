@@ -337,7 +337,10 @@ func (ex *exchange) heldFailure(st *streamState, resp *http.Response, held []byt
 	if errType != nil || why == llm.InterruptUpstreamErrorEvent {
 		status := errorEventStatus(errType)
 		retryable = status != 0 && retryableStatus(ex.up.policy, status, f.errType, "")
-		healthy = status != 0 && status < 500 && status != http.StatusTooManyRequests
+		// Quota, billing, key and request errors are not outages; an
+		// unknown type is taken for one.
+		healthy = neverRetryable(f.errType) ||
+			status != 0 && status < 500 && status != http.StatusTooManyRequests
 	}
 	if f.errType == "" && why == llm.InterruptProtocolError {
 		f.errType = "event_too_large"

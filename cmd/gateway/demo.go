@@ -367,9 +367,9 @@ func printDemoSpend(ctx context.Context, w io.Writer, gw *runningGateway) {
 }
 
 // demoFaults scripts upstream failures into the primary fake upstream, one
-// every 8 requests of the burst (a 429 with retry-after-ms, a 529 on every
-// attempt, a 503, a 500), so the demo shows the gateway retrying and falling
-// back while its callers see only successes. Spread over the burst, they do
+// every 8 requests of the burst (a 429 with retry-after-ms, three 529s, a
+// 503, a 500), so the demo shows the gateway retrying (and, when the 529s
+// meet one request, falling back) while its callers see only successes. Spread over the burst, they do
 // not add up to the breaker's 5 failures in a row.
 type demoFaults struct {
 	m        *mockllm.Server
@@ -382,7 +382,10 @@ func (f *demoFaults) before(i int) {
 	}
 	spec, times := []string{"status=429;retry-after-ms=30", "status=529", "status=503", "status=500"}[i/8%4], 1
 	if spec == "status=529" {
-		times = 3 // every attempt on the primary: the request falls back
+		// The next three answers; with requests in flight they may go to
+		// different requests (each then retried on the primary) or to one
+		// request's three attempts (which then falls back to mock-backup).
+		times = 3
 	}
 	if err := f.m.Inject(spec, times); err == nil {
 		f.injected += times
