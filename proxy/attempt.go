@@ -81,6 +81,16 @@ type phaseTimer struct {
 	// the next phase.
 	mu       sync.Mutex
 	deadline atomic.Int64
+	// now is the clock deadlines are read on (nil: time.Now); the gateway's,
+	// so that the relay can pass the time it already read to touchAt.
+	now func() time.Time
+}
+
+func (pt *phaseTimer) clock() time.Time {
+	if pt.now != nil {
+		return pt.now()
+	}
+	return time.Now()
 }
 
 func newPhaseTimer(cancel context.CancelCauseFunc, idle time.Duration) *phaseTimer {
@@ -90,7 +100,14 @@ func newPhaseTimer(cancel context.CancelCauseFunc, idle time.Duration) *phaseTim
 func (pt *phaseTimer) fire() {
 	pt.mu.Lock()
 	var cause error
-	if time.Now().UnixNano() >= pt.deadline.Load() {
+	now := pt.clock().UnixNano()
+	if d := pt.deadline.Load(); now < d {
+		// touch moved the idle deadline without resetting the timer:
+		// sleep again for what is left.
+		if pt.t != nil && pt.phase.Load() == phaseIdle && d != math.MaxInt64 {
+			pt.t.Reset(time.Duration(d - now))
+		}
+	} else {
 		switch pt.phase.Load() {
 		case phaseHeaders:
 			cause = errHeaderTimeout
@@ -112,7 +129,7 @@ func (pt *phaseTimer) enter(ph int32, d time.Duration) {
 	if d <= 0 {
 		pt.deadline.Store(math.MaxInt64)
 	} else {
-		pt.deadline.Store(time.Now().Add(d).UnixNano())
+		pt.deadline.Store(pt.clock().Add(d).UnixNano())
 	}
 	pt.phase.Store(ph)
 	pt.mu.Unlock()
@@ -131,13 +148,17 @@ func (pt *phaseTimer) enter(ph int32, d time.Duration) {
 // firstToken moves a stream whose first token arrived to its idle phase.
 func (pt *phaseTimer) firstToken() { pt.enter(phaseIdle, pt.idle) }
 
-// touch restarts the idle timer after a read.
-func (pt *phaseTimer) touch() {
-	if pt.idle > 0 && pt.t != nil && pt.phase.Load() == phaseIdle {
-		pt.mu.Lock()
-		pt.deadline.Store(time.Now().Add(pt.idle).UnixNano())
-		pt.mu.Unlock()
-		pt.t.Reset(pt.idle)
+// touch moves the idle deadline after a read. It only stores the new
+// deadline (no lock, no timer reset on every read): the timer, when it fires
+// early, finds the deadline moved and sleeps again for the rest. enter and
+// touch run on the relay's goroutine, so they cannot race each other.
+func (pt *phaseTimer) touch() { pt.touchAt(pt.clock()) }
+
+// touchAt is touch with the time of the read, which the relay has already
+// read from the same clock.
+func (pt *phaseTimer) touchAt(now time.Time) {
+	if pt.idle > 0 && pt.phase.Load() == phaseIdle {
+		pt.deadline.Store(now.Add(pt.idle).UnixNano())
 	}
 }
 
@@ -203,6 +224,7 @@ type attemptTrace struct {
 // (if any) is sent instead.
 func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	g, r := ex.g, ex.r
+	ex.callerKeyUp = callerKeyUp
 	targets := ex.targets(ex.rec.Model)
 	if len(targets) == 0 {
 		ex.fail(errNoUpstream(ex.rec.Dialect), llm.OutcomeBadRequest)
@@ -229,9 +251,12 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	var (
 		held       *failure
 		firstStart time.Time
-		last       *upstream
-		lastResult string
-		sent       bool
+		// tried is the last upstream attempted and its result; skipped
+		// the last one passed over and why: a fallback is counted from
+		// the former when there is one.
+		tried, skipped    *upstream
+		triedResult, skip string
+		sent              bool
 		openFor    time.Duration // shortest wait until a skipped breaker half-opens
 	)
 	for ti, t := range targets {
@@ -245,7 +270,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 			tk, ok := up.allow()
 			if !ok {
 				ex.skip(up, skipBreakerOpen)
-				last, lastResult = up, skipBreakerOpen
+				skipped, skip = up, skipBreakerOpen
 				if d := up.retryIn(); d > 0 && (openFor == 0 || d < openFor) {
 					openFor = d
 				}
@@ -270,7 +295,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 					why = skipQueueTimeout
 				}
 				ex.skip(up, why)
-				last, lastResult = up, why
+				skipped, skip = up, why
 				break
 			}
 			if n == 0 {
@@ -278,8 +303,13 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				// retries are charged below, before their wait.
 				up.budget.recordRequest()
 			}
-			if last != nil && last != up {
-				g.metrics.UpstreamFallback(last.cfg.Name, up.cfg.Name, lastResult)
+			if n == 0 && tried != nil {
+				// The request moves on after a failed attempt: a retry,
+				// taken as a fallback.
+				g.metrics.UpstreamRetry(tried.cfg.Name, triedResult)
+				g.metrics.UpstreamFallback(tried.cfg.Name, up.cfg.Name, triedResult)
+			} else if n == 0 && skipped != nil {
+				g.metrics.UpstreamFallback(skipped.cfg.Name, up.cfg.Name, skip)
 			}
 			mayRetry := retryOK && (n+1 < up.policy.maxAttempts || hasNext(ti))
 			start := g.now()
@@ -313,7 +343,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				ex.waited(up)
 				return
 			}
-			last, lastResult = up, res.result
+			tried, triedResult = up, res.result
 			wait, ok := up.policy.waitWithin(n, held.hint, g.now(), up.policy.budget-waited, jitter)
 			// Decided before the wait: a retry that will not be taken
 			// must not make the caller wait for it.
@@ -330,9 +360,6 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 			}
 			if why != "" {
 				g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
-				if hasNext(ti) {
-					g.metrics.UpstreamRetry(up.cfg.Name, res.result) // taken as a fallback
-				}
 				break
 			}
 			g.metrics.UpstreamRetry(up.cfg.Name, res.result)
@@ -347,8 +374,8 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	switch {
 	case held != nil:
 		ex.relayFailure(held)
-		if last != nil {
-			ex.waited(last)
+		if tried != nil {
+			ex.waited(tried)
 		}
 	case !sent:
 		ex.allUnavailable(openFor)
@@ -434,6 +461,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	defer cancelCause(nil)
 	cancel := func() { cancelCause(nil) }
 	pt := newPhaseTimer(cancelCause, up.idle)
+	pt.now = g.now
 	defer pt.stop()
 
 	in := ex.rec.Timing.In
@@ -542,7 +570,7 @@ func (ex *exchange) committed(status int) attemptResult {
 	case llm.OutcomeUpstreamError:
 		res.result, res.healthy = resultStreamBroken, false
 		if ex.rec.Interruption == llm.InterruptUpstreamErrorEvent {
-			res.result = resultErrorEvent
+			res.result, res.healthy = resultErrorEvent, ex.errorEventHealthy(ex.rec.ErrorType)
 		}
 	case llm.OutcomeClientCancel, llm.OutcomeShutdown:
 		res.result = resultClientGone
@@ -593,8 +621,7 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 	errType, errCode := errorFields(captured)
 	// Quota, billing, key and request errors are about the account or the
 	// request, not the upstream's health: they do not open its breaker.
-	res.healthy = st < 500 && st != http.StatusTooManyRequests && st != http.StatusRequestTimeout ||
-		neverRetryable(errType) || neverRetryable(errCode)
+	res.healthy = ex.answerHealthy(st, errType, errCode)
 	if complete && shouldRetry(ex.up.policy, st, resp.Header, errType, errCode) {
 		res.retryable = true
 		res.fail = &failure{result: res.result, status: st, header: resp.Header, body: captured,
@@ -613,10 +640,34 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 		// what was relayed (a quota error on the last attempt is not an
 		// outage either).
 		typ, code := errorFields(ex.captured)
-		res.healthy = res.healthy || neverRetryable(typ) || neverRetryable(code)
+		res.healthy = ex.answerHealthy(st, typ, code)
 	}
 	res.done = true
 	return res
+}
+
+// answerHealthy judges an upstream error answer for the breaker: 408, 429
+// and 5xx are the upstream's trouble; quota, billing, key and request errors
+// are about the account or the request; and when the caller's own key went
+// upstream (passthrough) a 429 is the caller's account's limit, which must
+// not open the circuit for every other caller.
+func (ex *exchange) answerHealthy(st int, errType, errCode string) bool {
+	switch {
+	case neverRetryable(errType) || neverRetryable(errCode):
+		return true
+	case st == http.StatusTooManyRequests:
+		return ex.callerKeyUp
+	}
+	return st < 500 && st != http.StatusRequestTimeout
+}
+
+// errorEventHealthy judges an error event the same way, by its type.
+func (ex *exchange) errorEventHealthy(errType string) bool {
+	st := errorEventStatus([]byte(errType))
+	if st == 0 {
+		return neverRetryable(errType) // an unknown type is taken for an outage
+	}
+	return ex.answerHealthy(st, errType, "")
 }
 
 // statusResult names an upstream error status.

@@ -63,6 +63,11 @@ func errUpstreamFailed() *apiError {
 		AnthropicKind: "api_error", Msg: "the upstream request failed"}
 }
 
+func errShuttingDown() *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "gateway_shutting_down",
+		AnthropicKind: "overloaded_error", Msg: "the gateway is shutting down; retry the request"}
+}
+
 func errUpstreamTimeout() *apiError {
 	return &apiError{Status: http.StatusGatewayTimeout, Kind: "server_error", Code: "upstream_timeout",
 		AnthropicKind: "timeout_error", Msg: "the upstream did not answer in time"}

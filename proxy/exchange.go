@@ -57,6 +57,9 @@ type exchange struct {
 	// half-open probe slot to its end.
 	tk      *ticket
 	tkEarly bool
+	// callerKeyUp: the caller's own key went upstream (passthrough), so a
+	// 429 describes the caller's account, not the upstream's health.
+	callerKeyUp bool
 
 	key        *keyEntry
 	lease      *ratelimit.Lease
@@ -144,8 +147,19 @@ func (ex *exchange) cancelledBy() (llm.Outcome, llm.Interruption) {
 
 // clientGone records that the caller left (or the gateway cancelled the
 // exchange) before an answer was sent.
+//
+// When the gateway cut it (the drain timeout ran out) and nothing was sent
+// yet, the caller is still there: it gets a 503 in its dialect with
+// Retry-After, not an empty answer that an SDK could take for a whole one
+// (a request waiting to retry meets this more often than any other).
 func (ex *exchange) clientGone() {
-	ex.rec.Outcome, _ = ex.cancelledBy()
+	o, _ := ex.cancelledBy()
+	if o == llm.OutcomeShutdown && !ex.headersSent {
+		setRetryAfter(ex.w.Header(), time.Second)
+		ex.fail(errShuttingDown(), llm.OutcomeShutdown)
+		return
+	}
+	ex.rec.Outcome = o
 	ex.rec.Status = statusClientClosed
 	ex.rec.Timing.End = ex.g.now()
 }

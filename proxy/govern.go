@@ -325,6 +325,13 @@ func (ex *exchange) billable() (llm.Usage, bool) {
 		// upstream error or a caller gone before the answer is not billed.
 		return llm.Usage{}, false
 	}
+	if rec.Interruption == llm.InterruptUpstreamErrorEvent && rec.TokenEvents == 0 &&
+		!rec.Usage.HasInput && !rec.Usage.HasOutput {
+		// A stream that was only an error event (a 200 carrying what
+		// would otherwise be an error answer): nothing to bill, as for the
+		// same error answered as a status.
+		return llm.Usage{}, false
+	}
 	u := rec.Usage
 	if !u.HasInput {
 		u.Input = max(ex.promptEstimate, 0)

@@ -928,3 +928,26 @@ func TestHoldUnavailableRetryAfterFromSkippedBreakers(t *testing.T) {
 			resp.Header.Get("Retry-After"), body)
 	}
 }
+
+// TestHoldTouchMovesIdleDeadline: a read during the idle phase moves the
+// deadline, and a timer that fires before it sleeps again instead of
+// cutting the stream; once the deadline has passed, it cuts it with the idle
+// cause. fire is called by hand, so no timing decides the result.
+func TestHoldTouchMovesIdleDeadline(t *testing.T) {
+	var causes []error
+	pt := newPhaseTimer(func(c error) { causes = append(causes, c) }, time.Hour)
+	pt.t = time.AfterFunc(time.Hour, func() {}) // a timer fire may re-arm; never runs here
+	defer pt.t.Stop()
+	pt.phase.Store(phaseIdle)
+	pt.deadline.Store(0) // the idle phase ran out...
+	pt.touch()           // ...but a read just came
+	pt.fire()
+	if len(causes) != 0 {
+		t.Fatalf("fire after a read cut the stream with %v", causes)
+	}
+	pt.deadline.Store(0)
+	pt.fire()
+	if len(causes) != 1 || !errors.Is(causes[0], errIdleTimeout) {
+		t.Fatalf("fire past the deadline: causes %v, want the idle timeout", causes)
+	}
+}

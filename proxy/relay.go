@@ -193,7 +193,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 		now := g.now()
 		end += n
 		if n > 0 {
-			pt.touch()
+			pt.touchAt(now)
 			if !committed && now.Sub(holdStart) >= holdCap {
 				// Held long enough: let the upstream's keep-alives and
 				// pings reach the caller (and its proxies) again.
@@ -337,10 +337,7 @@ func (ex *exchange) heldFailure(st *streamState, resp *http.Response, held []byt
 	if errType != nil || why == llm.InterruptUpstreamErrorEvent {
 		status := errorEventStatus(errType)
 		retryable = status != 0 && retryableStatus(ex.up.policy, status, f.errType, "")
-		// Quota, billing, key and request errors are not outages; an
-		// unknown type is taken for one.
-		healthy = neverRetryable(f.errType) ||
-			status != 0 && status < 500 && status != http.StatusTooManyRequests
+		healthy = ex.errorEventHealthy(f.errType)
 	}
 	if f.errType == "" && why == llm.InterruptProtocolError {
 		f.errType = "event_too_large"

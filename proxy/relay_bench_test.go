@@ -76,6 +76,9 @@ type relayHarness struct {
 	// hold relays as when another attempt could follow: the opening
 	// events wait for the first token.
 	hold bool
+	// idle arms the phase timer's idle timeout (as the default 300 s does
+	// in production), so every read pays for touch.
+	idle time.Duration
 }
 
 func newRelayHarness(tb testing.TB, events int, native bool) *relayHarness {
@@ -93,6 +96,10 @@ func (h *relayHarness) run(ex *exchange, body *piecesReader) {
 	body.pieces = append(body.pieces[:0], h.src...)
 	body.i = 0
 	h.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
+	h.pt.idle = h.idle
+	if h.pt.cancel == nil {
+		h.pt.cancel = func(error) {}
+	}
 	ex.relay(context.Background(), func() {}, &h.resp, h.hold, &h.pt)
 }
 
@@ -139,11 +146,13 @@ func BenchmarkRelay(b *testing.B) {
 	for _, c := range []struct {
 		events int
 		hold   bool
-	}{{64, false}, {1024, false}, {64, true}, {1024, true}} {
+		idle   time.Duration
+	}{{64, false, 0}, {1024, false, 0}, {64, true, 0}, {1024, true, 0}, {1024, true, 300 * time.Second}} {
 		events := c.events
-		b.Run(fmt.Sprintf("events=%d/hold=%v", events, c.hold), func(b *testing.B) {
+		b.Run(fmt.Sprintf("events=%d/hold=%v/idle=%s", events, c.hold, c.idle), func(b *testing.B) {
 			h := newRelayHarness(b, events, true)
-			h.hold = c.hold
+			h.hold, h.idle = c.hold, c.idle
+			defer h.pt.stop()
 			var ex exchange
 			var body piecesReader
 			h.run(&ex, &body)
