@@ -257,7 +257,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 		tried, skipped    *upstream
 		triedResult, skip string
 		sent              bool
-		openFor    time.Duration // shortest wait until a skipped breaker half-opens
+		openFor           time.Duration // shortest wait until a skipped breaker half-opens
 	)
 	for ti, t := range targets {
 		up := t.up
