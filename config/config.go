@@ -207,7 +207,8 @@ type Retry struct {
 // Breaker is an [upstreams.breaker] table: the circuit breaker that stops
 // sending requests to an upstream that keeps failing. Failures are
 // connection errors, timeouts, 408, 429, 5xx and streams the upstream broke;
-// quota, billing, key and invalid-request errors are not.
+// quota, billing, key and invalid-request errors are not, nor is a 429 to a
+// passthrough caller's own key.
 type Breaker struct {
 	// Enabled turns the breaker on. Default true.
 	Enabled bool `toml:"enabled"`
