@@ -202,8 +202,8 @@ func (t *ticket) done(success bool) {
 }
 
 // release gives the ticket back without an outcome: the request it was
-// taken for was never sent (its retry budget or the upstream's queue said
-// no). A half-open probe slot is freed for another request. A second call,
+// taken for was never sent (the upstream's shaping queue refused it). A
+// half-open probe slot is freed for another request. A second call,
 // or a call after done, does nothing.
 func (t *ticket) release() {
 	b := t.b
