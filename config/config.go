@@ -188,8 +188,9 @@ type Retry struct {
 	// its Retry-After). Default 30.
 	MaxWaitSeconds float64 `toml:"max_wait_seconds"`
 	// Statuses are the upstream HTTP statuses worth another attempt.
-	// Connection errors before a response, stalls and a stream whose first
-	// event is an error are retried too. Errors no retry can fix
+	// Connection errors before a response and stalls are retried too, and
+	// so is an error event before a stream's first token whose type stands
+	// for one of these statuses (overloaded_error for 529, ...). Errors no retry can fix
 	// (insufficient_quota and other billing errors, authentication,
 	// permission and invalid-request errors) never are. Default
 	// [408, 409, 429, 500, 502, 503, 504, 529].

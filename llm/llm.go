@@ -259,8 +259,9 @@ type Record struct {
 	Goodput      SLO
 	BytesOut     int64
 
-	// Attempts lists the first MaxRecordedAttempts upstream attempts, in
-	// order; AttemptCount counts them all. RetryWait is the time spent
+	// Attempts lists the upstream attempts in order, at most
+	// MaxRecordedAttempts: the first ones and the last (see AddAttempt);
+	// AttemptCount counts them all. RetryWait is the time spent
 	// waiting between attempts (backoff and Retry-After), and QueueWait in
 	// upstreams' shaping queues.
 	Attempts     [MaxRecordedAttempts]Attempt
@@ -293,11 +294,11 @@ type Attempt struct {
 	Duration time.Duration
 }
 
-// AddAttempt appends a to the record's attempts.
+// AddAttempt appends a to the record's attempts. Past MaxRecordedAttempts
+// it takes the last place, so the attempt that ended the request is always
+// listed.
 func (r *Record) AddAttempt(a Attempt) {
-	if r.AttemptCount < MaxRecordedAttempts {
-		r.Attempts[r.AttemptCount] = a
-	}
+	r.Attempts[min(r.AttemptCount, MaxRecordedAttempts-1)] = a
 	r.AttemptCount++
 }
 

@@ -306,7 +306,7 @@ func (m *Metrics) UpstreamRetry(upstream, reason string) {
 
 // UpstreamRetrySkipped counts a retry not taken after a failed attempt on
 // upstream, by why: budget, wait_too_long, attempts, breaker_open,
-// queue_full, queue_timeout.
+// queue_full, queue_timeout, key_scope.
 func (m *Metrics) UpstreamRetrySkipped(upstream, why string) {
 	m.retriesSkipped.WithLabelValues(upstream, why).Inc()
 }

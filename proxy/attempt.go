@@ -67,8 +67,8 @@ const (
 
 // phaseTimer cancels an attempt whose current phase outlasts its timeout,
 // with the phase's error as the context's cause. One timer serves every
-// phase; it is reset on each read while the stream is in its idle phase
-// (time.Timer.Reset does not allocate).
+// phase; in the idle phase a read only moves the deadline (touchAt), and the
+// timer, firing before it, re-arms itself for the rest.
 type phaseTimer struct {
 	t      *time.Timer
 	phase  atomic.Int32
@@ -188,8 +188,6 @@ type failure struct {
 	interrupt llm.Interruption
 	errType   string
 	upReqID   string
-	// hint is the upstream's Retry-After header set, for the next wait.
-	hint http.Header
 	// usage is what a held stream reported before it failed.
 	usage llm.Usage
 }
@@ -320,6 +318,13 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				defer func() { // a panic counts as a failure
 					early := ex.tkEarly
 					ex.tk = nil
+					if res.result == resultClientGone {
+						// No verdict on the upstream: a caller that gives up
+						// on a hanging upstream must not close its breaker
+						// (nor, closed, reset its count of failures).
+						tk.release()
+						return
+					}
 					tk.done(res.healthy)
 					if early && !res.healthy && up.breaker != nil {
 						// The stream was reported healthy at its first
@@ -334,17 +339,17 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 				Duration: g.now().Sub(start)})
 			g.metrics.UpstreamAttempt(up.cfg.Name, res.result)
 			if res.done {
-				ex.waited(up)
+				ex.reportRetryWait(up)
 				return
 			}
 			held = res.fail
 			if !res.retryable || !retryOK || !ex.repeatable(res) {
 				ex.relayFailure(held)
-				ex.waited(up)
+				ex.reportRetryWait(up)
 				return
 			}
 			tried, triedResult = up, res.result
-			wait, ok := up.policy.waitWithin(n, held.hint, g.now(), up.policy.budget-waited, jitter)
+			wait, ok := up.policy.waitWithin(n, held.header, g.now(), up.policy.maxWait-waited, jitter)
 			// Decided before the wait: a retry that will not be taken
 			// must not make the caller wait for it.
 			why := ""
@@ -375,7 +380,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	case held != nil:
 		ex.relayFailure(held)
 		if tried != nil {
-			ex.waited(tried)
+			ex.reportRetryWait(tried)
 		}
 	case !sent:
 		ex.allUnavailable(openFor)
@@ -398,9 +403,9 @@ func (ex *exchange) repeatable(res attemptResult) bool {
 	return res.status == http.StatusServiceUnavailable
 }
 
-// waited reports the request's retry waits, once, under the upstream that
-// answered it.
-func (ex *exchange) waited(up *upstream) {
+// reportRetryWait reports the request's retry waits, once, under the
+// upstream that answered it.
+func (ex *exchange) reportRetryWait(up *upstream) {
 	if ex.rec.RetryWait > 0 {
 		ex.g.metrics.RetryWait(up.cfg.Name, ex.rec.RetryWait)
 	}
@@ -564,8 +569,11 @@ func (ex *exchange) committed(status int) attemptResult {
 	switch ex.rec.Outcome {
 	case llm.OutcomeUpstreamTimeout:
 		res.result, res.healthy = resultTimeout, false
-		if ex.rec.Interruption == llm.InterruptIdleTimeout {
+		switch {
+		case ex.rec.Interruption == llm.InterruptIdleTimeout:
 			res.result = resultIdleTimeout
+		case ex.firstTokenCut:
+			res.result = resultFirstTokenTimeout
 		}
 	case llm.OutcomeUpstreamError:
 		res.result, res.healthy = resultStreamBroken, false
@@ -626,7 +634,7 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 		res.retryable = true
 		res.fail = &failure{result: res.result, status: st, header: resp.Header, body: captured,
 			outcome: llm.OutcomeUpstreamError, errType: sseparse.ErrorTypeFromBody(captured),
-			upReqID: ex.rec.UpstreamRequestID, hint: resp.Header}
+			upReqID: ex.rec.UpstreamRequestID}
 		return res
 	}
 	// Not retried: relay the answer now, the part already read first.
@@ -743,6 +751,10 @@ func errorEventStatus(errType []byte) int {
 		return http.StatusTooManyRequests
 	case "timeout_error":
 		return http.StatusGatewayTimeout
+	case "not_found_error":
+		return http.StatusNotFound
+	case "request_too_large":
+		return http.StatusRequestEntityTooLarge
 	case "service_unavailable", "ServiceUnavailableError":
 		return http.StatusServiceUnavailable
 	}

@@ -183,6 +183,8 @@ func TestErrorEventStatus(t *testing.T) {
 		{"rate_limit_error", 429},
 		{"rate_limit_exceeded", 429},
 		{"timeout_error", 504},
+		{"not_found_error", 404},
+		{"request_too_large", 413},
 		{"service_unavailable", 503},
 		{"ServiceUnavailableError", 503},
 		{"503", 503},

@@ -168,8 +168,8 @@ func (b *breaker) allow() (ticket, bool) {
 
 // done records whether the request succeeded. What counts as a failure
 // (5xx, 429, connection error, timeout) is the caller's decision; a request
-// the client abandoned should count as a success, or it would blame the
-// upstream. A second call, or a call on a rejected ticket, does nothing.
+// the client abandoned is no verdict either way and should be released
+// instead. A second call, or a call on a rejected ticket, does nothing.
 func (t *ticket) done(success bool) {
 	b := t.b
 	if b == nil {

@@ -60,6 +60,8 @@ type exchange struct {
 	// callerKeyUp: the caller's own key went upstream (passthrough), so a
 	// 429 describes the caller's account, not the upstream's health.
 	callerKeyUp bool
+	// firstTokenCut: the first-token timer ended a committed stream.
+	firstTokenCut bool
 
 	key        *keyEntry
 	lease      *ratelimit.Lease

@@ -325,11 +325,11 @@ func (ex *exchange) billable() (llm.Usage, bool) {
 		// upstream error or a caller gone before the answer is not billed.
 		return llm.Usage{}, false
 	}
-	if rec.Interruption == llm.InterruptUpstreamErrorEvent && rec.TokenEvents == 0 &&
-		!rec.Usage.HasInput && !rec.Usage.HasOutput {
-		// A stream that was only an error event (a 200 carrying what
-		// would otherwise be an error answer): nothing to bill, as for the
-		// same error answered as a status.
+	if (rec.Outcome == llm.OutcomeUpstreamError || rec.Outcome == llm.OutcomeUpstreamTimeout) &&
+		rec.Stream && rec.TokenEvents == 0 && !rec.Usage.HasInput && !rec.Usage.HasOutput {
+		// A stream the upstream failed before any token and any usage (an
+		// error event, a break, a stall): a 200 carrying what would
+		// otherwise be an error answer, and not billed, as that is not.
 		return llm.Usage{}, false
 	}
 	u := rec.Usage

@@ -33,6 +33,8 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/spend"
 )
 
 // holdChat is a streamed chat request that does not ask for usage, so the
@@ -949,5 +951,149 @@ func TestHoldTouchMovesIdleDeadline(t *testing.T) {
 	pt.fire()
 	if len(causes) != 1 || !errors.Is(causes[0], errIdleTimeout) {
 		t.Fatalf("fire past the deadline: causes %v, want the idle timeout", causes)
+	}
+}
+
+// TestHoldProbeCallerLeavesNoVerdict: a half-open probe whose caller gives
+// up on a hanging upstream is no verdict: the breaker stays half-open (it
+// does not close and flood a dead upstream), and the probe slot is free for
+// the next request, whose success closes it.
+func TestHoldProbeCallerLeavesNoVerdict(t *testing.T) {
+	clk := newFakeClock()
+	var hits atomic.Int32
+	got := make(chan struct{}, 1)
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch hits.Add(1) {
+		case 1:
+			w.WriteHeader(http.StatusInternalServerError)
+		case 2: // hangs until the caller leaves
+			got <- struct{}{}
+			<-r.Context().Done()
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+		}
+	}))
+	defer us.Close()
+	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
+		u := &c.Upstreams[0]
+		u.Retry.MaxAttempts = 1
+		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 1, 5, 1
+	}, func(o *Options) { o.Now = clk.Now })
+	state := func() float64 {
+		return metricValue(t, tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"})
+	}
+	post(t, tg.URL+"/v1/chat/completions", holdChatPlain, nil)
+	tg.record(t)
+	if s := state(); s != metrics.CircuitOpen {
+		t.Fatalf("circuit state %v after a 500, want open", s)
+	}
+	clk.Advance(6 * time.Second)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tg.URL+"/v1/chat/completions", strings.NewReader(holdChatPlain))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the probe never reached the upstream")
+	}
+	cancel()
+	<-done
+	if rec := tg.record(t); rec.AttemptCount != 1 || rec.Attempts[0].Result != resultClientGone {
+		t.Fatalf("probe attempts %v, want one client_gone", attemptList(rec))
+	}
+	if s := state(); s != metrics.CircuitHalfOpen {
+		t.Fatalf("circuit state %v after the probe's caller left, want half-open (no verdict)", s)
+	}
+	resp, body := post(t, tg.URL+"/v1/chat/completions", holdChatPlain, nil)
+	tg.record(t)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("next request: %d %s; want the probe slot free and the upstream's answer", resp.StatusCode, body)
+	}
+	if s := state(); s != metrics.CircuitClosed {
+		t.Errorf("circuit state %v after a successful probe, want closed", s)
+	}
+}
+
+// TestHoldStreamFailedBeforeTokenNotBilled: a stream the upstream breaks
+// before any token and any usage is not billed, like an error answer; one
+// that broke after a token is.
+func TestHoldStreamFailedBeforeTokenNotBilled(t *testing.T) {
+	for _, c := range []struct {
+		fault  string
+		billed bool
+	}{{"disconnect=0", false}, {"disconnect=1", true}} {
+		t.Run(c.fault, func(t *testing.T) {
+			m := mockllm.New(mockllm.Options{OutputTokens: 4})
+			us := httptest.NewServer(m)
+			defer us.Close()
+			ledger, err := spend.NewLocal(spend.LocalOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = ledger.Close() }()
+			tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
+				cf.Upstreams[0].Retry.MaxAttempts = 1
+				cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}
+			}, func(o *Options) { o.Ledger = ledger })
+			body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"` +
+				strings.Repeat("x", 4000) + `"}]}`
+			post(t, tg.URL+"/v1/chat/completions", body, map[string]string{"X-Mock-Fault": c.fault})
+			rec := tg.record(t)
+			if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptUpstreamEOF {
+				t.Fatalf("record %s / %s, want upstream_error / upstream_eof", rec.Outcome, rec.Interruption)
+			}
+			rows, err := ledger.Query(context.Background(), spend.Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if billed := rec.CostMicros > 0 && len(rows) == 1; billed != c.billed {
+				t.Errorf("billed %v (record %d µ$, ledger %+v), want %v", billed, rec.CostMicros, rows, c.billed)
+			}
+		})
+	}
+}
+
+// TestHoldCommittedFirstTokenCutLabelled: a stream committed at once (no
+// retry left) and cut by the first-token timer is recorded as
+// first_token_timeout, as a held one is.
+func TestHoldCommittedFirstTokenCutLabelled(t *testing.T) {
+	m := mockllm.New(mockllm.Options{OutputTokens: 2})
+	us := httptest.NewServer(m)
+	defer us.Close()
+	tg := newTestGateway(t, us.URL, func(c *config.Config) {
+		c.Upstreams[0].Retry.MaxAttempts = 1
+		c.Upstreams[0].FirstTokenTimeoutSeconds = 0.05
+	})
+	post(t, tg.URL+"/v1/chat/completions", holdChat, map[string]string{"X-Mock-Fault": "hang=0"})
+	rec := tg.record(t)
+	if rec.AttemptCount != 1 || rec.Attempts[0].Result != resultFirstTokenTimeout {
+		t.Fatalf("attempts %v, want one first_token_timeout", attemptList(rec))
+	}
+}
+
+// TestHoldAttemptsKeepTheLast: past MaxRecordedAttempts the record keeps the
+// first attempts and the last one, which ended the request.
+func TestHoldAttemptsKeepTheLast(t *testing.T) {
+	var rec llm.Record
+	for i := range llm.MaxRecordedAttempts + 3 {
+		rec.AddAttempt(llm.Attempt{Upstream: "u" + strconv.Itoa(i)})
+	}
+	last := llm.MaxRecordedAttempts - 1
+	if rec.AttemptCount != llm.MaxRecordedAttempts+3 || rec.Attempts[0].Upstream != "u0" ||
+		rec.Attempts[last-1].Upstream != "u"+strconv.Itoa(last-1) ||
+		rec.Attempts[last].Upstream != "u"+strconv.Itoa(llm.MaxRecordedAttempts+2) {
+		t.Fatalf("count %d, attempts %+v", rec.AttemptCount, rec.Attempts)
 	}
 }

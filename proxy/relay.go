@@ -416,6 +416,7 @@ func (ex *exchange) streamEnded(ctx context.Context, cancel context.CancelFunc, 
 		// The attempt's total or first-token timeout.
 		ex.rec.Outcome = llm.OutcomeUpstreamTimeout
 		ex.rec.Interruption = llm.InterruptTimeout
+		ex.firstTokenCut = errors.Is(context.Cause(ctx), errFirstTokenTimeout)
 	default:
 		// The body broke or ended without [DONE] / message_stop: a
 		// truncated stream, never a success (STYLE 12).

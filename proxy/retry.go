@@ -18,9 +18,9 @@ type retryPolicy struct {
 	// multiplier per retry up to max.
 	base, max  time.Duration
 	multiplier float64
-	// budget is the total time allowed for waiting between attempts of one
-	// request; a wait that would not fit is not taken.
-	budget time.Duration
+	// maxWait is the total time allowed for waiting between attempts of one
+	// request on this upstream; a wait that would not fit is not taken.
+	maxWait time.Duration
 	// statuses are the upstream HTTP statuses worth another attempt.
 	statuses map[int]bool
 }
@@ -35,7 +35,7 @@ func defaultRetryPolicy() retryPolicy {
 		base:        250 * time.Millisecond,
 		max:         8 * time.Second,
 		multiplier:  2,
-		budget:      30 * time.Second,
+		maxWait:     30 * time.Second,
 		statuses: map[int]bool{
 			http.StatusRequestTimeout:      true, // 408
 			http.StatusConflict:            true, // 409
@@ -95,7 +95,7 @@ func (p retryPolicy) backoff(retry int, rnd func() float64) time.Duration {
 }
 
 // maxHint is what an overlong but finite hint saturates to: "not soon" must
-// stop the retry (see wait), not fall back to a short backoff.
+// stop the retry (see waitWithin), not fall back to a short backoff.
 const maxHint = time.Duration(math.MaxInt64)
 
 // retryAfterHint reads the upstream's wait hint in the order the official
@@ -139,11 +139,11 @@ func parseHintUnits(v string, unit float64) (time.Duration, bool) {
 	return time.Duration(d), true
 }
 
-// wait is waitWithin with the whole of p.budget remaining. It is exact for
+// wait is waitWithin with the whole of p.maxWait remaining. It is exact for
 // the first retry only; callers that have already waited should call
 // waitWithin with what is left.
 func (p retryPolicy) wait(retry int, h http.Header, now time.Time, rnd func() float64) (time.Duration, bool) {
-	return p.waitWithin(retry, h, now, p.budget, rnd)
+	return p.waitWithin(retry, h, now, p.maxWait, rnd)
 }
 
 // waitWithin returns how long to wait before the retry that follows retry

@@ -96,7 +96,7 @@ func policyFrom(r config.Retry) retryPolicy {
 		base:        config.Millis(r.BaseDelayMs),
 		max:         config.Millis(r.MaxDelayMs),
 		multiplier:  r.Multiplier,
-		budget:      config.Seconds(r.MaxWaitSeconds),
+		maxWait:     config.Seconds(r.MaxWaitSeconds),
 		statuses:    make(map[int]bool, len(r.Statuses)),
 	}
 	for _, s := range r.Statuses {

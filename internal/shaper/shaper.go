@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +52,7 @@ type Shaper struct {
 	// number of waiting requests each time a request joins or leaves the
 	// queue (for a gauge); only requests that wait pay for it.
 	OnWaiting func(waiting int)
+	waitMu    sync.Mutex
 
 	// now is the clock given to the limiter and used to measure waits.
 	// Tests replace it to place rate turns at synthetic instants.
@@ -126,14 +128,10 @@ func (s *Shaper) wait(ctx context.Context, haveSlot bool) (time.Duration, error)
 		return 0, ErrQueueFull
 	}
 	defer func() {
-		n := s.waiting.Add(-1)
-		if s.OnWaiting != nil {
-			s.OnWaiting(int(n))
-		}
+		s.waiting.Add(-1)
+		s.reportWaiting()
 	}()
-	if s.OnWaiting != nil {
-		s.OnWaiting(int(s.waiting.Load()))
-	}
+	s.reportWaiting()
 	if s.queueTimeout <= 0 {
 		if haveSlot {
 			s.releaseSlot()
@@ -191,6 +189,18 @@ func (s *Shaper) wait(ctx context.Context, haveSlot bool) (time.Duration, error)
 	}
 	s.inflight.Add(1)
 	return s.now().Sub(start), nil
+}
+
+// reportWaiting calls OnWaiting with the queue's length, read under a lock
+// so that two requests leaving together cannot report out of order (the
+// last report is always the current length).
+func (s *Shaper) reportWaiting() {
+	if s.OnWaiting == nil {
+		return
+	}
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	s.OnWaiting(int(s.waiting.Load()))
 }
 
 // enqueue counts the request as waiting, or reports false when queueSize
