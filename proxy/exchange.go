@@ -49,12 +49,9 @@ type exchange struct {
 	// whose upstream reported no usage in an input-size bucket.
 	promptEstimate int64
 
-	// Governance: the caller's [[keys]] entry (nil if none), its lease when
-	// a limiter admitted it, the limiter's RPM/TPM states for the
-	// rate-limit headers, and the cost billed.
 	// tk is the breaker ticket of the attempt in progress; a stream reports
-	// it healthy at commit (tkEarly), so a long stream does not hold a
-	// half-open probe slot to its end.
+	// it healthy at its first token (tkEarly), so a long stream does not
+	// hold a half-open probe slot to its end.
 	tk      *ticket
 	tkEarly bool
 	// callerKeyUp: the caller's own key went upstream (passthrough), so a
@@ -63,6 +60,9 @@ type exchange struct {
 	// firstTokenCut: the first-token timer ended a committed stream.
 	firstTokenCut bool
 
+	// Governance: the caller's [[keys]] entry (nil if none), its lease when
+	// a limiter admitted it, the limiter's RPM/TPM states for the
+	// rate-limit headers, and the cost billed.
 	key        *keyEntry
 	lease      *ratelimit.Lease
 	rlStates   []ratelimit.State
