@@ -1,0 +1,366 @@
+// Package stats keeps recent request figures in memory and serves them as
+// JSON on /stats (issue 5): per route, model label and team, over the last
+// minute, 5 minutes and hour, the count, mean, P50/P95/P99 and max of TTFT,
+// TPOT, ITL, E2E and gateway overhead, output tokens per second, goodput
+// with the SLO each bad request broke first, and outcome counts.
+//
+// Quantiles come from a log-bucketed sketch in the style of DDSketch: fixed
+// buckets at powers of γ = (1+α)/(1−α) with α = 1% between 1 µs and 1 h, so
+// a reported quantile is within 1% of the true value at its rank (values
+// outside that range are clamped to it, and to the exact min and max).
+// Sketches with the same layout merge by adding counts, which is how the
+// time slices of a window are combined; the merged answer is as exact as a
+// single sketch over all the values.
+//
+// Which records feed which figure mirrors package metrics: TTFT only for
+// streams whose first token reached the client, TPOT for streams with at
+// least two output tokens, E2E when positive, overhead once the request was
+// sent upstream, goodput for the chat and messages routes.
+package stats
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// figure indexes the sketched figures.
+type figure int
+
+const (
+	figTTFT figure = iota
+	figTPOT
+	figITL
+	figE2E
+	figOverhead
+	nFigures
+)
+
+const (
+	nOutcomes = int(llm.OutcomeShutdown) + 1
+	nSLOs     = int(llm.SLOFailed) + 1
+
+	// sliceShort and sliceLong are the slice widths of the two rings: the
+	// 1m and 5m windows are read from 30 slices of 10 s, the 1h window
+	// from 60 slices of one minute.
+	sliceShort = 10 * time.Second
+	sliceLong  = time.Minute
+
+	// maxGroups bounds the groups kept. Route, model label and team come
+	// from closed sets, so this is a backstop: past it, new groups fold
+	// into model "other" (and team "other").
+	maxGroups = 1024
+
+	// teamNone is the team of records without one, as in package metrics;
+	// it keeps team "" free for the team-less ITL groups.
+	teamNone   = "none"
+	labelOther = "other"
+)
+
+// windowSpec describes one reported window.
+type windowSpec struct {
+	name   string
+	ring   int           // index into group.rings
+	width  time.Duration // that ring's slice width
+	slices int64         // slices of that ring in the window, the current one included
+}
+
+// The windows span whole slices, so 6 slices of 10 s make the 1m window: a
+// value leaves it between 50 and 60 s after it was added, never later.
+var windowSpecs = [...]windowSpec{
+	{"1m", 0, sliceShort, 6},
+	{"5m", 0, sliceShort, 30},
+	{"1h", 1, sliceLong, 60},
+}
+
+// counters are the exact counts of one slice.
+type counters struct {
+	requests     int64
+	outcomes     [nOutcomes]int64
+	goodput      [nSLOs]int64 // by llm.SLO; only for the chat and messages routes
+	outputTokens int64
+}
+
+func (c *counters) merge(o *counters) {
+	c.requests += o.requests
+	for i, n := range o.outcomes {
+		c.outcomes[i] += n
+	}
+	for i, n := range o.goodput {
+		c.goodput[i] += n
+	}
+	c.outputTokens += o.outputTokens
+}
+
+// active is the slice being written: dense sketches, so that adding to it is
+// O(1) and allocation-free.
+type active struct {
+	stamp int64 // slice number: elapsed time since start / ring width
+	counters
+	figs [nFigures]*sketch // nil until the figure is seen in the slice
+}
+
+func (a *active) fig(f figure) *sketch {
+	s := a.figs[f]
+	if s == nil {
+		s = newSketch()
+		a.figs[f] = s
+	}
+	return s
+}
+
+// slot is a closed slice, its sketches compacted.
+type slot struct {
+	stamp int64 // slice number; noStamp when never written
+	counters
+	figs [nFigures]*compact // kept once allocated, to reuse its storage
+}
+
+const noStamp = -1 << 63
+
+// ring is one group's slices of one width. Slot i holds the closed slice
+// whose number is i modulo the ring's length; a slot is valid for a window
+// only when its stamp falls in it, which is how old slices drop out without
+// a goroutine.
+type ring struct {
+	width int64 // nanoseconds
+	cur   active
+	slots []slot
+}
+
+func newRing(width time.Duration, n int, stamp int64) ring {
+	r := ring{width: int64(width), cur: active{stamp: stamp}, slots: make([]slot, n)}
+	for i := range r.slots {
+		r.slots[i].stamp = noStamp
+	}
+	return r
+}
+
+// advance makes slice sn the current one, closing the current slice into
+// its slot. A slice number at or before the current one (a clock that went
+// back) keeps the current slice, so stamps only grow.
+func (r *ring) advance(sn int64) {
+	if sn <= r.cur.stamp {
+		return
+	}
+	sl := &r.slots[mod(r.cur.stamp, int64(len(r.slots)))]
+	sl.stamp = r.cur.stamp
+	sl.counters = r.cur.counters
+	for f, d := range r.cur.figs {
+		c := sl.figs[f]
+		if d != nil && d.n > 0 {
+			if c == nil {
+				c = &compact{}
+				sl.figs[f] = c
+			}
+			c.fill(d)
+			d.reset()
+			continue
+		}
+		if d != nil {
+			// Unused for a whole slice: let the 4.4 KB dense sketch go;
+			// the next value allocates it again.
+			r.cur.figs[f] = nil
+		}
+		if c != nil {
+			c.empty()
+		}
+	}
+	r.cur.stamp = sn
+	r.cur.counters = counters{}
+}
+
+// groupKey identifies a group. ITL groups have team "".
+type groupKey struct {
+	route llm.Route
+	model string
+	team  string
+}
+
+type group struct {
+	key   groupKey
+	mu    sync.Mutex
+	rings [2]ring // sliceShort ×30, sliceLong ×60
+}
+
+func newGroup(k groupKey, e int64) *group {
+	g := &group{key: k}
+	g.rings[0] = newRing(sliceShort, 30, floorDiv(e, int64(sliceShort)))
+	g.rings[1] = newRing(sliceLong, 60, floorDiv(e, int64(sliceLong)))
+	return g
+}
+
+// stale reports whether every slice of g is older than the longest window
+// at elapsed time e. Called with g.mu held.
+func (g *group) stale(e int64) bool {
+	r := &g.rings[windowSpecs[2].ring]
+	return r.cur.stamp <= floorDiv(e, r.width)-windowSpecs[2].slices
+}
+
+// Windows keeps the figures of the last hour in time slices, per route,
+// model label and team, and serves them on /stats. It is safe for
+// concurrent use; create it with New.
+//
+// Memory: a group keeps, per figure it writes, two dense sketches (the
+// current 10 s and 1 min slices, 4,456 bytes each; one idle for a whole
+// slice is released), and 4 bytes per non-empty bucket in each of its 90
+// closed slices, plus about 15 KB of counters and slot headers. With an
+// hour of lognormal traffic (BenchmarkSnapshot50Groups) a request group
+// (TTFT, TPOT, E2E, overhead) holds about 130 KB (36 KB dense, 57 KB of
+// bucket entries) and an ITL group about 76 KB. Groups with nothing in the
+// last hour are dropped by Snapshot.
+type Windows struct {
+	now   func() time.Time
+	start time.Time
+
+	// mu guards the map; each group guards its slices with its own mutex,
+	// so that Snapshot holds up a writer for one group's summary at most,
+	// not for the whole report. Writers hold mu's read lock while they
+	// write to a group, so that Snapshot, holding the write lock, can
+	// drop a stale group without losing a value written to it meanwhile.
+	mu     sync.RWMutex
+	groups map[groupKey]*group
+}
+
+var _ http.Handler = (*Windows)(nil)
+
+// New returns empty windows reading time from now (time.Now when nil).
+// Slices are aligned on the first reading of the clock, and elapsed time is
+// measured with its monotonic reading when it has one.
+func New(now func() time.Time) *Windows {
+	if now == nil {
+		now = time.Now
+	}
+	return &Windows{now: now, start: now(), groups: make(map[groupKey]*group)}
+}
+
+// elapsed returns the nanoseconds from start to t.
+func (w *Windows) elapsed(t time.Time) int64 { return int64(t.Sub(w.start)) }
+
+// acquire returns k's group, created at elapsed time e if need be, locked
+// and with w.mu read-locked; release unlocks both.
+func (w *Windows) acquire(k groupKey, e int64) *group {
+	for {
+		w.mu.RLock()
+		if g := w.groups[k]; g != nil {
+			g.mu.Lock()
+			return g
+		}
+		w.mu.RUnlock()
+
+		w.mu.Lock()
+		if w.groups[k] == nil {
+			if len(w.groups) >= maxGroups && !isOverflow(k) {
+				k.model = labelOther
+				if k.team != "" {
+					k.team = labelOther
+				}
+			}
+			if w.groups[k] == nil {
+				w.groups[k] = newGroup(k, e)
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+func (w *Windows) release(g *group) {
+	g.mu.Unlock()
+	w.mu.RUnlock()
+}
+
+// isOverflow reports whether k is where groups past maxGroups fold.
+func isOverflow(k groupKey) bool {
+	return k.model == labelOther && (k.team == labelOther || k.team == "")
+}
+
+// Observe adds one finished exchange; model is its metrics label (already
+// bounded by package metrics). It does not allocate once the group's
+// current slices exist.
+func (w *Windows) Observe(rec *llm.Record, model string) {
+	var vals [nFigures]time.Duration
+	var buckets [nFigures]int
+	var has [nFigures]bool
+	set := func(f figure, d time.Duration) {
+		d = max(d, 0)
+		vals[f], buckets[f], has[f] = d, bucketOf(d), true
+	}
+	if rec.Stream && !rec.Timing.FirstTokenOut.IsZero() {
+		set(figTTFT, rec.TTFT())
+	}
+	if tpot, ok := rec.TPOT(); ok && rec.Stream {
+		set(figTPOT, tpot)
+	}
+	if e2e := rec.E2E(); e2e > 0 {
+		set(figE2E, e2e)
+	}
+	if !rec.Timing.UpSent.IsZero() {
+		set(figOverhead, rec.Overhead())
+	}
+	var tokens int64
+	if rec.Usage.HasOutput || rec.Estimated {
+		tokens = rec.Usage.Output
+	}
+	team := rec.Team
+	if team == "" {
+		team = teamNone
+	}
+	e := w.elapsed(w.now())
+
+	g := w.acquire(groupKey{route: rec.Route, model: model, team: team}, e)
+	defer w.release(g)
+	for i := range g.rings {
+		r := &g.rings[i]
+		r.advance(floorDiv(e, r.width))
+		c := &r.cur.counters
+		c.requests++
+		if o := int(rec.Outcome); o < nOutcomes {
+			c.outcomes[o]++
+		}
+		if rec.Route != llm.RouteOther && int(rec.Goodput) < nSLOs {
+			c.goodput[rec.Goodput]++
+		}
+		c.outputTokens += tokens
+		for f, ok := range has {
+			if ok {
+				r.cur.fig(figure(f)).addAt(buckets[f], vals[f])
+			}
+		}
+	}
+}
+
+// ObserveITL adds one gap between token-bearing events. ITL is kept per
+// route and model only, in groups whose team is "". It does not allocate
+// once the group's current slices exist.
+func (w *Windows) ObserveITL(route llm.Route, model string, gap time.Duration) {
+	gap = max(gap, 0)
+	b := bucketOf(gap)
+	e := w.elapsed(w.now())
+	g := w.acquire(groupKey{route: route, model: model}, e)
+	for i := range g.rings {
+		r := &g.rings[i]
+		r.advance(floorDiv(e, r.width))
+		r.cur.fig(figITL).addAt(b, gap)
+	}
+	w.release(g)
+}
+
+// floorDiv returns ⌊a/b⌋ for b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// mod returns a mod b in [0, b) for b > 0.
+func mod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
