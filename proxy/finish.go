@@ -30,6 +30,9 @@ func (ex *exchange) finish() {
 		ex.modelLabel = g.metrics.Model(rec.Model)
 	}
 	g.metrics.Observe(rec, ex.modelLabel)
+	if g.stats != nil {
+		g.stats.Observe(rec, ex.modelLabel)
+	}
 	if g.accessLog != nil {
 		logRecord(g.accessLog, rec)
 	}

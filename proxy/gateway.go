@@ -54,6 +54,19 @@ type Options struct {
 	// Ledger receives the usage and cost of every billable exchange. If nil,
 	// spend is not recorded.
 	Ledger spend.Ledger
+	// Stats receives every finished record and every inter-token gap (the
+	// live windows) and serves GET /stats. If nil, /stats answers 404.
+	Stats StatsSink
+}
+
+// StatsSink keeps live figures of the gateway's traffic (package stats).
+type StatsSink interface {
+	// Observe receives one finished exchange; model is the metrics label.
+	Observe(rec *llm.Record, model string)
+	// ObserveITL receives one gap between token-bearing events, as the
+	// relay reads them.
+	ObserveITL(route llm.Route, model string, gap time.Duration)
+	http.Handler
 }
 
 // Gateway serves the proxy's routes. Create it with New.
@@ -67,6 +80,7 @@ type Gateway struct {
 	now       func() time.Time
 
 	gov       *governance
+	stats     StatsSink
 	upstreams []*upstream
 	routing   *routing
 	draining  atomic.Bool
@@ -88,6 +102,7 @@ func New(opts Options) (*Gateway, error) {
 		accessLog: opts.AccessLog,
 		onRecord:  opts.OnRecord,
 		now:       opts.Now,
+		stats:     opts.Stats,
 	}
 	if g.log == nil {
 		g.log = slog.Default()
@@ -155,6 +170,9 @@ func (g *Gateway) Handler() http.Handler {
 		r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g.gatherer, promhttp.HandlerOpts{
 			ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelError), MaxRequestsInFlight: 8,
 		}))
+	}
+	if g.stats != nil {
+		r.Method(http.MethodGet, "/stats", g.stats)
 	}
 	g.adminRoutes(r)
 	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))

@@ -22,6 +22,23 @@ const relayBufSize = 32 << 10
 type streamState struct {
 	fr  *sseparse.Framer
 	tap sseparse.Tap
+	itl itlTee
+}
+
+// itlTee sends each inter-token gap to the Prometheus histogram and to the
+// live windows. It lives in the pooled streamState, so it costs no
+// allocation per stream.
+type itlTee struct {
+	prom  llm.Observer
+	sink  StatsSink
+	route llm.Route
+	model string
+}
+
+// Observe takes a gap in seconds, as the tap reports it.
+func (t *itlTee) Observe(v float64) {
+	t.prom.Observe(v)
+	t.sink.ObserveITL(t.route, t.model, time.Duration(v*float64(time.Second)))
 }
 
 func (g *Gateway) getStreamState() *streamState {
@@ -34,6 +51,7 @@ func (g *Gateway) getStreamState() *streamState {
 
 func (g *Gateway) putStreamState(s *streamState) {
 	s.tap.ITL = nil
+	s.itl = itlTee{}
 	g.states.Put(s)
 }
 
@@ -79,6 +97,10 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	defer g.putStreamState(st)
 	st.tap.Reset(ex.rec.Dialect)
 	st.tap.ITL = g.metrics.ITL(ex.rec.Route, ex.modelLabel)
+	if g.stats != nil {
+		st.itl = itlTee{prom: st.tap.ITL, sink: g.stats, route: ex.rec.Route, model: ex.modelLabel}
+		st.tap.ITL = &st.itl
+	}
 
 	bp := g.bufPool.Get().(*[]byte)
 	defer g.bufPool.Put(bp) // a stream that grew a larger buffer drops that one, not this
