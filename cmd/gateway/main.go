@@ -7,6 +7,7 @@
 //	gateway check-config -config FILE    validate a config file
 //	gateway hash-key < keyfile           print a key's SHA-256 for [[keys]]
 //	gateway spend -url URL               spend per key, team, model and day
+//	gateway bench -url URL               client-side TTFT, TPOT, ITL, E2E and goodput
 //	gateway version                      print the version
 package main
 
@@ -41,6 +42,7 @@ func commands() []command {
 		{"check-config", "validate a config file and print the effective settings", runCheckConfig},
 		{"hash-key", "print the SHA-256 of a gateway key (read from stdin) for [[keys]]", runHashKey},
 		{"spend", "print what keys and teams spent (or their limits) from a running gateway", runSpend},
+		{"bench", "load an OpenAI- or Anthropic-compatible endpoint and report TTFT, TPOT, ITL, E2E and goodput", runBench},
 		{"version", "print the version", runVersion},
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/proxy"
+	"github.com/tollgate-llm/tollgate/stats"
 )
 
 func runServe(args []string, stdout, stderr io.Writer) error {
@@ -84,7 +85,7 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		return nil, err
 	}
 	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
-		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger})
+		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Stats: stats.New(nil)})
 	if err != nil {
 		_ = gov.Close()
 		return nil, err

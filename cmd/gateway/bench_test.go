@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/bench"
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/stats"
+)
+
+// TestBenchCommand runs `gateway bench` against the fake upstream: the JSON
+// report counts every request, -min-goodput gates the exit status, and bad
+// flags are usage errors.
+func TestBenchCommand(t *testing.T) {
+	up := httptest.NewServer(mockllm.New(mockllm.Options{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 8}))
+	t.Cleanup(up.Close)
+	base := []string{"bench", "-url", up.URL, "-model", "m", "-requests", "6", "-concurrency", "2", "-quiet", "-max-tokens", "64"}
+
+	var out, errb strings.Builder
+	if code := run(append(base, "-json"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rep struct {
+		Summaries []struct {
+			Class     string `json:"class"`
+			Requests  int    `json:"requests"`
+			Succeeded int    `json:"succeeded"`
+		} `json:"summaries"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &rep); err != nil {
+		t.Fatalf("JSON report: %v\n%s", err, out.String())
+	}
+	all := rep.Summaries[len(rep.Summaries)-1]
+	if all.Class != bench.ClassAll || all.Requests != 6 || all.Succeeded != 6 {
+		t.Fatalf("summary %+v, want all 6 requests succeeded", all)
+	}
+
+	// A TTFT objective no request can meet (the schedule's TTFT is 20 ms).
+	out.Reset()
+	errb.Reset()
+	if code := run(append(base, "-slo-ttft-ms", "1", "-min-goodput", "0.5"), &out, &errb); code != 1 ||
+		!strings.Contains(errb.String(), "below -min-goodput") || !strings.Contains(out.String(), "goodput") {
+		t.Errorf("gate: exit %d, stderr %q; want 1 and the table printed", code, errb.String())
+	}
+	for _, bad := range [][]string{
+		{"bench", "-model", "m"},
+		{"bench", "-url", up.URL},
+		{"bench", "-url", up.URL, "-model", "m", "-dialect", "grpc"},
+		{"bench", "-url", up.URL, "-model", "m", "-min-goodput", "2"},
+	} {
+		if code := run(bad, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (usage)", bad, code)
+		}
+	}
+	t.Setenv("TOLLGATE_TEST_EMPTY_KEY", "")
+	if code := run(append(base, "-key-env", "TOLLGATE_TEST_EMPTY_KEY"), &out, &errb); code != 1 {
+		t.Errorf("unset key variable: exit %d, want 1", code)
+	}
+}
+
+// TestBenchAgainstGatewayStats: a bench run through a gateway, and the
+// gateway's /stats for the same run. Every request the client counted is
+// in /stats, and the gateway's TTFT, taken when the first token is flushed,
+// is no later than the client's, which reads it after: so the gateway's
+// median is at most the client's (plus the sketch's 1% relative error).
+func TestBenchAgainstGatewayStats(t *testing.T) {
+	up := httptest.NewServer(mockllm.New(mockllm.Options{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 8}))
+	t.Cleanup(up.Close)
+	cfg := config.DemoConfig(up.URL)
+	cfg.Auth.RequireKey = false
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.shutdown(0, 5*time.Second) })
+	base := "http://" + gw.addr
+
+	res, err := bench.Run(context.Background(), bench.Config{BaseURL: base, Dialect: llm.DialectOpenAI, Model: "m",
+		Requests: 12, Concurrency: 3, MaxTokens: 64, Timeout: 10 * time.Second, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := res.Summary(bench.ClassAll)
+	if client == nil || client.Succeeded != 12 {
+		t.Fatalf("client summary %+v, want 12 successes", client)
+	}
+
+	resp, err := http.Get(base + "/stats?window=1m&route=chat_completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rep stats.Report
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+		t.Fatal(err)
+	}
+	var requests, ttftCount int64
+	var ttftP50 float64
+	for _, w := range rep.Windows {
+		for _, g := range w.Groups {
+			if g.Team == "" { // the team-less ITL group
+				continue
+			}
+			requests += g.Requests
+			ttftCount += g.TTFT.Count
+			ttftP50 = g.TTFT.P50
+		}
+	}
+	if requests != 12 || ttftCount != 12 {
+		t.Fatalf("/stats counts %d requests, %d TTFTs; the client sent 12\n%+v", requests, ttftCount, rep)
+	}
+	if limit := client.TTFT.Median * (1 + rep.Sketch.RelativeError); ttftP50 > limit {
+		t.Errorf("gateway TTFT P50 %.3f ms is later than the client's median %.3f ms (+%.0f%%)",
+			ttftP50, client.TTFT.Median, 100*rep.Sketch.RelativeError)
+	}
+	if ttftP50 < 20*(1-rep.Sketch.RelativeError) {
+		t.Errorf("gateway TTFT P50 %.3f ms is below the upstream's scheduled 20 ms", ttftP50)
+	}
+}
