@@ -209,3 +209,15 @@ func TestProgressLine(t *testing.T) {
 		t.Errorf("line %q, want %q", got, want)
 	}
 }
+
+// TestEndpointErrorHidesCredentials: a base URL that does not parse is
+// refused without repeating it, since it may carry user:password.
+func TestEndpointErrorHidesCredentials(t *testing.T) {
+	_, err := endpoint("http://user:s3cret@exa mple.com:80x/", llm.DialectOpenAI)
+	if err == nil {
+		t.Fatal("a malformed URL was accepted")
+	}
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("the error repeats the credentials: %v", err)
+	}
+}

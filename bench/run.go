@@ -111,7 +111,13 @@ type promptBody struct {
 func endpoint(base string, d llm.Dialect) (string, error) {
 	u, err := url.Parse(base)
 	if err != nil {
-		return "", fmt.Errorf("bench: base URL: %w", err)
+		// *url.Error quotes the whole URL, credentials included: name
+		// only what is wrong.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "", fmt.Errorf("bench: base URL is not a URL: %w", err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return "", fmt.Errorf("bench: base URL %q: want http:// or https:// and a host", u.Redacted())

@@ -172,7 +172,7 @@ func (g *Gateway) Handler() http.Handler {
 		}))
 	}
 	if g.stats != nil {
-		r.Method(http.MethodGet, "/stats", g.stats)
+		r.Method(http.MethodGet, "/stats", limitInFlight(g.stats, statsInFlight))
 	}
 	g.adminRoutes(r)
 	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))
@@ -187,6 +187,27 @@ func (g *Gateway) Handler() http.Handler {
 			Msg: "method " + r.Method + " is not allowed on " + r.URL.Path})
 	})
 	return r
+}
+
+// statsInFlight bounds concurrent /stats requests: each merges every group's
+// slices (milliseconds with many groups), and the port is the public one.
+const statsInFlight = 2
+
+// limitInFlight serves at most n requests at once through h; the others get
+// 503 with Retry-After at once, as promhttp's MaxRequestsInFlight does for
+// /metrics.
+func limitInFlight(h http.Handler, n int) http.Handler {
+	sem := make(chan struct{}, n)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case sem <- struct{}{}:
+			defer func() { <-sem }()
+			h.ServeHTTP(w, r)
+		default:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "too many /stats requests in flight; retry", http.StatusServiceUnavailable)
+		}
+	})
 }
 
 // reject answers a request that matched no route, and records it like any

@@ -25,20 +25,36 @@ type streamState struct {
 	itl itlTee
 }
 
-// itlTee sends each inter-token gap to the Prometheus histogram and to the
-// live windows. It lives in the pooled streamState, so it costs no
-// allocation per stream.
+// itlTee sends each inter-token gap to the Prometheus histogram at once and
+// keeps it for the live windows, which get the gaps of a read after its
+// events are flushed (drain): the windows' lock is shared by every stream of
+// a route and model, and waiting on it must not delay a token. It lives in
+// the pooled streamState, so it costs no allocation per stream.
 type itlTee struct {
-	prom  llm.Observer
-	sink  StatsSink
-	route llm.Route
-	model string
+	prom    llm.Observer
+	sink    StatsSink
+	route   llm.Route
+	model   string
+	n       int
+	pending [64]time.Duration
 }
 
 // Observe takes a gap in seconds, as the tap reports it.
 func (t *itlTee) Observe(v float64) {
 	t.prom.Observe(v)
-	t.sink.ObserveITL(t.route, t.model, time.Duration(v*float64(time.Second)))
+	if t.n == len(t.pending) { // a read of more than 64 token events
+		t.drain()
+	}
+	t.pending[t.n] = time.Duration(v * float64(time.Second))
+	t.n++
+}
+
+// drain hands the kept gaps to the live windows.
+func (t *itlTee) drain() {
+	for _, gap := range t.pending[:t.n] {
+		t.sink.ObserveITL(t.route, t.model, gap)
+	}
+	t.n = 0
 }
 
 func (g *Gateway) getStreamState() *streamState {
@@ -100,6 +116,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	if g.stats != nil {
 		st.itl = itlTee{prom: st.tap.ITL, sink: g.stats, route: ex.rec.Route, model: ex.modelLabel}
 		st.tap.ITL = &st.itl
+		defer st.itl.drain() // runs before putStreamState
 	}
 
 	bp := g.bufPool.Get().(*[]byte)
@@ -167,6 +184,9 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 		}
 		done := g.now()
 		ex.lastFlush = done
+		if st.itl.sink != nil {
+			st.itl.drain() // after the flush: off the token's path
+		}
 		if firstInBatch {
 			ex.rec.Timing.FirstTokenOut = done
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/stats"
 )
 
 // discardWriter is a ResponseWriter that drops the body and counts flushes.
@@ -147,11 +148,16 @@ func BenchmarkRelay(b *testing.B) {
 		events int
 		hold   bool
 		idle   time.Duration
-	}{{64, false, 0}, {1024, false, 0}, {64, true, 0}, {1024, true, 0}, {1024, true, 300 * time.Second}} {
+		stats  bool
+	}{{64, false, 0, false}, {1024, false, 0, false}, {64, true, 0, false}, {1024, true, 0, false},
+		{1024, true, 300 * time.Second, false}, {1024, true, 300 * time.Second, true}} {
 		events := c.events
-		b.Run(fmt.Sprintf("events=%d/hold=%v/idle=%s", events, c.hold, c.idle), func(b *testing.B) {
+		b.Run(fmt.Sprintf("events=%d/hold=%v/idle=%s/stats=%v", events, c.hold, c.idle, c.stats), func(b *testing.B) {
 			h := newRelayHarness(b, events, true)
 			h.hold, h.idle = c.hold, c.idle
+			if c.stats { // as serve runs it: the live windows behind /stats
+				h.g.stats = stats.New(nil)
+			}
 			defer h.pt.stop()
 			var ex exchange
 			var body piecesReader

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -29,7 +30,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "", "model named in every request (required)")
 	keyEnv := fs.String("key-env", "", "environment variable holding the API key (optional)")
 	requests := fs.Int("requests", 30, "total requests")
-	concurrency := fs.Int("concurrency", 4, "requests in flight at most")
+	concurrency := fs.Int("concurrency", 4, "requests in flight at most (with -rate: no cap unless given)")
 	rate := fs.Float64("rate", 0, "requests per second with Poisson arrivals (0: fixed concurrency)")
 	maxTokens := fs.Int("max-tokens", 256, "max output tokens per request")
 	prompts := fs.String("prompts", "", "JSONL file of prompts ({\"messages\":[...]} or {\"prompt\":\"...\"} per line); default: built-in short, medium and long prompts")
@@ -43,6 +44,13 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	quiet := fs.Bool("quiet", false, "no progress bar on stderr")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	concurrencySet := false
+	fs.Visit(func(f *flag.Flag) { concurrencySet = concurrencySet || f.Name == "concurrency" })
+	if *rate > 0 && !concurrencySet {
+		// With -rate the arrivals set the load; a default cap of 4 in
+		// flight would hide a saturated service behind queueing.
+		*concurrency = 0
 	}
 	cfg := bench.Config{
 		BaseURL: *url, Model: *model, Requests: *requests, Concurrency: *concurrency, Rate: *rate,
