@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,11 +44,29 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	minGoodput := fs.Float64("min-goodput", 0, "exit with status 1 when the goodput ratio over all requests is below this (0 to 1)")
 	quiet := fs.Bool("quiet", false, "no progress bar on stderr")
+	sweep := fs.String("sweep", "", "concurrency sweep: comma-separated increasing levels, e.g. 1,2,4,8,16; -requests per level; reports the saturation point (the highest level meeting -sweep-goodput and, when set, P99 TTFT ≤ -slo-ttft-ms)")
+	sweepGoodput := fs.Float64("sweep-goodput", bench.DefaultSweepTarget, "with -sweep: the goodput ratio a level must reach (0 to 1)")
+	sweepStop := fs.Bool("sweep-stop", true, "with -sweep: run no level after the first that breaks")
+	stages := fs.String("stages", "", "staged run: comma-separated request counts, e.g. 5,30,100, run in order; stops at the first stage with a failed request")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	concurrencySet := false
-	fs.Visit(func(f *flag.Flag) { concurrencySet = concurrencySet || f.Name == "concurrency" })
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	concurrencySet := set["concurrency"]
+	var levels, counts []int
+	if err := benchModeFlags(set, *sweep, *stages, *rate, stderr, &levels, &counts); err != nil {
+		return err
+	}
+	if *sweepGoodput <= 0 || *sweepGoodput > 1 {
+		fmt.Fprintln(stderr, "-sweep-goodput must be more than 0 and at most 1")
+		return errUsage
+	}
+	if levels != nil && !set["requests"] {
+		// A sweep level needs at least as many requests as its
+		// concurrency, or it never reaches it.
+		*requests = max(*requests, levels[len(levels)-1])
+	}
 	if *rate > 0 && !concurrencySet {
 		// With -rate the arrivals set the load; a default cap of 4 in
 		// flight would hide a saturated service behind queueing.
@@ -97,6 +117,12 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	switch {
+	case levels != nil:
+		return benchSweep(ctx, cfg, levels, bench.SweepOptions{Target: *sweepGoodput, StopAfterBreak: *sweepStop}, *asJSON, stdout)
+	case counts != nil:
+		return benchStages(ctx, cfg, counts, *minGoodput, *asJSON, stdout)
+	}
 	res, err := bench.Run(ctx, cfg)
 	if res == nil {
 		return err
@@ -111,12 +137,121 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err // interrupted: the partial report is printed
 	}
-	if all := res.Summary(bench.ClassAll); *minGoodput > 0 && (all == nil || all.Goodput.Ratio < *minGoodput) {
+	return gateGoodput(res, *minGoodput)
+}
+
+// gateGoodput returns an error when res's goodput ratio over all requests is
+// below minGoodput (unchecked when zero).
+func gateGoodput(res *bench.Result, minGoodput float64) error {
+	if all := res.Summary(bench.ClassAll); minGoodput > 0 && (all == nil || all.Goodput.Ratio < minGoodput) {
 		ratio := 0.0
 		if all != nil {
 			ratio = all.Goodput.Ratio
 		}
-		return fmt.Errorf("goodput %.3f is below -min-goodput %.3f", ratio, *minGoodput)
+		return fmt.Errorf("goodput %.3f is below -min-goodput %.3f", ratio, minGoodput)
 	}
 	return nil
+}
+
+// benchModeFlags checks the flags of the -sweep and -stages modes and parses
+// their lists into levels and counts (left nil when the mode is off).
+func benchModeFlags(set map[string]bool, sweep, stages string, rate float64, stderr io.Writer, levels, counts *[]int) error {
+	usage := func(msg string) error {
+		fmt.Fprintln(stderr, msg)
+		return errUsage
+	}
+	if sweep != "" && stages != "" {
+		return usage("-sweep and -stages are mutually exclusive")
+	}
+	if sweep == "" && (set["sweep-goodput"] || set["sweep-stop"]) {
+		return usage("-sweep-goodput and -sweep-stop need -sweep")
+	}
+	if sweep != "" {
+		switch {
+		case rate != 0:
+			return usage("-rate is not allowed with -sweep: a sweep runs at fixed concurrency")
+		case set["concurrency"]:
+			return usage("-concurrency is not allowed with -sweep: the levels set it")
+		case set["min-goodput"]:
+			return usage("-min-goodput is not allowed with -sweep: use -sweep-goodput")
+		}
+		l, err := intList(sweep)
+		if err != nil {
+			return usage("-sweep: " + err.Error())
+		}
+		for i := 1; i < len(l); i++ {
+			if l[i] <= l[i-1] {
+				return usage("-sweep: levels must be strictly increasing")
+			}
+		}
+		*levels = l
+	}
+	if stages != "" {
+		if set["requests"] {
+			return usage("-requests is not allowed with -stages: the stages set it")
+		}
+		c, err := intList(stages)
+		if err != nil {
+			return usage("-stages: " + err.Error())
+		}
+		*counts = c
+	}
+	return nil
+}
+
+// intList parses a comma-separated list of positive integers.
+func intList(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q: want comma-separated positive integers", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// benchSweep runs and prints a concurrency sweep. It fails (exit 1) when no
+// level passed, so a sweep can gate a release as -min-goodput does a run.
+func benchSweep(ctx context.Context, cfg bench.Config, levels []int, opt bench.SweepOptions, asJSON bool, stdout io.Writer) error {
+	cfg.Rate, cfg.Concurrency = 0, 0
+	sr, err := bench.Sweep(ctx, cfg, levels, opt)
+	if sr == nil {
+		return err
+	}
+	write := sr.WriteTable
+	if asJSON {
+		write = sr.WriteJSON
+	}
+	if werr := write(stdout); werr != nil {
+		return werr
+	}
+	if err != nil {
+		return err // interrupted: the levels measured are printed
+	}
+	if sr.Saturation == 0 {
+		return fmt.Errorf("no concurrency level met the sweep's targets (%d broke first)", sr.FirstBreak)
+	}
+	return nil
+}
+
+// benchStages runs and prints a staged run; -min-goodput gates the last
+// stage run.
+func benchStages(ctx context.Context, cfg bench.Config, counts []int, minGoodput float64, asJSON bool, stdout io.Writer) error {
+	res, err := bench.Stages(ctx, cfg, counts)
+	if len(res) == 0 {
+		return err
+	}
+	write := bench.WriteStagesTable
+	if asJSON {
+		write = bench.WriteStagesJSON
+	}
+	if werr := write(stdout, res); werr != nil {
+		return werr
+	}
+	if err != nil {
+		return err // a stage failed or the run was interrupted
+	}
+	return gateGoodput(res[len(res)-1], minGoodput)
 }
