@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -70,9 +71,12 @@ func TestBenchCommand(t *testing.T) {
 
 // TestBenchAgainstGatewayStats: a bench run through a gateway, and the
 // gateway's /stats for the same run. Every request the client counted is
-// in /stats, and the gateway's TTFT, taken when the first token is flushed,
-// is no later than the client's, which reads it after: so the gateway's
-// median is at most the client's (plus the sketch's 1% relative error).
+// in /stats, and the gateway's TTFT, stamped right after the first token's
+// flush and before the second token is written, is earlier than the
+// client's reading of the second token: so the gateway's median is at most
+// the median of the client's TTFT + first gap (plus the sketch's 1% relative
+// error). The client's first token alone is no bound: it can be read before
+// the gateway's goroutine, back from the flush, takes its timestamp.
 func TestBenchAgainstGatewayStats(t *testing.T) {
 	up := httptest.NewServer(mockllm.New(mockllm.Options{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 8}))
 	t.Cleanup(up.Close)
@@ -123,9 +127,18 @@ func TestBenchAgainstGatewayStats(t *testing.T) {
 	if requests != 12 || ttftCount != 12 {
 		t.Fatalf("/stats counts %d requests, %d TTFTs; the client sent 12\n%+v", requests, ttftCount, rep)
 	}
-	if limit := client.TTFT.Median * (1 + rep.Sketch.RelativeError); ttftP50 > limit {
-		t.Errorf("gateway TTFT P50 %.3f ms is later than the client's median %.3f ms (+%.0f%%)",
-			ttftP50, client.TTFT.Median, 100*rep.Sketch.RelativeError)
+	second := make([]float64, 0, len(res.Samples))
+	for _, s := range res.Samples {
+		if len(s.ITL) == 0 {
+			t.Fatalf("sample %d has no inter-token gap", s.Index)
+		}
+		second = append(second, float64(s.TTFT+s.ITL[0])/float64(time.Millisecond))
+	}
+	sort.Float64s(second)
+	// The sketch answers the value at rank ⌊0.5(n−1)⌋; so does this.
+	if limit := second[(len(second)-1)/2] * (1 + rep.Sketch.RelativeError); ttftP50 > limit {
+		t.Errorf("gateway TTFT P50 %.3f ms is later than the client's second tokens (median %.3f ms, +%.0f%%)",
+			ttftP50, second[(len(second)-1)/2], 100*rep.Sketch.RelativeError)
 	}
 	if ttftP50 < 20*(1-rep.Sketch.RelativeError) {
 		t.Errorf("gateway TTFT P50 %.3f ms is below the upstream's scheduled 20 ms", ttftP50)
