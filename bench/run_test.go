@@ -468,12 +468,9 @@ func TestPoisson(t *testing.T) {
 	if st.PeakInFlight > limit {
 		t.Errorf("peak in flight %d, over the cap %d", st.PeakInFlight, limit)
 	}
-	// Requests are dispatched in order, and each starts after its arrival.
-	for i := 1; i < n; i++ {
-		if res.Samples[i].Start < res.Samples[i-1].Start {
-			t.Errorf("sample %d started before sample %d", i, i-1)
-		}
-	}
+	// (The order of the samples' start stamps is not checked: requests
+	// dispatched together stamp their start in their own goroutines, in
+	// whatever order the scheduler runs them.)
 	queued := 0
 	for _, s := range res.Samples {
 		if s.QueueWait > 0 {

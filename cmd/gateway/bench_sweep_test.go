@@ -13,13 +13,13 @@ import (
 
 // TestBenchSweepCommand: `gateway bench -sweep` against a mock that serves
 // 4 requests at once finds the knee at 4 (the schedule's reasoning is in
-// bench/sweep_test.go: unqueued TTFT ≈ 20 ms, queued ≥ 47 ms, SLO 35 ms).
+// bench/sweep_test.go: unqueued TTFT ≈ 100 ms, queued ≥ 235 ms, SLO 170 ms).
 func TestBenchSweepCommand(t *testing.T) {
-	up := httptest.NewServer(mockllm.New(mockllm.Options{TTFT: 20 * time.Millisecond, ITL: time.Millisecond,
+	up := httptest.NewServer(mockllm.New(mockllm.Options{TTFT: 100 * time.Millisecond, ITL: 5 * time.Millisecond,
 		OutputTokens: 8, MaxConcurrent: 4}))
 	t.Cleanup(up.Close)
 	base := []string{"bench", "-url", up.URL, "-model", "m", "-quiet", "-max-tokens", "64", "-timeout", "10s",
-		"-slo-ttft-ms", "35", "-slo-tpot-ms", "0", "-slo-e2e-ms", "0"}
+		"-slo-ttft-ms", "170", "-slo-tpot-ms", "0", "-slo-e2e-ms", "0"}
 
 	var out, errb strings.Builder
 	if code := run(append(base, "-requests", "24", "-sweep", "1,2,4,8"), &out, &errb); code != 0 {
