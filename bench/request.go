@@ -6,15 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"math"
 	"math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/internal/retryhint"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
@@ -295,32 +294,9 @@ func (r *runner) setHeaders(h http.Header) {
 // wire.md 1.9), else the SDKs' backoff. A hint that does not parse is
 // ignored.
 func retryWait(h http.Header, now time.Time, retry int) time.Duration {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if d, ok := parseHint(v, float64(time.Millisecond)); ok {
-			return d
-		}
-	}
-	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
-		if d, ok := parseHint(v, float64(time.Second)); ok {
-			return d
-		}
-		if t, err := http.ParseTime(v); err == nil {
-			return max(t.Sub(now), 0)
-		}
+	if d, ok := retryhint.Parse(h, now); ok {
+		return d
 	}
 	c := min(backoffBase<<min(retry, 5), backoffMax)
 	return time.Duration(float64(c) * (1 - 0.25*rand.Float64()))
-}
-
-// parseHint parses a non-negative finite decimal number of units; an
-// overlong value saturates, so the caller's bound rejects it.
-func parseHint(v string, unit float64) (time.Duration, bool) {
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-		return 0, false
-	}
-	if d := f * unit; d < math.MaxInt64 {
-		return time.Duration(d), true
-	}
-	return math.MaxInt64, true
 }

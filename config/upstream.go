@@ -68,14 +68,23 @@ func (c *Config) UpstreamByName(name string) *Upstream {
 // dialect, in file order). Patterns match as path.Match does, so * does not
 // cross a "/". The pointer refers into c.Routes.
 func (c *Config) RouteFor(model string) *Route {
+	if i := c.RouteIndex(model); i >= 0 {
+		return &c.Routes[i]
+	}
+	return nil
+}
+
+// RouteIndex returns the index in c.Routes of the route RouteFor returns, or
+// -1.
+func (c *Config) RouteIndex(model string) int {
 	for i := range c.Routes {
 		for _, p := range c.Routes[i].Models {
 			// Validate rejects malformed patterns; one in a Config built
 			// without it matches nothing.
 			if ok, _ := path.Match(p, model); ok {
-				return &c.Routes[i]
+				return i
 			}
 		}
 	}
-	return nil
+	return -1
 }

@@ -175,7 +175,6 @@ func (pt *phaseTimer) stop() {
 // failure is an attempt that failed before anything was sent to the caller:
 // what the caller gets if no other attempt follows.
 type failure struct {
-	result string
 	status int
 	// header and body are the upstream's answer (body bounded by
 	// errorCaptureLimit, or the events held back from a stream); header is
@@ -592,21 +591,22 @@ func (ex *exchange) noResponse(ctx context.Context, err error) attemptResult {
 		ex.clientGone()
 		return attemptResult{result: resultClientGone, done: true, healthy: true}
 	}
-	f := &failure{outcome: llm.OutcomeUpstreamError, apiErr: errUpstreamFailed(), result: resultConnectionError}
+	result := resultConnectionError
+	f := &failure{outcome: llm.OutcomeUpstreamError, apiErr: errUpstreamFailed()}
 	var ne net.Error
 	var oe *net.OpError
 	cause := context.Cause(ctx)
 	switch {
 	case errors.Is(cause, errHeaderTimeout):
-		f.result, f.outcome, f.apiErr = resultHeaderTimeout, llm.OutcomeUpstreamTimeout, errUpstreamTimeout()
+		result, f.outcome, f.apiErr = resultHeaderTimeout, llm.OutcomeUpstreamTimeout, errUpstreamTimeout()
 	case errors.As(err, &oe) && oe.Op == "dial": // refused, or connect_timeout_seconds
-		f.result, f.outcome, f.apiErr = resultConnectError, llm.OutcomeUpstreamUnreachable, errUpstreamUnreachable()
+		result, f.outcome, f.apiErr = resultConnectError, llm.OutcomeUpstreamUnreachable, errUpstreamUnreachable()
 	case errors.Is(cause, errAttemptTimeout) || errors.As(err, &ne) && ne.Timeout():
-		f.result, f.outcome, f.apiErr = resultTimeout, llm.OutcomeUpstreamTimeout, errUpstreamTimeout()
+		result, f.outcome, f.apiErr = resultTimeout, llm.OutcomeUpstreamTimeout, errUpstreamTimeout()
 	}
 	ex.g.log.Warn("upstream attempt failed", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name,
-		"result", f.result, "err", err)
-	return attemptResult{result: f.result, retryable: true, fail: f}
+		"result", result, "err", err)
+	return attemptResult{result: result, retryable: true, fail: f}
 }
 
 // errorStatus handles an upstream answer of 400 or more. The body is read
@@ -632,7 +632,7 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 	res.healthy = ex.answerHealthy(st, errType, errCode)
 	if complete && shouldRetry(ex.up.policy, st, resp.Header, errType, errCode) {
 		res.retryable = true
-		res.fail = &failure{result: res.result, status: st, header: resp.Header, body: captured,
+		res.fail = &failure{status: st, header: resp.Header, body: captured,
 			outcome: llm.OutcomeUpstreamError, errType: sseparse.ErrorTypeFromBody(captured),
 			upReqID: ex.rec.UpstreamRequestID}
 		return res

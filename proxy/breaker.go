@@ -3,6 +3,8 @@ package proxy
 import (
 	"sync"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/config"
 )
 
 // breakerBuckets is how many slices the failure-ratio window is cut into. The
@@ -51,16 +53,21 @@ type breakerConfig struct {
 	halfOpenProbes int
 }
 
-// defaultBreakerConfig returns the defaults: 5 failures in a row, or half of
-// at least 20 requests over 10s, open the breaker for 5s; then 2 probes.
-func defaultBreakerConfig() breakerConfig {
+// defaultBreakerConfig is the configuration of an [upstreams.breaker] table
+// left to its defaults (config.DefaultUpstream, where they are chosen and
+// documented): 5 failures in a row, or half of at least 20 requests over
+// 10 s, open the breaker for 5 s; then 2 probes.
+func defaultBreakerConfig() breakerConfig { return breakerFrom(config.DefaultUpstream().Breaker) }
+
+// breakerFrom converts an [upstreams.breaker] table.
+func breakerFrom(b config.Breaker) breakerConfig {
 	return breakerConfig{
-		consecutiveFailures: 5,
-		failureRatio:        0.5,
-		minRequests:         20,
-		window:              10 * time.Second,
-		cooldown:            5 * time.Second,
-		halfOpenProbes:      2,
+		consecutiveFailures: b.ConsecutiveFailures,
+		failureRatio:        b.FailureRatio,
+		minRequests:         b.MinRequests,
+		window:              config.Seconds(b.WindowSeconds),
+		cooldown:            config.Seconds(b.CooldownSeconds),
+		halfOpenProbes:      b.HalfOpenProbes,
 	}
 }
 

@@ -63,9 +63,9 @@ type Options struct {
 type StatsSink interface {
 	// Observe receives one finished exchange; model is the metrics label.
 	Observe(rec *llm.Record, model string)
-	// ObserveITL receives one gap between token-bearing events, as the
-	// relay reads them.
-	ObserveITL(route llm.Route, model string, gap time.Duration)
+	// ObserveITLs receives the gaps between token-bearing events of one
+	// read of a stream, after the relay has flushed them.
+	ObserveITLs(route llm.Route, model string, gaps []time.Duration)
 	http.Handler
 }
 

@@ -51,10 +51,10 @@ func (t *itlTee) Observe(v float64) {
 
 // drain hands the kept gaps to the live windows.
 func (t *itlTee) drain() {
-	for _, gap := range t.pending[:t.n] {
-		t.sink.ObserveITL(t.route, t.model, gap)
+	if t.n > 0 {
+		t.sink.ObserveITLs(t.route, t.model, t.pending[:t.n])
+		t.n = 0
 	}
-	t.n = 0
 }
 
 func (g *Gateway) getStreamState() *streamState {
@@ -369,7 +369,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 // always worth another attempt.
 func (ex *exchange) heldFailure(st *streamState, resp *http.Response, held []byte, result string,
 	o llm.Outcome, why llm.Interruption, errType []byte, retryable bool) attemptResult {
-	f := &failure{result: result, status: ex.rec.Status, header: resp.Header,
+	f := &failure{status: ex.rec.Status, header: resp.Header,
 		body: append([]byte(nil), held...), stream: true, outcome: o, interrupt: why,
 		errType: string(errType), upReqID: ex.rec.UpstreamRequestID}
 	// Usage the opening events reported (Anthropic's message_start input),

@@ -3,10 +3,11 @@ package proxy
 import (
 	"math"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/internal/retryhint"
 )
 
 // retryPolicy is the per-upstream retry schedule (issue 4, item 1). The zero
@@ -25,29 +26,10 @@ type retryPolicy struct {
 	statuses map[int]bool
 }
 
-// defaultRetryPolicy returns the defaults of issue 4: the statuses the
-// official SDKs retry (wire.md 1.9, 2.9) restricted to those that can succeed
-// on retry, with the SDKs' 8 s cap but a lower base because the gateway's
-// retries come before the client's own.
-func defaultRetryPolicy() retryPolicy {
-	return retryPolicy{
-		maxAttempts: 3,
-		base:        250 * time.Millisecond,
-		max:         8 * time.Second,
-		multiplier:  2,
-		maxWait:     30 * time.Second,
-		statuses: map[int]bool{
-			http.StatusRequestTimeout:      true, // 408
-			http.StatusConflict:            true, // 409
-			http.StatusTooManyRequests:     true, // 429
-			http.StatusInternalServerError: true, // 500
-			http.StatusBadGateway:          true, // 502
-			http.StatusServiceUnavailable:  true, // 503
-			http.StatusGatewayTimeout:      true, // 504
-			529:                            true, // Anthropic overloaded_error
-		},
-	}
-}
+// defaultRetryPolicy is the policy of an [upstreams.retry] table left to
+// its defaults (config.DefaultUpstream, where they are chosen and
+// documented).
+func defaultRetryPolicy() retryPolicy { return policyFrom(config.DefaultUpstream().Retry) }
 
 // backoffCap returns min(max, base·multiplier^retry). The product is taken in
 // float64, where a huge retry count saturates to +Inf instead of wrapping
@@ -94,50 +76,12 @@ func (p retryPolicy) backoff(retry int, rnd func() float64) time.Duration {
 	return d
 }
 
-// maxHint is what an overlong but finite hint saturates to: "not soon" must
-// stop the retry (see waitWithin), not fall back to a short backoff.
-const maxHint = time.Duration(math.MaxInt64)
+// maxHint is what an overlong hint saturates to (see waitWithin).
+const maxHint = retryhint.Max
 
-// retryAfterHint reads the upstream's wait hint in the order the official
-// SDKs do (wire.md 1.9, 2.9): retry-after-ms as float milliseconds, then
-// Retry-After as float seconds, then as an HTTP-date relative to now (a date
-// in the past means 0). Negative, NaN, infinite and unparsable values are
-// ignored and the next form is tried. ok is false when no usable hint exists.
-func retryAfterHint(h http.Header, now time.Time) (time.Duration, bool) {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if d, ok := parseHintUnits(v, float64(time.Millisecond)); ok {
-			return d, true
-		}
-	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0, false
-	}
-	if d, ok := parseHintUnits(v, float64(time.Second)); ok {
-		return d, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	if d := t.Sub(now); d > 0 {
-		return d, true
-	}
-	return 0, true
-}
-
-// parseHintUnits parses a non-negative finite decimal number of units.
-func parseHintUnits(v string, unit float64) (time.Duration, bool) {
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-		return 0, false
-	}
-	d := f * unit
-	if d >= float64(math.MaxInt64) {
-		return maxHint, true
-	}
-	return time.Duration(d), true
-}
+// retryAfterHint reads the upstream's wait hint as the official SDKs do
+// (retryhint.Parse, shared with bench).
+var retryAfterHint = retryhint.Parse
 
 // wait is waitWithin with the whole of p.maxWait remaining. It is exact for
 // the first retry only; callers that have already waited should call

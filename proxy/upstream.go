@@ -4,7 +4,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"path"
 	"strings"
 	"time"
 
@@ -56,14 +55,7 @@ func newUpstream(u *config.Upstream, t http.RoundTripper, now func() time.Time, 
 	}
 	if b := u.Breaker; b.Enabled {
 		name := u.Name
-		up.breaker = newBreaker(breakerConfig{
-			consecutiveFailures: b.ConsecutiveFailures,
-			failureRatio:        b.FailureRatio,
-			minRequests:         b.MinRequests,
-			window:              config.Seconds(b.WindowSeconds),
-			cooldown:            config.Seconds(b.CooldownSeconds),
-			halfOpenProbes:      b.HalfOpenProbes,
-		}, now, func(_, to breakerState) { m.SetCircuitState(name, circuitMetric(to)) })
+		up.breaker = newBreaker(breakerFrom(b), now, func(_, to breakerState) { m.SetCircuitState(name, circuitMetric(to)) })
 	}
 	return up
 }
@@ -132,7 +124,7 @@ type target struct {
 // routing holds, per dialect, the ordered targets of every [[routes]] table
 // and of requests no route matches.
 type routing struct {
-	routes  []config.Route
+	cfg     *config.Config
 	byRoute [][3][]target // [route][dialect]; DialectNone unused
 	// fallback[d] is every upstream serving d, in file order;
 	// fallback[DialectNone] the first upstream.
@@ -142,7 +134,7 @@ type routing struct {
 // newRouting resolves the configuration's routes to upstreams once, so that
 // choosing a request's targets costs a pattern match and no allocation.
 func newRouting(cfg *config.Config, byName map[string]*upstream, ordered []*upstream) *routing {
-	rt := &routing{routes: cfg.Routes, byRoute: make([][3][]target, len(cfg.Routes))}
+	rt := &routing{cfg: cfg, byRoute: make([][3][]target, len(cfg.Routes))}
 	for _, d := range []llm.Dialect{llm.DialectOpenAI, llm.DialectAnthropic} {
 		for _, up := range ordered {
 			if up.cfg.Serves(d) {
@@ -177,12 +169,8 @@ func newRouting(cfg *config.Config, byName map[string]*upstream, ordered []*upst
 // upstream (fallback[DialectNone]) when no upstream serves that dialect.
 func (rt *routing) targets(d llm.Dialect, model string) []target {
 	if model != "" {
-		for i := range rt.routes {
-			for _, p := range rt.routes[i].Models {
-				if ok, _ := path.Match(p, model); ok {
-					return rt.byRoute[i][d]
-				}
-			}
+		if i := rt.cfg.RouteIndex(model); i >= 0 {
+			return rt.byRoute[i][d]
 		}
 	}
 	return rt.fallback[d]

@@ -335,14 +335,26 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 // route and model only, in groups whose team is "". It does not allocate
 // once the group's current slices exist.
 func (w *Windows) ObserveITL(route llm.Route, model string, gap time.Duration) {
-	gap = max(gap, 0)
-	b := bucketOf(gap)
+	w.ObserveITLs(route, model, []time.Duration{gap})
+}
+
+// ObserveITLs records several gaps of one route and model at once (the
+// gaps of one read of a stream): one group lookup, one lock and one clock
+// reading for all of them.
+func (w *Windows) ObserveITLs(route llm.Route, model string, gaps []time.Duration) {
+	if len(gaps) == 0 {
+		return
+	}
 	e := w.elapsed(w.now())
 	g := w.acquire(groupKey{route: route, model: model}, e)
 	for i := range g.rings {
 		r := &g.rings[i]
 		r.advance(floorDiv(e, r.width))
-		r.cur.fig(figITL).addAt(b, gap)
+		fig := r.cur.fig(figITL)
+		for _, gap := range gaps {
+			gap = max(gap, 0)
+			fig.addAt(bucketOf(gap), gap)
+		}
 	}
 	w.release(g)
 }

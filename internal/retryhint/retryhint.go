@@ -1,0 +1,56 @@
+// Package retryhint reads the wait an HTTP error answer asks for, the way
+// the official OpenAI and Anthropic SDKs do (wire.md 1.9, 2.9). The gateway's
+// retries (proxy) and the load generator's (bench) both use it.
+package retryhint
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Max is what an overlong but finite hint saturates to: "not soon" must
+// stop a bounded retry, not fall back to a short backoff.
+const Max = time.Duration(math.MaxInt64)
+
+// Parse reads retry-after-ms as float milliseconds, then Retry-After as
+// float seconds, then as an HTTP-date relative to now (a date in the past
+// means 0). Negative, NaN, infinite and unparsable values are ignored and
+// the next form is tried. ok is false when no usable hint exists.
+func Parse(h http.Header, now time.Time) (time.Duration, bool) {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if d, ok := units(v, float64(time.Millisecond)); ok {
+			return d, true
+		}
+	}
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0, false
+	}
+	if d, ok := units(v, float64(time.Second)); ok {
+		return d, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	if d := t.Sub(now); d > 0 {
+		return d, true
+	}
+	return 0, true
+}
+
+// units parses a non-negative finite decimal number of units.
+func units(v string, unit float64) (time.Duration, bool) {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return 0, false
+	}
+	d := f * unit
+	if d >= float64(math.MaxInt64) {
+		return Max, true
+	}
+	return time.Duration(d), true
+}
