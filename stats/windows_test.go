@@ -468,3 +468,27 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("requests %d, ITL gaps %d, want %d each", req, itl, writers*per)
 	}
 }
+
+// TestObserveITLsBatchEqualsOneByOne: a read's gaps given in one call count
+// as the same gaps given one by one, negative ones as 0; an empty batch
+// creates nothing.
+func TestObserveITLsBatchEqualsOneByOne(t *testing.T) {
+	gaps := []time.Duration{3 * time.Millisecond, 7 * time.Millisecond, -time.Millisecond, 40 * time.Millisecond}
+	clk1, clk2 := newFakeClock(), newFakeClock()
+	one, batch := New(clk1.now), New(clk2.now)
+	for _, g := range gaps {
+		one.ObserveITL(llm.RouteChatCompletions, "m", g)
+	}
+	batch.ObserveITLs(llm.RouteChatCompletions, "m", gaps)
+	batch.ObserveITLs(llm.RouteMessages, "m", nil)
+	a, b := one.Snapshot(), batch.Snapshot()
+	if len(b.Windows) == 0 || len(b.Windows[0].Groups) != 1 {
+		t.Fatalf("batch snapshot %+v, want one group (the empty batch creates none)", b)
+	}
+	for i := range a.Windows {
+		ga, gb := a.Windows[i].Groups[0].ITL, b.Windows[i].Groups[0].ITL
+		if ga != gb || gb.Count != int64(len(gaps)) {
+			t.Errorf("%s: one by one %+v, batch %+v", a.Windows[i].Name, ga, gb)
+		}
+	}
+}
