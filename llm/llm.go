@@ -126,6 +126,57 @@ func Outcomes() []Outcome {
 		OutcomeUpstreamError, OutcomeUpstreamUnreachable, OutcomeRejected, OutcomeBadRequest, OutcomeShutdown}
 }
 
+// Rejection is why the gateway refused a request (outcome rejected): the
+// limit that refused it, or the rule it broke.
+type Rejection uint8
+
+const (
+	RejectNone Rejection = iota
+	RejectRPM
+	RejectTPM
+	RejectConcurrency
+	RejectTokensPerDay
+	RejectCostPerDay
+	RejectCostPerMonth
+	// RejectModelNotAllowed: the caller's team may not use the model.
+	RejectModelNotAllowed
+	// RejectUnpricedModel: a budget applies and the model has no price.
+	RejectUnpricedModel
+	// RejectLimiterUnavailable: the limiter could not be asked.
+	RejectLimiterUnavailable
+	// RejectNotMeterable: a governed caller sent a request the gateway
+	// cannot meter (another /v1/* path).
+	RejectNotMeterable
+	// RejectOther is any other refusal.
+	RejectOther
+)
+
+var rejectionNames = [...]string{
+	RejectNone:               "",
+	RejectRPM:                "rpm",
+	RejectTPM:                "tpm",
+	RejectConcurrency:        "concurrency",
+	RejectTokensPerDay:       "tokens_per_day",
+	RejectCostPerDay:         "cost_per_day",
+	RejectCostPerMonth:       "cost_per_month",
+	RejectModelNotAllowed:    "model_not_allowed",
+	RejectUnpricedModel:      "unpriced_model",
+	RejectLimiterUnavailable: "limiter_unavailable",
+	RejectNotMeterable:       "not_meterable",
+	RejectOther:              "other",
+}
+
+// String returns the rejection's name ("" for RejectNone).
+func (r Rejection) String() string {
+	if int(r) < len(rejectionNames) {
+		return rejectionNames[r]
+	}
+	return "other"
+}
+
+// NumRejections is one more than the largest Rejection.
+const NumRejections = int(RejectOther) + 1
+
 // Interruption is the closed set of reasons a started stream ended early.
 type Interruption uint8
 
@@ -257,7 +308,10 @@ type Record struct {
 	ErrorType    string // upstream error type (from an error body or event), if any
 	TerminalSeen bool   // [DONE] or message_stop was seen
 	Goodput      SLO
-	BytesOut     int64
+	// Rejection says why the gateway refused the request when Outcome is
+	// OutcomeRejected.
+	Rejection Rejection
+	BytesOut  int64
 
 	// Attempts lists the upstream attempts in order, at most
 	// MaxRecordedAttempts: the first ones and the last (see AddAttempt);

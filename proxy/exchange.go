@@ -220,6 +220,7 @@ func (ex *exchange) serve() {
 	}
 	if d == llm.DialectNone {
 		if aerr := ex.meterForwarded(body); aerr != nil {
+			ex.rec.Rejection = llm.RejectNotMeterable
 			ex.fail(aerr, llm.OutcomeRejected)
 			return
 		}

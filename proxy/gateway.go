@@ -172,7 +172,9 @@ func (g *Gateway) Handler() http.Handler {
 		}))
 	}
 	if g.stats != nil {
-		r.Method(http.MethodGet, "/stats", limitInFlight(g.stats, statsInFlight))
+		st := limitInFlight(g.stats, statsInFlight)
+		r.Method(http.MethodGet, "/stats", st)
+		r.Method(http.MethodGet, "/stats/series", st)
 	}
 	g.adminRoutes(r)
 	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))
@@ -189,9 +191,10 @@ func (g *Gateway) Handler() http.Handler {
 	return r
 }
 
-// statsInFlight bounds concurrent /stats requests: each merges every group's
-// slices (milliseconds with many groups), and the port is the public one.
-const statsInFlight = 2
+// statsInFlight bounds concurrent /stats and /stats/series requests: each
+// merges every group's slices (milliseconds with many groups), and the port
+// is the public one. A dashboard asks four, one after another.
+const statsInFlight = 4
 
 // limitInFlight serves at most n requests at once through h; the others get
 // 503 with Retry-After at once, as promhttp's MaxRequestsInFlight does for

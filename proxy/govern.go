@@ -182,6 +182,7 @@ func (ex *exchange) subjects() []ratelimit.Subject {
 func (ex *exchange) admit() bool {
 	gv := ex.g.gov
 	if ex.key != nil && ex.key.team != nil && !ex.key.team.modelAllowed(ex.rec.Model) {
+		ex.rec.Rejection = llm.RejectModelNotAllowed
 		ex.fail(errModelNotAllowed(ex.key.team.name, ex.rec.Model), llm.OutcomeRejected)
 		return false
 	}
@@ -206,6 +207,7 @@ func (ex *exchange) admit() bool {
 		for _, s := range subjects {
 			if s.Limits.CostPerDayMicros > 0 || s.Limits.CostPerMonthMicros > 0 {
 				// An unpriced model costs 0 and would slip past the budget.
+				ex.rec.Rejection = llm.RejectUnpricedModel
 				ex.fail(errUnpricedModel(ex.who(ratelimit.State{Scope: s.Scope, ID: s.ID}), ex.rec.Model),
 					llm.OutcomeRejected)
 				return false
@@ -222,6 +224,7 @@ func (ex *exchange) admit() bool {
 		}
 		ex.g.log.Error("rate limiter unavailable", "request_id", ex.rec.RequestID, "err", err)
 		ex.w.Header().Set("Retry-After", "1")
+		ex.rec.Rejection = llm.RejectLimiterUnavailable
 		ex.fail(errLimiterUnavailable(), llm.OutcomeRejected)
 		return false
 	}
@@ -239,6 +242,7 @@ func (ex *exchange) admit() bool {
 			setRetryAfter(h, dec.RetryAfter)
 		}
 		ex.rec.ErrorType = e.Kind
+		ex.rec.Rejection = rejectionOf(dec.Refused.Kind)
 		ex.fail(e, llm.OutcomeRejected)
 		return false
 	}
@@ -557,4 +561,23 @@ func errLimiterUnavailable() *apiError {
 	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "rate_limiter_unavailable",
 		AnthropicKind: "api_error",
 		Msg:           "the gateway cannot check rate limits right now (on_redis_error = \"deny\"); retry shortly"}
+}
+
+// rejectionOf names the limit kind k as a record's rejection.
+func rejectionOf(k ratelimit.Kind) llm.Rejection {
+	switch k {
+	case ratelimit.KindRPM:
+		return llm.RejectRPM
+	case ratelimit.KindTPM:
+		return llm.RejectTPM
+	case ratelimit.KindConcurrency:
+		return llm.RejectConcurrency
+	case ratelimit.KindTokensPerDay:
+		return llm.RejectTokensPerDay
+	case ratelimit.KindCostPerDay:
+		return llm.RejectCostPerDay
+	case ratelimit.KindCostPerMonth:
+		return llm.RejectCostPerMonth
+	}
+	return llm.RejectOther
 }

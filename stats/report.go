@@ -3,8 +3,11 @@ package stats
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
@@ -43,11 +46,18 @@ type Window struct {
 
 // Group holds one route, model label and team's figures in a window. The
 // team-less ITL groups have team "" and carry only ITL; requests without a
-// team are under team "none", as in the metrics.
+// team are under team "none", as in the metrics. A dimension merged away
+// (merge=) reads "*".
 type Group struct {
-	Route    string           `json:"route"`
-	Model    string           `json:"model"`
-	Team     string           `json:"team"`
+	Route string `json:"route"`
+	Model string `json:"model"`
+	Team  string `json:"team"`
+	Figures
+}
+
+// Figures are the figures of the requests that ended in a span of time (a
+// window, or one slice of a series).
+type Figures struct {
 	Requests int64            `json:"requests"`
 	Outcomes map[string]int64 `json:"outcomes"` // every outcome, zeros included
 
@@ -57,10 +67,22 @@ type Group struct {
 	E2E      Quantiles `json:"e2e"`
 	Overhead Quantiles `json:"overhead"`
 
-	// OutputTokensPerSecond is the output tokens of the requests that
-	// ended in the window, over the window's Seconds.
+	// InputTokens and OutputTokens are the tokens of the requests that
+	// ended in the span (input as the upstream reported it; output also
+	// when estimated). OutputTokensPerSecond divides the output tokens by
+	// the span's seconds.
+	InputTokens           int64   `json:"input_tokens"`
+	OutputTokens          int64   `json:"output_tokens"`
 	OutputTokensPerSecond float64 `json:"output_tokens_per_second"`
-	Goodput               Goodput `json:"goodput"`
+	// CostUSD is the spend priced by [[models]], as billed to the ledger.
+	CostUSD float64 `json:"cost_usd"`
+	// Rejections counts the requests the gateway refused (outcome
+	// "rejected") by reason: the limit ("rpm", "tpm", "concurrency",
+	// "tokens_per_day", "cost_per_day", "cost_per_month") or the rule
+	// ("model_not_allowed", "unpriced_model", "limiter_unavailable",
+	// "not_meterable", "other"). Only reasons seen are listed.
+	Rejections map[string]int64 `json:"rejections"`
+	Goodput    Goodput          `json:"goodput"`
 }
 
 // Quantiles summarises one figure in milliseconds. Count, Mean and Max are
@@ -86,9 +108,12 @@ type Goodput struct {
 	Broken map[string]int64 `json:"broken"`
 }
 
-// filter selects groups and windows; an empty field selects all.
+// filter selects groups and windows; an empty field selects all. The merge
+// fields merge groups across that dimension.
 type filter struct {
 	route, model, team, window string
+
+	mergeRoute, mergeModel, mergeTeam bool
 }
 
 func (f *filter) keep(k groupKey) bool {
@@ -98,54 +123,55 @@ func (f *filter) keep(k groupKey) bool {
 		(f.team == "" || f.team == k.team || k.team == "")
 }
 
+// mergeAll is "*": a dimension merged away.
+const mergeAll = "*"
+
+// names returns the labels a group is reported under.
+func (f *filter) names(k groupKey) (route, model, team string) {
+	route, model, team = k.route.String(), k.model, k.team
+	if f.mergeRoute {
+		route = mergeAll
+	}
+	if f.mergeModel {
+		model = mergeAll
+	}
+	if f.mergeTeam {
+		team = mergeAll
+	}
+	return route, model, team
+}
+
+// set is the groups reported as one.
+type set struct {
+	route, model, team string
+	groups             []*group
+}
+
 // Snapshot returns the figures of every window. It also drops the groups
 // that saw nothing in the last hour.
 func (w *Windows) Snapshot() Report { return w.snapshot(filter{}) }
 
-func (w *Windows) snapshot(f filter) Report {
-	t := w.now()
-	rep := Report{
-		Generated: t,
-		Sketch:    SketchInfo{Kind: sketchKind, RelativeError: relativeError},
-	}
-
-	e := w.elapsed(t)
-
+// sets returns the live groups f keeps, in sets of groups reported as one,
+// sorted by route, model and team; e is the elapsed time. It drops the
+// groups that saw nothing in the last hour.
+func (w *Windows) sets(f *filter, e int64) []set {
 	w.mu.RLock()
 	groups := make([]*group, 0, len(w.groups))
 	for _, g := range w.groups {
 		groups = append(groups, g)
 	}
 	w.mu.RUnlock()
-	slices.SortFunc(groups, func(a, b *group) int {
-		return cmp.Or(cmp.Compare(a.key.route.String(), b.key.route.String()),
-			cmp.Compare(a.key.model, b.key.model), cmp.Compare(a.key.team, b.key.team))
-	})
 
-	var specs []windowSpec
-	for _, spec := range windowSpecs {
-		if f.window == "" || f.window == spec.name {
-			specs = append(specs, spec)
-			rep.Windows = append(rep.Windows, Window{Name: spec.name, Seconds: covered(spec, e), Groups: []Group{}})
-		}
-	}
-	sc := newSketch()
-	var stale []*group
+	var live, stale []*group
 	for _, g := range groups {
 		g.mu.Lock()
 		if g.stale(e) {
 			stale = append(stale, g)
 		} else if f.keep(g.key) {
-			for i, spec := range specs {
-				win := &rep.Windows[i]
-				if out, ok := g.summarize(spec, e, win.Seconds, sc); ok {
-					win.Groups = append(win.Groups, out)
-				}
-			}
+			live = append(live, g)
 		}
 		g.mu.Unlock()
 	}
-
 	if len(stale) > 0 {
 		w.mu.Lock()
 		for _, g := range stale {
@@ -159,6 +185,76 @@ func (w *Windows) snapshot(f filter) Report {
 		}
 		w.mu.Unlock()
 	}
+
+	byName := make(map[[3]string]int, len(live))
+	var out []set
+	for _, g := range live {
+		r, m, t := f.names(g.key)
+		name := [3]string{r, m, t}
+		i, ok := byName[name]
+		if !ok {
+			i = len(out)
+			byName[name] = i
+			out = append(out, set{route: r, model: m, team: t})
+		}
+		out[i].groups = append(out[i].groups, g)
+	}
+	for i := range out {
+		// A fixed order to lock a set's groups in (writers lock one
+		// group at a time, so any order is deadlock-free; this one
+		// makes a report's merge order repeatable).
+		slices.SortFunc(out[i].groups, func(a, b *group) int { return compareKeys(a.key, b.key) })
+	}
+	slices.SortFunc(out, func(a, b set) int {
+		return cmp.Or(cmp.Compare(a.route, b.route), cmp.Compare(a.model, b.model), cmp.Compare(a.team, b.team))
+	})
+	return out
+}
+
+func compareKeys(a, b groupKey) int {
+	return cmp.Or(cmp.Compare(a.route.String(), b.route.String()),
+		cmp.Compare(a.model, b.model), cmp.Compare(a.team, b.team))
+}
+
+func (s *set) lock() {
+	for _, g := range s.groups {
+		g.mu.Lock()
+	}
+}
+
+func (s *set) unlock() {
+	for _, g := range s.groups {
+		g.mu.Unlock()
+	}
+}
+
+func (w *Windows) snapshot(f filter) Report {
+	t := w.now()
+	rep := Report{
+		Generated: t,
+		Sketch:    SketchInfo{Kind: sketchKind, RelativeError: relativeError},
+	}
+	e := w.elapsed(t)
+
+	var specs []windowSpec
+	for _, spec := range windowSpecs {
+		if f.window == "" || f.window == spec.name {
+			specs = append(specs, spec)
+			rep.Windows = append(rep.Windows, Window{Name: spec.name, Seconds: covered(spec, e), Groups: []Group{}})
+		}
+	}
+	sc := newSketch()
+	for _, st := range w.sets(&f, e) {
+		st.lock()
+		for i, spec := range specs {
+			win := &rep.Windows[i]
+			s := floorDiv(e, int64(spec.width))
+			if out, ok := st.sum(spec.ring, s-spec.slices+1, s, win.Seconds, sc); ok {
+				win.Groups = append(win.Groups, Group{Route: st.route, Model: st.model, Team: st.team, Figures: out})
+			}
+		}
+		st.unlock()
+	}
 	return rep
 }
 
@@ -170,55 +266,67 @@ func covered(spec windowSpec, e int64) float64 {
 	return float64(max(e-from, 0)) / float64(time.Second)
 }
 
-// summarize merges the group's slices in the window, which spans seconds;
-// ok is false when the window holds nothing of the group. sc is the scratch
-// sketch.
-func (g *group) summarize(spec windowSpec, e int64, seconds float64, sc *sketch) (out Group, ok bool) {
-	r := &g.rings[spec.ring]
-	s := floorDiv(e, r.width)
-	in := func(stamp int64) bool { return stamp > s-spec.slices && stamp <= s }
-	curIn := in(r.cur.stamp)
+// sum merges the slices numbered lo to hi of ring ri of the set's groups,
+// which span seconds; ok is false when they hold nothing. sc is the scratch
+// sketch. Called with the set locked.
+func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *sketch) (out Figures, ok bool) {
+	in := func(stamp int64) bool { return stamp >= lo && stamp <= hi }
 
 	var c counters
-	if curIn {
-		c.merge(&r.cur.counters)
-	}
-	for i := range r.slots {
-		if in(r.slots[i].stamp) {
-			c.merge(&r.slots[i].counters)
+	for _, g := range st.groups {
+		r := &g.rings[ri]
+		if in(r.cur.stamp) {
+			c.merge(&r.cur.counters)
+		}
+		for i := range r.slots {
+			if in(r.slots[i].stamp) {
+				c.merge(&r.slots[i].counters)
+			}
 		}
 	}
 
 	var qs [nFigures]Quantiles
 	for f := range nFigures {
 		sc.reset()
-		if d := r.cur.figs[f]; curIn && d != nil {
-			sc.Merge(d)
-		}
-		for i := range r.slots {
-			if sl := &r.slots[i]; in(sl.stamp) && sl.figs[f] != nil {
-				sc.mergeCompact(sl.figs[f])
+		for _, g := range st.groups {
+			r := &g.rings[ri]
+			if d := r.cur.figs[f]; d != nil && in(r.cur.stamp) {
+				sc.Merge(d)
+			}
+			for i := range r.slots {
+				if sl := &r.slots[i]; in(sl.stamp) && sl.figs[f] != nil {
+					sc.mergeCompact(sl.figs[f])
+				}
 			}
 		}
 		qs[f] = quantilesOf(sc)
 		ok = ok || qs[f].Count > 0
 	}
-	if !ok && c.requests == 0 {
-		return Group{}, false
-	}
+	return figuresOf(&c, &qs, seconds), ok || c.requests > 0
+}
 
-	out = Group{
-		Route: g.key.route.String(), Model: g.key.model, Team: g.key.team,
+// figuresOf reports the counters and quantiles of a span of seconds.
+func figuresOf(c *counters, qs *[nFigures]Quantiles, seconds float64) Figures {
+	out := Figures{
 		Requests: c.requests,
 		Outcomes: make(map[string]int64, nOutcomes),
 		TTFT:     qs[figTTFT], TPOT: qs[figTPOT], ITL: qs[figITL], E2E: qs[figE2E], Overhead: qs[figOverhead],
-		Goodput: Goodput{Broken: make(map[string]int64, nSLOs-1)},
+		InputTokens:  c.inputTokens,
+		OutputTokens: c.outputTokens,
+		CostUSD:      float64(c.costMicros) / 1e6,
+		Rejections:   map[string]int64{},
+		Goodput:      Goodput{Broken: make(map[string]int64, nSLOs-1)},
 	}
 	if seconds > 0 {
 		out.OutputTokensPerSecond = float64(c.outputTokens) / seconds
 	}
 	for o, n := range c.outcomes {
 		out.Outcomes[llm.Outcome(o).String()] = n
+	}
+	for r, n := range c.rejections {
+		if n > 0 {
+			out.Rejections[llm.Rejection(r).String()] = n
+		}
 	}
 	for s, n := range c.goodput {
 		out.Goodput.Total += n
@@ -231,7 +339,7 @@ func (g *group) summarize(spec windowSpec, e int64, seconds float64, sc *sketch)
 	if out.Goodput.Total > 0 {
 		out.Goodput.Ratio = float64(out.Goodput.Good) / float64(out.Goodput.Total)
 	}
-	return out, true
+	return out
 }
 
 var quantileLevels = []float64{0.5, 0.95, 0.99}
@@ -252,27 +360,135 @@ func quantilesOf(s *sketch) Quantiles {
 	}
 }
 
-// ServeHTTP serves the Report as JSON on GET. Query parameters narrow it:
-// route=, model=, team= keep matching groups (team= also keeps the team-less
-// ITL groups), window= (1m, 5m or 1h) keeps one window.
+// SeriesReport is the /stats/series document: a window's figures slice by
+// slice, for charts over time.
+type SeriesReport struct {
+	Generated time.Time  `json:"generated"`
+	Sketch    SketchInfo `json:"sketch"`
+	Window    string     `json:"window"`
+	// SliceSeconds is the width of a slice: 10 for the 1m and 5m windows,
+	// 60 for 1h.
+	SliceSeconds float64  `json:"slice_seconds"`
+	Series       []Series `json:"series"`
+}
+
+// Series is one group's points, oldest first: one per slice of the window,
+// empty ones included, so that every series of a report has the same
+// points.
+type Series struct {
+	Route  string  `json:"route"`
+	Model  string  `json:"model"`
+	Team   string  `json:"team"`
+	Points []Point `json:"points"`
+}
+
+// Point holds the figures of the requests that ended in one slice, which
+// starts at Start and spans Seconds (less than a slice for the current
+// one).
+type Point struct {
+	Start   time.Time `json:"start"`
+	Seconds float64   `json:"seconds"`
+	Figures
+}
+
+// Series returns the window's figures slice by slice.
+func (w *Windows) Series(window string) (SeriesReport, error) {
+	return w.series(filter{window: window})
+}
+
+func (w *Windows) series(f filter) (SeriesReport, error) {
+	i := slices.IndexFunc(windowSpecs[:], func(s windowSpec) bool { return s.name == f.window })
+	if i < 0 {
+		return SeriesReport{}, errBadWindow
+	}
+	spec := windowSpecs[i]
+	t := w.now()
+	e := w.elapsed(t)
+	width := int64(spec.width)
+	rep := SeriesReport{
+		Generated: t, Sketch: SketchInfo{Kind: sketchKind, RelativeError: relativeError},
+		Window: spec.name, SliceSeconds: spec.width.Seconds(), Series: []Series{},
+	}
+	cur := floorDiv(e, width)
+	first := max(cur-spec.slices+1, 0)
+	sc := newSketch()
+	for _, st := range w.sets(&f, e) {
+		out := Series{Route: st.route, Model: st.model, Team: st.team, Points: make([]Point, 0, cur-first+1)}
+		st.lock()
+		for k := first; k <= cur; k++ {
+			seconds := float64(min(e-k*width, width)) / float64(time.Second)
+			figs, _ := st.sum(spec.ring, k, k, seconds, sc)
+			out.Points = append(out.Points, Point{Start: w.start.Add(time.Duration(k * width)), Seconds: seconds, Figures: figs})
+		}
+		st.unlock()
+		rep.Series = append(rep.Series, out)
+	}
+	return rep, nil
+}
+
+var errBadWindow = errors.New("stats: window must be 1m, 5m or 1h")
+
+// parseFilter reads the query parameters of /stats and /stats/series.
+func parseFilter(q url.Values) (filter, error) {
+	f := filter{route: q.Get("route"), model: q.Get("model"), team: q.Get("team"), window: q.Get("window")}
+	if f.window != "" && !slices.ContainsFunc(windowSpecs[:], func(s windowSpec) bool { return s.name == f.window }) {
+		return f, errBadWindow
+	}
+	if m := q.Get("merge"); m != "" {
+		for d := range strings.SplitSeq(m, ",") {
+			switch strings.TrimSpace(d) {
+			case "route":
+				f.mergeRoute = true
+			case "model":
+				f.mergeModel = true
+			case "team":
+				f.mergeTeam = true
+			default:
+				return f, errors.New("stats: merge takes a comma-separated list of route, model and team")
+			}
+		}
+	}
+	return f, nil
+}
+
+// ServeHTTP serves the Report as JSON on GET /stats, and the SeriesReport
+// on GET /stats/series (a path ending in "/series"). Query parameters
+// narrow them: route=, model=, team= keep matching groups (team= also keeps
+// the team-less ITL groups); window= (1m, 5m or 1h) keeps one window (for
+// series it picks the window, 5m by default); merge= (a comma-separated
+// list of route, model, team) reports groups that differ only in those as
+// one, with "*" for the merged labels — merge=team puts a route and model's
+// ITL with its requests, merge=route,model,team gives the whole gateway.
 func (w *Windows) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		rw.Header().Set("Allow", "GET, HEAD")
 		http.Error(rw, "stats: method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	q := r.URL.Query()
-	f := filter{route: q.Get("route"), model: q.Get("model"), team: q.Get("team"), window: q.Get("window")}
-	if f.window != "" && !slices.ContainsFunc(windowSpecs[:], func(s windowSpec) bool { return s.name == f.window }) {
-		http.Error(rw, "stats: window must be 1m, 5m or 1h", http.StatusBadRequest)
+	f, err := parseFilter(r.URL.Query())
+	if err != nil {
+		http.Error(rw, err.Error(), http.StatusBadRequest)
 		return
 	}
-	rep := w.snapshot(f)
+	var doc any
+	if strings.HasSuffix(r.URL.Path, "/series") {
+		if f.window == "" {
+			f.window = "5m"
+		}
+		rep, err := w.series(f)
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusBadRequest)
+			return
+		}
+		doc = rep
+	} else {
+		doc = w.snapshot(f)
+	}
 	rw.Header().Set("Content-Type", "application/json")
 	rw.Header().Set("Cache-Control", "no-store")
 	if r.Method == http.MethodHead {
 		return
 	}
 	// A write error means the client went away; there is no one to tell.
-	_ = json.NewEncoder(rw).Encode(rep)
+	_ = json.NewEncoder(rw).Encode(doc)
 }

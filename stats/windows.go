@@ -80,7 +80,10 @@ type counters struct {
 	requests     int64
 	outcomes     [nOutcomes]int64
 	goodput      [nSLOs]int64 // by llm.SLO; only for the chat and messages routes
+	inputTokens  int64
 	outputTokens int64
+	costMicros   int64
+	rejections   [llm.NumRejections]int64 // by llm.Rejection, for outcome rejected
 }
 
 func (c *counters) merge(o *counters) {
@@ -91,7 +94,12 @@ func (c *counters) merge(o *counters) {
 	for i, n := range o.goodput {
 		c.goodput[i] += n
 	}
+	c.inputTokens += o.inputTokens
 	c.outputTokens += o.outputTokens
+	c.costMicros += o.costMicros
+	for i, n := range o.rejections {
+		c.rejections[i] += n
+	}
 }
 
 // active is the slice being written: dense sketches, so that adding to it is
@@ -299,9 +307,19 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 	if !rec.Timing.UpSent.IsZero() {
 		set(figOverhead, rec.Overhead())
 	}
-	var tokens int64
+	var tokens, input int64
 	if rec.Usage.HasOutput || rec.Estimated {
 		tokens = rec.Usage.Output
+	}
+	if rec.Usage.HasInput {
+		input = rec.Usage.Input
+	}
+	rej := -1
+	if rec.Outcome == llm.OutcomeRejected {
+		rej = int(rec.Rejection)
+		if rej == int(llm.RejectNone) || rej >= llm.NumRejections {
+			rej = int(llm.RejectOther)
+		}
 	}
 	team := rec.Team
 	if team == "" {
@@ -323,6 +341,11 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 			c.goodput[rec.Goodput]++
 		}
 		c.outputTokens += tokens
+		c.inputTokens += input
+		c.costMicros += rec.CostMicros
+		if rej >= 0 {
+			c.rejections[rej]++
+		}
 		for f, ok := range has {
 			if ok {
 				r.cur.fig(figure(f)).addAt(buckets[f], vals[f])
