@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/dashboard"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/ratelimit"
@@ -175,6 +176,10 @@ func (g *Gateway) Handler() http.Handler {
 		st := limitInFlight(g.stats, statsInFlight)
 		r.Method(http.MethodGet, "/stats", st)
 		r.Method(http.MethodGet, "/stats/series", st)
+		// The dashboard charts /stats, so it is served where /stats is.
+		dash := dashboard.Handler("/dashboard")
+		r.Method(http.MethodGet, "/dashboard", dash)
+		r.Method(http.MethodGet, "/dashboard/*", dash)
 	}
 	g.adminRoutes(r)
 	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))

@@ -1,0 +1,598 @@
+package dashboard_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/proxy"
+	"github.com/tollgate-llm/tollgate/ratelimit"
+	"github.com/tollgate-llm/tollgate/spend"
+	"github.com/tollgate-llm/tollgate/stats"
+)
+
+const (
+	keySearch = "tg-test-search-key-0001"
+	keyAds    = "tg-test-ads-key-0002"
+)
+
+func sha(k string) string {
+	s := sha256.Sum256([]byte(k))
+	return hex.EncodeToString(s[:])
+}
+
+// chromium returns Debian's Chromium, or skips the test when it is missing
+// outside CI (.ci/run installs it; in CI its absence is a failure).
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("chromium is not installed; .ci/run installs Debian's chromium package")
+	}
+	t.Skip("chromium is not installed (apt-get install chromium)")
+	return ""
+}
+
+// world is a gateway with two teams in front of a mockllm, its /stats
+// requests counted and, once, held.
+type world struct {
+	url   string
+	stats *stats.Windows
+
+	mu        sync.Mutex
+	statsSeen int
+	holdAt    int           // hold the holdAt-th /stats request (1-based) ...
+	held      chan struct{} // ... until this is closed
+	reached   chan struct{} // closed when that request arrives
+	release   func()        // closes held, once
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	mock := mockllm.New(mockllm.Options{TTFT: 15 * time.Millisecond, ITL: 2 * time.Millisecond,
+		Jitter: 2 * time.Millisecond, Seed: 7, OutputTokens: 12})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	doc := fmt.Sprintf(`
+[server]
+listen = "127.0.0.1:0"
+[auth]
+mode = "keys"
+[[upstreams]]
+name = "mock"
+base_url = %q
+dialects = ["openai", "anthropic"]
+[[models]]
+pattern = "gpt-test*"
+input_usd_per_mtok = 2.5
+output_usd_per_mtok = 10
+[[models]]
+pattern = "claude-test*"
+input_usd_per_mtok = 3
+output_usd_per_mtok = 15
+[[teams]]
+name = "search"
+[[teams]]
+name = "ads"
+rpm = 3
+[[keys]]
+name = "searcher"
+sha256 = %q
+team = "search"
+[[keys]]
+name = "advertiser"
+sha256 = %q
+team = "ads"
+`, up.URL, sha(keySearch), sha(keyAds))
+	cfg, err := config.Parse([]byte(doc), "dashboard-test.toml", func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := ratelimit.NewLocal(ratelimit.LocalOptions{})
+	t.Cleanup(func() { _ = lim.Close() })
+	ledger, err := spend.NewLocal(spend.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ledger.Close() })
+	w := &world{stats: stats.New(nil), held: make(chan struct{}), reached: make(chan struct{})}
+	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Limiter: lim, Ledger: ledger,
+		Stats: w.stats, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := gw.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/stats") {
+			w.mu.Lock()
+			w.statsSeen++
+			hold := w.statsSeen == w.holdAt
+			w.mu.Unlock()
+			if hold {
+				close(w.reached)
+				<-w.held
+			}
+		}
+		h.ServeHTTP(rw, r)
+	}))
+	t.Cleanup(srv.Close)
+	// Runs before srv.Close, which would wait for a held request forever.
+	w.release = sync.OnceFunc(func() { close(w.held) })
+	t.Cleanup(w.release)
+	w.url = srv.URL
+	return w
+}
+
+// openaiStreams sends n streams; it may run outside the test's goroutine.
+func (w *world) openaiStreams(key string, n int) error {
+	c := openai.NewClient(option.WithBaseURL(w.url+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+			Model:     "gpt-test",
+			MaxTokens: openai.Int(int64(16 + i)),
+			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("How many moons has Saturn?")},
+		})
+		chunks := 0
+		for st.Next() {
+			chunks++
+		}
+		err := st.Err()
+		cancel()
+		if err != nil || chunks == 0 {
+			return fmt.Errorf("openai stream %d: %d chunks, %v", i, chunks, err)
+		}
+	}
+	return nil
+}
+
+// anthropicStreams sends n streams and returns how many the gateway
+// refused with 429.
+func (w *world) anthropicStreams(t *testing.T, key string, n int) (refused int) {
+	t.Helper()
+	c := anthropic.NewClient(aoption.WithBaseURL(w.url), aoption.WithAPIKey(key), aoption.WithMaxRetries(0))
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		st := c.Messages.NewStreaming(ctx, anthropic.MessageNewParams{
+			Model: "claude-test", MaxTokens: int64(16 + i),
+			Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Name a moon of Jupiter."))},
+		})
+		for st.Next() {
+		}
+		err := st.Err()
+		cancel()
+		var apiErr *anthropic.Error
+		switch {
+		case err == nil:
+		case errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests:
+			refused++
+		default:
+			t.Fatalf("anthropic stream %d: %v", i, err)
+		}
+	}
+	return refused
+}
+
+// dump loads the dashboard in headless Chromium and returns the DOM once
+// the page's scripts have run for budget of virtual time (Chromium stops
+// virtual time while a fetch is pending, so every refresh in the budget
+// completes).
+func dump(t *testing.T, chrome, url string, budget time.Duration) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, chrome, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+		"--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--disable-dev-shm-usage", "--user-data-dir="+t.TempDir(),
+		"--virtual-time-budget="+strconv.FormatInt(budget.Milliseconds(), 10), "--dump-dom", url)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	return string(out)
+}
+
+// tag is one start or end tag of the dumped DOM.
+type tag struct {
+	name  string
+	end   bool
+	attrs map[string]string
+}
+
+var (
+	tagRE  = regexp.MustCompile(`<(/?)([a-zA-Z][a-zA-Z0-9:-]*)((?:\s+[^\s=>]+(?:="[^"]*")?)*)\s*/?>`)
+	attrRE = regexp.MustCompile(`([^\s=>]+)(?:="([^"]*)")?`)
+)
+
+func parseTags(dom string) []tag {
+	var out []tag
+	for _, m := range tagRE.FindAllStringSubmatch(dom, -1) {
+		tg := tag{name: strings.ToLower(m[2]), end: m[1] == "/", attrs: map[string]string{}}
+		for _, a := range attrRE.FindAllStringSubmatch(m[3], -1) {
+			tg.attrs[a[1]] = html.UnescapeString(a[2])
+		}
+		out = append(out, tg)
+	}
+	return out
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// num parses a data attribute; "" is a figure with no sample.
+func num(t *testing.T, s string) (float64, bool) {
+	t.Helper()
+	if s == "" {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatalf("data value %q: %v", s, err)
+	}
+	return v, true
+}
+
+// TestDashboardRendersStats loads /dashboard in headless Chromium against a
+// gateway with traffic from both SDKs and two teams, one of them over its
+// rate limit, and checks that the tiles, the chart lines and the team and
+// model tables show exactly the figures /stats reports — after a refresh
+// that happened while the page was open: the page is held on its second
+// refresh until more traffic has gone through, and must show that traffic.
+func TestDashboardRendersStats(t *testing.T) {
+	chrome := chromium(t)
+	w := newWorld(t)
+	if err := w.openaiStreams(keySearch, 6); err != nil {
+		t.Fatal(err)
+	}
+	if refused := w.anthropicStreams(t, keyAds, 6); refused != 3 {
+		t.Fatalf("team ads (rpm 3) had %d of 6 requests refused, want 3", refused)
+	}
+	// The page asks four documents per refresh: hold the first of the
+	// second refresh until four more requests have gone through.
+	w.mu.Lock()
+	w.holdAt = 5
+	w.mu.Unlock()
+	more := make(chan error, 1)
+	go func() {
+		select {
+		case <-w.reached:
+		case <-time.After(90 * time.Second):
+			more <- errors.New("the page never refreshed")
+			return
+		}
+		more <- w.openaiStreams(keySearch, 4)
+		w.release()
+	}()
+	dom := dump(t, chrome, w.url+"/dashboard", 12*time.Second)
+	select {
+	case <-w.reached:
+	default:
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		t.Fatalf("the page did not refresh (%d /stats requests)", w.statsSeen)
+	}
+	if err := <-more; err != nil {
+		t.Fatal(err)
+	}
+
+	var all, teams, models stats.Report
+	var series stats.SeriesReport
+	getJSON(t, w.url+"/stats?window=5m&merge=route,model,team", &all)
+	getJSON(t, w.url+"/stats/series?window=5m&merge=route,model,team", &series)
+	getJSON(t, w.url+"/stats?window=5m&merge=route,model", &teams)
+	getJSON(t, w.url+"/stats?window=5m&merge=team", &models)
+	if len(all.Windows[0].Groups) != 1 || len(series.Series) != 1 {
+		t.Fatalf("/stats: %d groups, %d series", len(all.Windows[0].Groups), len(series.Series))
+	}
+	g := all.Windows[0].Groups[0]
+	if g.Requests != 16 || g.Rejections["rpm"] != 3 || g.CostUSD <= 0 {
+		t.Fatalf("/stats counts %d requests, rejections %v, cost %g; sent 16, 3 over the limit", g.Requests, g.Rejections, g.CostUSD)
+	}
+
+	tags := parseTags(dom)
+	byID := map[string]tag{}
+	for _, tg := range tags {
+		if id := tg.attrs["id"]; id != "" && !tg.end {
+			byID[id] = tg
+		}
+	}
+	if body := tags[slices.IndexFunc(tags, func(tg tag) bool { return tg.name == "body" })]; body.attrs["data-window"] != "5m" {
+		t.Fatalf("page did not render (body %v); DOM:\n%s", body.attrs, dom)
+	}
+	if s := statusText(dom); !strings.HasPrefix(s, "updated") {
+		t.Errorf("status %q", s)
+	}
+
+	// Tiles: exactly the values of the whole-gateway group.
+	want := map[string]float64{
+		"requests": float64(g.Requests), "goodput": g.Goodput.Ratio, "cost": g.CostUSD,
+		"rejected":     float64(g.Outcomes["rejected"]),
+		"overhead-p50": g.Overhead.P50, "overhead-p99": g.Overhead.P99,
+	}
+	for name, q := range map[string]stats.Quantiles{"ttft": g.TTFT, "tpot": g.TPOT, "itl": g.ITL, "e2e": g.E2E} {
+		if q.Count == 0 {
+			t.Fatalf("no %s in /stats", name)
+		}
+		want[name+"-p50"], want[name+"-p95"], want[name+"-p99"] = q.P50, q.P95, q.P99
+	}
+	for id, v := range want {
+		tg, ok := byID["t-"+id]
+		if !ok {
+			t.Errorf("no tile t-%s", id)
+			continue
+		}
+		got, has := num(t, tg.attrs["data-v"])
+		if !has || got != v {
+			t.Errorf("tile %s shows %q, /stats says %v", id, tg.attrs["data-v"], v)
+		}
+	}
+	// Tokens/s falls as the window's span grows, so it lies between the
+	// figure at the test's fetch and the tokens over the run's few seconds.
+	if tps, _ := num(t, byID["t-tokens-per-second"].attrs["data-v"]); tps < g.OutputTokensPerSecond || tps > float64(g.OutputTokens) {
+		t.Errorf("tokens/s tile %g, /stats %g now (%d tokens)", tps, g.OutputTokensPerSecond, g.OutputTokens)
+	}
+
+	checkCharts(t, tags, series.Series[0].Points)
+	checkTeams(t, tags, teams)
+	checkModels(t, tags, models)
+}
+
+func statusText(dom string) string {
+	m := regexp.MustCompile(`id="status"[^>]*>([^<]*)<`).FindStringSubmatch(dom)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+// chartLine is one line of a chart: its values and the points drawn.
+type chartLine struct {
+	values string
+	points [][2]float64
+}
+
+// checkCharts: every latency chart draws p50, p95 and p99 with exactly the
+// values of the series' points (closed slices; a slice the test's fetch
+// started after the page's last refresh must be empty), drawn in order: a
+// higher value never sits lower.
+func checkCharts(t *testing.T, tags []tag, pts []stats.Point) {
+	t.Helper()
+	lines := map[string]*chartLine{} // "ttft/p50"
+	chart, series := "", ""
+	for _, tg := range tags {
+		switch {
+		case !tg.end && tg.name == "div" && strings.HasPrefix(tg.attrs["id"], "c-"):
+			chart = strings.TrimPrefix(tg.attrs["id"], "c-")
+		case !tg.end && tg.name == "g" && tg.attrs["class"] == "series":
+			series = chart + "/" + tg.attrs["data-name"]
+			lines[series] = &chartLine{values: tg.attrs["data-values"]}
+		case tg.end && tg.name == "g":
+			series = ""
+		case !tg.end && series != "" && tg.name == "polyline":
+			for p := range strings.FieldsSeq(tg.attrs["points"]) {
+				x, y, _ := strings.Cut(p, ",")
+				xf, _ := strconv.ParseFloat(x, 64)
+				yf, _ := strconv.ParseFloat(y, 64)
+				lines[series].points = append(lines[series].points, [2]float64{xf, yf})
+			}
+		case !tg.end && series != "" && tg.name == "circle":
+			xf, _ := strconv.ParseFloat(tg.attrs["cx"], 64)
+			yf, _ := strconv.ParseFloat(tg.attrs["cy"], 64)
+			lines[series].points = append(lines[series].points, [2]float64{xf, yf})
+		}
+	}
+	for _, name := range []string{"tokens/tokens/s", "goodput/goodput", "requests/requests/s", "requests/rejected/s", "spend/USD/min"} {
+		if lines[name] == nil || len(lines[name].points) == 0 {
+			t.Errorf("chart line %s missing or empty", name)
+		}
+	}
+	pick := map[string]func(stats.Point) stats.Quantiles{
+		"ttft": func(p stats.Point) stats.Quantiles { return p.TTFT },
+		"tpot": func(p stats.Point) stats.Quantiles { return p.TPOT },
+		"itl":  func(p stats.Point) stats.Quantiles { return p.ITL },
+		"e2e":  func(p stats.Point) stats.Quantiles { return p.E2E },
+	}
+	for fig, q := range pick {
+		ys := map[string]map[float64]float64{} // p → x → y
+		for _, p := range []string{"p50", "p95", "p99"} {
+			ln := lines[fig+"/"+p]
+			if ln == nil {
+				t.Errorf("no line %s/%s", fig, p)
+				continue
+			}
+			vals := strings.Split(ln.values, ",")
+			if len(vals) > len(pts) {
+				t.Errorf("%s/%s: %d values, /stats/series has %d points", fig, p, len(vals), len(pts))
+				continue
+			}
+			drawn := 0
+			for i, pt := range pts {
+				qt := q(pt)
+				if i >= len(vals) {
+					if qt.Count != 0 {
+						t.Errorf("%s: point %d of /stats/series holds samples the page did not show", fig, i)
+					}
+					continue
+				}
+				got, has := num(t, vals[i])
+				wantV := map[string]float64{"p50": qt.P50, "p95": qt.P95, "p99": qt.P99}[p]
+				if has != (qt.Count > 0) || (has && got != wantV) {
+					t.Errorf("%s/%s point %d: page %q, /stats/series %v (count %d)", fig, p, i, vals[i], wantV, qt.Count)
+				}
+				if has {
+					drawn++
+				}
+			}
+			if drawn == 0 || len(ln.points) != drawn {
+				t.Errorf("%s/%s: %d points drawn for %d values", fig, p, len(ln.points), drawn)
+			}
+			ys[p] = map[float64]float64{}
+			for _, xy := range ln.points {
+				ys[p][xy[0]] = xy[1]
+			}
+		}
+		for x, y50 := range ys["p50"] {
+			if y99, ok := ys["p99"][x]; !ok || y99 > y50+1e-9 || math.IsNaN(y99) {
+				t.Errorf("%s at x=%g: p99 drawn at y=%g, p50 at y=%g", fig, x, y99, y50)
+			}
+		}
+	}
+}
+
+// checkTeams: one row per team with its spend, requests and rejections.
+func checkTeams(t *testing.T, tags []tag, rep stats.Report) {
+	t.Helper()
+	rows := map[string]map[string]string{}
+	for _, tg := range tags {
+		if tg.name == "tr" && tg.attrs["data-team"] != "" {
+			rows[tg.attrs["data-team"]] = tg.attrs
+		}
+	}
+	n := 0
+	for _, g := range rep.Windows[0].Groups {
+		if g.Team == "" {
+			continue
+		}
+		n++
+		row, ok := rows[g.Team]
+		if !ok {
+			t.Errorf("no row for team %s", g.Team)
+			continue
+		}
+		cost, _ := num(t, row["data-cost"])
+		reqs, _ := num(t, row["data-requests"])
+		rej, _ := num(t, row["data-rejected"])
+		var reasons []string
+		for k, v := range g.Rejections {
+			reasons = append(reasons, fmt.Sprintf("%s:%d", k, v))
+		}
+		slices.Sort(reasons)
+		if cost != g.CostUSD || reqs != float64(g.Requests) || rej != float64(g.Outcomes["rejected"]) ||
+			row["data-reasons"] != strings.Join(reasons, " ") {
+			t.Errorf("team %s row %v, /stats %+v", g.Team, row, g.Figures)
+		}
+	}
+	if n != 2 || len(rows) != n {
+		t.Errorf("%d team rows, /stats has %d teams", len(rows), n)
+	}
+	if rows["ads"]["data-reasons"] != "rpm:3" {
+		t.Errorf("team ads rejections %q, want rpm:3", rows["ads"]["data-reasons"])
+	}
+}
+
+// checkModels: one row per route and model with its requests and TTFT.
+func checkModels(t *testing.T, tags []tag, rep stats.Report) {
+	t.Helper()
+	rows := map[string]map[string]string{}
+	for _, tg := range tags {
+		if tg.name == "tr" && tg.attrs["data-route"] != "" {
+			rows[tg.attrs["data-route"]+"/"+tg.attrs["data-model"]] = tg.attrs
+		}
+	}
+	for _, g := range rep.Windows[0].Groups {
+		row, ok := rows[g.Route+"/"+g.Model]
+		reqs, _ := num(t, row["data-requests"])
+		ttft, has := num(t, row["data-ttft-p50"])
+		if !ok || reqs != float64(g.Requests) || has != (g.TTFT.Count > 0) || ttft != g.TTFT.P50 {
+			t.Errorf("route/model %s/%s row %v, /stats %d requests TTFT P50 %g", g.Route, g.Model, row, g.Requests, g.TTFT.P50)
+		}
+	}
+	if len(rows) != len(rep.Windows[0].Groups) || len(rows) != 2 {
+		t.Errorf("%d route/model rows, /stats has %d", len(rows), len(rep.Windows[0].Groups))
+	}
+}
+
+// TestDashboardOffline: the page and its assets name no other origin, and
+// the Content-Security-Policy forbids loading from one.
+func TestDashboardOffline(t *testing.T) {
+	w := newWorld(t)
+	for _, p := range []string{"/dashboard", "/dashboard/app.js", "/dashboard/app.css"} {
+		resp, err := http.Get(w.url + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || len(body) == 0 {
+			t.Fatalf("%s: %d, %d bytes", p, resp.StatusCode, len(body))
+		}
+		csp := resp.Header.Get("Content-Security-Policy")
+		if !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "connect-src 'self'") ||
+			!strings.Contains(csp, "script-src 'self'") {
+			t.Errorf("%s: CSP %q", p, csp)
+		}
+		// The SVG namespace is a name, not a fetch.
+		rest := strings.ReplaceAll(string(body), "http://www.w3.org/2000/svg", "")
+		if m := regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}`).FindString(rest); m != "" {
+			t.Errorf("%s names another origin: %s", p, m)
+		}
+	}
+	resp, err := http.Get(w.url + "/dashboard/nope.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown asset: %d", resp.StatusCode)
+	}
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err = c.Get(w.url + "/dashboard/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMovedPermanently || resp.Header.Get("Location") != "../dashboard" {
+		t.Errorf("/dashboard/: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
