@@ -107,7 +107,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if failures > 0 {
 		fmt.Fprintf(stdout, "\n%d requests failed on the client side\n", failures)
 	}
-	fmt.Fprintf(stdout, "\nMetrics:   %s/metrics\n", base)
+	fmt.Fprintf(stdout, "\nDashboard: %s/dashboard\nMetrics:   %s/metrics\n", base, base)
 	fmt.Fprintf(stdout, "OpenAI:    base_url %s/v1   e.g. curl -s %s/v1/chat/completions -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n", base, base)
 	fmt.Fprintf(stdout, "Anthropic: base_url %s\n", base)
 	if *duration > 0 {
