@@ -270,17 +270,14 @@ func covered(spec windowSpec, e int64) float64 {
 // which span seconds; ok is false when they hold nothing. sc is the scratch
 // sketch. Called with the set locked.
 func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *sketch) (out Figures, ok bool) {
-	in := func(stamp int64) bool { return stamp >= lo && stamp <= hi }
-
 	var c counters
 	for _, g := range st.groups {
 		r := &g.rings[ri]
-		if in(r.cur.stamp) {
-			c.merge(&r.cur.counters)
-		}
-		for i := range r.slots {
-			if in(r.slots[i].stamp) {
-				c.merge(&r.slots[i].counters)
+		for k := max(lo, hi-int64(len(r.slots))); k <= hi; k++ {
+			if r.cur.stamp == k {
+				c.merge(&r.cur.counters)
+			} else if sl := r.slot(k); sl != nil {
+				c.merge(&sl.counters)
 			}
 		}
 	}
@@ -290,11 +287,12 @@ func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *sketch) (out Figur
 		sc.reset()
 		for _, g := range st.groups {
 			r := &g.rings[ri]
-			if d := r.cur.figs[f]; d != nil && in(r.cur.stamp) {
-				sc.Merge(d)
-			}
-			for i := range r.slots {
-				if sl := &r.slots[i]; in(sl.stamp) && sl.figs[f] != nil {
+			for k := max(lo, hi-int64(len(r.slots))); k <= hi; k++ {
+				if r.cur.stamp == k {
+					if d := r.cur.figs[f]; d != nil {
+						sc.Merge(d)
+					}
+				} else if sl := r.slot(k); sl != nil && sl.figs[f] != nil {
 					sc.mergeCompact(sl.figs[f])
 				}
 			}

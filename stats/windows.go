@@ -180,6 +180,16 @@ func (r *ring) advance(sn int64) {
 	r.cur.counters = counters{}
 }
 
+// slot returns the closed slice numbered k, or nil when the ring does not
+// hold it (never written, or overwritten by a later one).
+func (r *ring) slot(k int64) *slot {
+	sl := &r.slots[mod(k, int64(len(r.slots)))]
+	if sl.stamp != k {
+		return nil
+	}
+	return sl
+}
+
 // groupKey identifies a group. ITL groups have team "".
 type groupKey struct {
 	route llm.Route

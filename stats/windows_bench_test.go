@@ -102,3 +102,35 @@ func BenchmarkSnapshot50Groups(b *testing.B) {
 	}
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/50/1024, "KiB/group")
 }
+
+// BenchmarkDashboardRefresh50Groups is what one dashboard refresh asks of
+// a gateway with 50 groups: the whole gateway merged, its 5 min series,
+// and the groups merged by team and by route and model.
+func BenchmarkDashboardRefresh50Groups(b *testing.B) {
+	clk := newFakeClock()
+	w := New(clk.now)
+	fill50(clk, w)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = w.snapshot(filter{window: "5m", mergeRoute: true, mergeModel: true, mergeTeam: true})
+		if _, err := w.series(filter{window: "5m", mergeRoute: true, mergeModel: true, mergeTeam: true}); err != nil {
+			b.Fatal(err)
+		}
+		_ = w.snapshot(filter{window: "5m", mergeRoute: true, mergeModel: true})
+		_ = w.snapshot(filter{window: "5m", mergeTeam: true})
+	}
+}
+
+// BenchmarkSeries1h50Groups: the 1 h series of every group, unmerged (60
+// points each).
+func BenchmarkSeries1h50Groups(b *testing.B) {
+	clk := newFakeClock()
+	w := New(clk.now)
+	fill50(clk, w)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := w.Series("1h"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
