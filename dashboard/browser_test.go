@@ -76,6 +76,7 @@ type world struct {
 	held      chan struct{} // ... until this is closed
 	reached   chan struct{} // closed when that request arrives
 	release   func()        // closes held, once
+	failStats bool          // answer /stats with 503, as when too many are in flight
 }
 
 func newWorld(t *testing.T) *world {
@@ -143,7 +144,13 @@ team = "ads"
 			w.mu.Lock()
 			w.statsSeen++
 			hold := w.statsSeen == w.holdAt
+			fail := w.failStats
 			w.mu.Unlock()
+			if fail {
+				rw.Header().Set("Retry-After", "1")
+				http.Error(rw, "too many /stats requests in flight; retry", http.StatusServiceUnavailable)
+				return
+			}
 			if hold {
 				close(w.reached)
 				<-w.held
@@ -341,12 +348,6 @@ func TestDashboardRendersStats(t *testing.T) {
 	}
 
 	tags := parseTags(dom)
-	byID := map[string]tag{}
-	for _, tg := range tags {
-		if id := tg.attrs["id"]; id != "" && !tg.end {
-			byID[id] = tg
-		}
-	}
 	if body := tags[slices.IndexFunc(tags, func(tg tag) bool { return tg.name == "body" })]; body.attrs["data-window"] != "5m" {
 		t.Fatalf("page did not render (body %v); DOM:\n%s", body.attrs, dom)
 	}
@@ -354,7 +355,22 @@ func TestDashboardRendersStats(t *testing.T) {
 		t.Errorf("status %q", s)
 	}
 
-	// Tiles: exactly the values of the whole-gateway group.
+	checkTiles(t, tags, g)
+	checkCharts(t, tags, series.Series[0].Points)
+	checkTeams(t, tags, teams)
+	checkModels(t, tags, models)
+}
+
+// checkTiles: the tiles hold exactly the values of the whole-gateway group
+// g (fetched after the page's last refresh, with no traffic between).
+func checkTiles(t *testing.T, tags []tag, g stats.Group) {
+	t.Helper()
+	byID := map[string]tag{}
+	for _, tg := range tags {
+		if id := tg.attrs["id"]; id != "" && !tg.end {
+			byID[id] = tg
+		}
+	}
 	want := map[string]float64{
 		"requests": float64(g.Requests), "goodput": g.Goodput.Ratio, "cost": g.CostUSD,
 		"rejected":     float64(g.Outcomes["rejected"]),
@@ -377,15 +393,15 @@ func TestDashboardRendersStats(t *testing.T) {
 			t.Errorf("tile %s shows %q, /stats says %v", id, tg.attrs["data-v"], v)
 		}
 	}
-	// Tokens/s falls as the window's span grows, so it lies between the
-	// figure at the test's fetch and the tokens over the run's few seconds.
-	if tps, _ := num(t, byID["t-tokens-per-second"].attrs["data-v"]); tps < g.OutputTokensPerSecond || tps > float64(g.OutputTokens) {
-		t.Errorf("tokens/s tile %g, /stats %g now (%d tokens)", tps, g.OutputTokensPerSecond, g.OutputTokens)
+	// The page's refresh came before the test's fetch, over a shorter span:
+	// its tokens/s is the same tokens over the span the page was told.
+	body := tags[slices.IndexFunc(tags, func(tg tag) bool { return tg.name == "body" })]
+	secs, ok := num(t, body.attrs["data-seconds"])
+	tps, _ := num(t, byID["t-tokens-per-second"].attrs["data-v"])
+	if !ok || secs <= 0 || tps != float64(g.OutputTokens)/secs {
+		t.Errorf("tokens/s tile %g over %g s; /stats: %d tokens", tps, secs, g.OutputTokens)
 	}
 
-	checkCharts(t, tags, series.Series[0].Points)
-	checkTeams(t, tags, teams)
-	checkModels(t, tags, models)
 }
 
 func statusText(dom string) string {
@@ -594,5 +610,64 @@ func TestDashboardOffline(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMovedPermanently || resp.Header.Get("Location") != "../dashboard" {
 		t.Errorf("/dashboard/: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+// TestDashboardWindow: ?window=1m shows the 1 min window's figures and its
+// six 10 s slices.
+func TestDashboardWindow(t *testing.T) {
+	chrome := chromium(t)
+	w := newWorld(t)
+	if err := w.openaiStreams(keySearch, 3); err != nil {
+		t.Fatal(err)
+	}
+	dom := dump(t, chrome, w.url+"/dashboard?window=1m", 2*time.Second)
+	var all stats.Report
+	var series stats.SeriesReport
+	getJSON(t, w.url+"/stats?window=1m&merge=route,model,team", &all)
+	getJSON(t, w.url+"/stats/series?window=1m&merge=route,model,team", &series)
+	tags := parseTags(dom)
+	body := tags[slices.IndexFunc(tags, func(tg tag) bool { return tg.name == "body" })]
+	if body.attrs["data-window"] != "1m" {
+		t.Fatalf("body %v", body.attrs)
+	}
+	for _, tg := range tags {
+		if tg.name == "button" && tg.attrs["data-window"] != "" &&
+			(tg.attrs["aria-pressed"] == "true") != (tg.attrs["data-window"] == "1m") {
+			t.Errorf("button %s pressed=%q", tg.attrs["data-window"], tg.attrs["aria-pressed"])
+		}
+	}
+	if len(all.Windows) != 1 || all.Windows[0].Name != "1m" || len(all.Windows[0].Groups) != 1 {
+		t.Fatalf("/stats?window=1m: %+v", all.Windows)
+	}
+	g := all.Windows[0].Groups[0]
+	if g.Requests != 3 {
+		t.Fatalf("/stats counts %d requests, sent 3", g.Requests)
+	}
+	checkTiles(t, tags, g)
+	checkCharts(t, tags, series.Series[0].Points)
+}
+
+// TestDashboardRefreshFailure: when /stats refuses (503), the page says so
+// in its status line instead of showing stale or empty figures silently.
+func TestDashboardRefreshFailure(t *testing.T) {
+	chrome := chromium(t)
+	w := newWorld(t)
+	w.mu.Lock()
+	w.failStats = true
+	w.mu.Unlock()
+	dom := dump(t, chrome, w.url+"/dashboard", 2*time.Second)
+	st := statusText(dom)
+	if !strings.Contains(st, "refresh failed") || !strings.Contains(st, "HTTP 503") ||
+		!strings.Contains(st, "too many /stats requests in flight") {
+		t.Errorf("status %q", st)
+	}
+	if !regexp.MustCompile(`id="status" class="status error"|class="status error" id="status"`).MatchString(dom) {
+		t.Errorf("status not marked as an error:\n%s", dom)
+	}
+	for _, tg := range parseTags(dom) {
+		if strings.HasPrefix(tg.attrs["id"], "t-") {
+			t.Errorf("tile %s drawn without figures", tg.attrs["id"])
+		}
 	}
 }

@@ -270,6 +270,7 @@
       renderModels(models);
       document.body.setAttribute('data-generated', all.generated);
       document.body.setAttribute('data-window', w);
+      document.body.setAttribute('data-seconds', all.windows[0].seconds);
       setStatus('ok', 'updated ' + fmtTime(all.generated));
     } catch (e) {
       if (gen === generation) setStatus('error', 'refresh failed: ' + e.message);
