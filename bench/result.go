@@ -21,9 +21,12 @@ type ErrorKind string
 // The ways a request fails. A failed request is counted by its kind and
 // gives no latency figures.
 const (
-	// ErrStatus is an error answer other than 429: a 4xx, or a 5xx still
-	// failing after the retries. Sample.Status has the code.
+	// ErrStatus is an error answer other than 401 and 429: a 4xx, or a 5xx
+	// still failing after the retries. Sample.Status has the code.
 	ErrStatus ErrorKind = "status"
+	// ErrUnauthorized is a 401: the key is missing or rejected. It is not
+	// retried, and Run stops sending after a few (see UnauthorizedError).
+	ErrUnauthorized ErrorKind = "unauthorized"
 	// ErrRateLimited is a 429 still answered after the retries.
 	ErrRateLimited ErrorKind = "rate_limited"
 	// ErrTimeout is an attempt that outlived Config.Timeout, or a network
@@ -146,20 +149,21 @@ type Goodput struct {
 // Errors counts failed requests by kind (see ErrorKind).
 type Errors struct {
 	// Status counts ErrStatus failures by HTTP status.
-	Status      map[int]int `json:"status,omitempty"`
-	RateLimited int         `json:"rate_limited"`
-	Timeout     int         `json:"timeout"`
-	StreamError int         `json:"stream_error"`
-	Truncated   int         `json:"truncated"`
-	Protocol    int         `json:"protocol"`
-	NoTokens    int         `json:"no_tokens"`
-	Connect     int         `json:"connect"`
-	Canceled    int         `json:"canceled"`
+	Status       map[int]int `json:"status,omitempty"`
+	Unauthorized int         `json:"unauthorized"`
+	RateLimited  int         `json:"rate_limited"`
+	Timeout      int         `json:"timeout"`
+	StreamError  int         `json:"stream_error"`
+	Truncated    int         `json:"truncated"`
+	Protocol     int         `json:"protocol"`
+	NoTokens     int         `json:"no_tokens"`
+	Connect      int         `json:"connect"`
+	Canceled     int         `json:"canceled"`
 }
 
 // Total returns the number of failed requests.
 func (e *Errors) Total() int {
-	n := e.RateLimited + e.Timeout + e.StreamError + e.Truncated + e.Protocol +
+	n := e.Unauthorized + e.RateLimited + e.Timeout + e.StreamError + e.Truncated + e.Protocol +
 		e.NoTokens + e.Connect + e.Canceled
 	for _, c := range e.Status {
 		n += c
@@ -174,6 +178,8 @@ func (e *Errors) add(s *Sample) {
 			e.Status = make(map[int]int)
 		}
 		e.Status[s.Status]++
+	case ErrUnauthorized:
+		e.Unauthorized++
 	case ErrRateLimited:
 		e.RateLimited++
 	case ErrTimeout:
@@ -576,7 +582,7 @@ func errorsText(e *Errors) string {
 		name string
 		n    int
 	}{
-		{"429", e.RateLimited}, {"timeout", e.Timeout}, {"stream_error", e.StreamError},
+		{"401", e.Unauthorized}, {"429", e.RateLimited}, {"timeout", e.Timeout}, {"stream_error", e.StreamError},
 		{"truncated", e.Truncated}, {"protocol", e.Protocol}, {"no_tokens", e.NoTokens},
 		{"connect", e.Connect}, {"canceled", e.Canceled},
 	} {
