@@ -265,6 +265,9 @@ type Result struct {
 	// Summaries has one entry per input-size class present in the run, in
 	// the order short, medium, long, then one for all requests.
 	Summaries []Summary
+	// Gateway, when set, holds the gateway's own figures for the run (see
+	// GatewayWatch); the reports show them beside the client's.
+	Gateway *GatewayStats
 }
 
 // Summary returns the summary of class (ClassAll for every request), or nil
@@ -436,7 +439,8 @@ type jsonSample struct {
 }
 
 // WriteJSON writes the result as one JSON object: "run" (Info), "started",
-// "duration_s", "summaries" and "samples", durations in milliseconds.
+// "duration_s", "summaries", "gateway" (GatewayStats, when set) and
+// "samples", durations in milliseconds.
 func (r *Result) WriteJSON(w io.Writer) error {
 	samples := make([]jsonSample, len(r.Samples))
 	for i := range r.Samples {
@@ -466,12 +470,13 @@ func (r *Result) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	err := enc.Encode(struct {
-		Run       Info         `json:"run"`
-		Started   time.Time    `json:"started"`
-		DurationS float64      `json:"duration_s"`
-		Summaries []Summary    `json:"summaries"`
-		Samples   []jsonSample `json:"samples"`
-	}{r.Info, r.Started, r.Duration.Seconds(), r.Summaries, samples})
+		Run       Info          `json:"run"`
+		Started   time.Time     `json:"started"`
+		DurationS float64       `json:"duration_s"`
+		Summaries []Summary     `json:"summaries"`
+		Gateway   *GatewayStats `json:"gateway,omitempty"`
+		Samples   []jsonSample  `json:"samples"`
+	}{r.Info, r.Started, r.Duration.Seconds(), r.Summaries, r.Gateway, samples})
 	if err != nil {
 		return fmt.Errorf("bench: writing JSON: %w", err)
 	}
@@ -479,7 +484,8 @@ func (r *Result) WriteJSON(w io.Writer) error {
 }
 
 // WriteTable writes the result as a human-readable table: one column per
-// input-size class and one for all requests.
+// input-size class and one for all requests, then, when Gateway is set, the
+// client's figures beside the gateway's.
 func (r *Result) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s, model %s\n", r.Info.Dialect, r.Info.URL, r.Info.Model)
@@ -540,6 +546,11 @@ func (r *Result) WriteTable(w io.Writer) error {
 	})
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("bench: writing table: %w", err)
+	}
+	if r.Gateway != nil {
+		if err := r.Gateway.writeTable(&b); err != nil {
+			return fmt.Errorf("bench: writing table: %w", err)
+		}
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("bench: writing table: %w", err)
