@@ -162,9 +162,13 @@ func (r *runner) attempt(ctx context.Context, p *promptBody, s *Sample, attempt 
 		s.E2E = time.Since(start)
 		s.ErrorType = sseparse.ErrorTypeFromBody(body)
 		rateLimited := resp.StatusCode == http.StatusTooManyRequests
-		s.Err = ErrStatus
-		if rateLimited {
+		switch {
+		case rateLimited:
 			s.Err = ErrRateLimited
+		case resp.StatusCode == http.StatusUnauthorized:
+			s.Err = ErrUnauthorized
+		default:
+			s.Err = ErrStatus
 		}
 		if !rateLimited && resp.StatusCode < 500 || attempt > maxRetries {
 			return false, 0

@@ -21,9 +21,12 @@ type ErrorKind string
 // The ways a request fails. A failed request is counted by its kind and
 // gives no latency figures.
 const (
-	// ErrStatus is an error answer other than 429: a 4xx, or a 5xx still
-	// failing after the retries. Sample.Status has the code.
+	// ErrStatus is an error answer other than 401 and 429: a 4xx, or a 5xx
+	// still failing after the retries. Sample.Status has the code.
 	ErrStatus ErrorKind = "status"
+	// ErrUnauthorized is a 401: the key is missing or rejected. It is not
+	// retried, and Run stops sending after a few (see UnauthorizedError).
+	ErrUnauthorized ErrorKind = "unauthorized"
 	// ErrRateLimited is a 429 still answered after the retries.
 	ErrRateLimited ErrorKind = "rate_limited"
 	// ErrTimeout is an attempt that outlived Config.Timeout, or a network
@@ -146,20 +149,21 @@ type Goodput struct {
 // Errors counts failed requests by kind (see ErrorKind).
 type Errors struct {
 	// Status counts ErrStatus failures by HTTP status.
-	Status      map[int]int `json:"status,omitempty"`
-	RateLimited int         `json:"rate_limited"`
-	Timeout     int         `json:"timeout"`
-	StreamError int         `json:"stream_error"`
-	Truncated   int         `json:"truncated"`
-	Protocol    int         `json:"protocol"`
-	NoTokens    int         `json:"no_tokens"`
-	Connect     int         `json:"connect"`
-	Canceled    int         `json:"canceled"`
+	Status       map[int]int `json:"status,omitempty"`
+	Unauthorized int         `json:"unauthorized"`
+	RateLimited  int         `json:"rate_limited"`
+	Timeout      int         `json:"timeout"`
+	StreamError  int         `json:"stream_error"`
+	Truncated    int         `json:"truncated"`
+	Protocol     int         `json:"protocol"`
+	NoTokens     int         `json:"no_tokens"`
+	Connect      int         `json:"connect"`
+	Canceled     int         `json:"canceled"`
 }
 
 // Total returns the number of failed requests.
 func (e *Errors) Total() int {
-	n := e.RateLimited + e.Timeout + e.StreamError + e.Truncated + e.Protocol +
+	n := e.Unauthorized + e.RateLimited + e.Timeout + e.StreamError + e.Truncated + e.Protocol +
 		e.NoTokens + e.Connect + e.Canceled
 	for _, c := range e.Status {
 		n += c
@@ -174,6 +178,8 @@ func (e *Errors) add(s *Sample) {
 			e.Status = make(map[int]int)
 		}
 		e.Status[s.Status]++
+	case ErrUnauthorized:
+		e.Unauthorized++
 	case ErrRateLimited:
 		e.RateLimited++
 	case ErrTimeout:
@@ -259,6 +265,9 @@ type Result struct {
 	// Summaries has one entry per input-size class present in the run, in
 	// the order short, medium, long, then one for all requests.
 	Summaries []Summary
+	// Gateway, when set, holds the gateway's own figures for the run (see
+	// GatewayWatch); the reports show them beside the client's.
+	Gateway *GatewayStats
 }
 
 // Summary returns the summary of class (ClassAll for every request), or nil
@@ -430,7 +439,8 @@ type jsonSample struct {
 }
 
 // WriteJSON writes the result as one JSON object: "run" (Info), "started",
-// "duration_s", "summaries" and "samples", durations in milliseconds.
+// "duration_s", "summaries", "gateway" (GatewayStats, when set) and
+// "samples", durations in milliseconds.
 func (r *Result) WriteJSON(w io.Writer) error {
 	samples := make([]jsonSample, len(r.Samples))
 	for i := range r.Samples {
@@ -460,12 +470,13 @@ func (r *Result) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	err := enc.Encode(struct {
-		Run       Info         `json:"run"`
-		Started   time.Time    `json:"started"`
-		DurationS float64      `json:"duration_s"`
-		Summaries []Summary    `json:"summaries"`
-		Samples   []jsonSample `json:"samples"`
-	}{r.Info, r.Started, r.Duration.Seconds(), r.Summaries, samples})
+		Run       Info          `json:"run"`
+		Started   time.Time     `json:"started"`
+		DurationS float64       `json:"duration_s"`
+		Summaries []Summary     `json:"summaries"`
+		Gateway   *GatewayStats `json:"gateway,omitempty"`
+		Samples   []jsonSample  `json:"samples"`
+	}{r.Info, r.Started, r.Duration.Seconds(), r.Summaries, r.Gateway, samples})
 	if err != nil {
 		return fmt.Errorf("bench: writing JSON: %w", err)
 	}
@@ -473,7 +484,8 @@ func (r *Result) WriteJSON(w io.Writer) error {
 }
 
 // WriteTable writes the result as a human-readable table: one column per
-// input-size class and one for all requests.
+// input-size class and one for all requests, then, when Gateway is set, the
+// client's figures beside the gateway's.
 func (r *Result) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s, model %s\n", r.Info.Dialect, r.Info.URL, r.Info.Model)
@@ -535,6 +547,11 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("bench: writing table: %w", err)
 	}
+	if r.Gateway != nil {
+		if err := r.Gateway.writeTable(&b); err != nil {
+			return fmt.Errorf("bench: writing table: %w", err)
+		}
+	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("bench: writing table: %w", err)
 	}
@@ -576,7 +593,7 @@ func errorsText(e *Errors) string {
 		name string
 		n    int
 	}{
-		{"429", e.RateLimited}, {"timeout", e.Timeout}, {"stream_error", e.StreamError},
+		{"401", e.Unauthorized}, {"429", e.RateLimited}, {"timeout", e.Timeout}, {"stream_error", e.StreamError},
 		{"truncated", e.Truncated}, {"protocol", e.Protocol}, {"no_tokens", e.NoTokens},
 		{"connect", e.Connect}, {"canceled", e.Canceled},
 	} {

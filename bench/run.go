@@ -215,7 +215,10 @@ func arrivals(rng *rand.Rand, rate float64, n int) []time.Duration {
 // Run sends cfg.Requests requests and returns their samples and summaries.
 // It returns an error without a result when cfg is invalid. When ctx ends
 // during the run, requests in flight are cancelled, none is sent after, and
-// Run returns what it measured together with an error wrapping ctx's.
+// Run returns what it measured together with an error wrapping ctx's. After
+// the third request answered 401 it sends no more, lets those in flight
+// finish, and returns what it measured with an *UnauthorizedError (unless
+// every request had been sent by then).
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg, u, err := settle(cfg)
 	if err != nil {
@@ -252,6 +255,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	slots := make(chan struct{}, cfg.Concurrency)
 	var wg sync.WaitGroup
 	sent := 0
+	// A 401 will not fix itself: after unauthorizedStop of them, no more
+	// requests are sent (those in flight finish).
+	var unauthorized atomic.Int64
+	refused := make(chan struct{})
+	stopped := func() bool {
+		select {
+		case <-refused:
+			return true
+		default:
+			return ctx.Err() != nil
+		}
+	}
 	timer := time.NewTimer(0)
 	<-timer.C
 dispatch:
@@ -266,6 +281,9 @@ dispatch:
 				case <-ctx.Done():
 					timer.Stop()
 					break dispatch
+				case <-refused:
+					timer.Stop()
+					break dispatch
 				}
 			}
 		}
@@ -273,8 +291,10 @@ dispatch:
 		case slots <- struct{}{}:
 		case <-ctx.Done():
 			break dispatch
+		case <-refused:
+			break dispatch
 		}
-		if ctx.Err() != nil { // both cases were ready; do not send after the end
+		if stopped() { // several cases were ready; do not send after the end
 			<-slots
 			break dispatch
 		}
@@ -289,6 +309,9 @@ dispatch:
 			s := r.do(ctx, i, p, queued)
 			samples[i] = s
 			prog.done(s.Err == "")
+			if s.Err == ErrUnauthorized && unauthorized.Add(1) == unauthorizedStop {
+				close(refused) // Add returns unauthorizedStop once
+			}
 		})
 	}
 	wg.Wait()
@@ -299,7 +322,28 @@ dispatch:
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("bench: run interrupted after %d of %d requests: %w", sent, cfg.Requests, err)
 	}
+	if sent < cfg.Requests {
+		return res, &UnauthorizedError{Answers: int(unauthorized.Load()), Sent: sent, Requests: cfg.Requests}
+	}
 	return res, nil
+}
+
+// unauthorizedStop is how many 401 answers stop a run: enough not to stop on
+// one odd answer, few enough not to flood an endpoint with a bad key.
+const unauthorizedStop = 3
+
+// UnauthorizedError reports a run that Run stopped because the endpoint
+// answered 401: the key is missing or rejected, and retrying will not change
+// that. The result returned with it holds the requests sent.
+type UnauthorizedError struct {
+	Answers  int // requests answered 401
+	Sent     int // requests sent before the stop
+	Requests int // requests planned
+}
+
+func (e *UnauthorizedError) Error() string {
+	return fmt.Sprintf("bench: stopped after %d requests were answered 401 Unauthorized (%d of %d sent): the endpoint rejects the API key or wants one",
+		e.Answers, e.Sent, e.Requests)
 }
 
 // progress counts finished requests for the progress bar.

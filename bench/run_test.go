@@ -421,16 +421,64 @@ func TestErrorKinds(t *testing.T) {
 	}
 }
 
+// TestUnauthorized: a 401 is its own error kind, never retried, and after
+// the third one the run sends no more requests.
 func TestUnauthorized(t *testing.T) {
-	_, ts := startMock(t, mockllm.Options{RequireKey: testKey})
-	res, err := bench.Run(runCtx(t), bench.Config{BaseURL: ts.URL, Dialect: llm.DialectOpenAI,
-		Model: "m", Requests: 3, Concurrency: 3, APIKey: "sk-wrong"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := res.Summary(bench.ClassAll)
-	if all.Errors.Status[401] != 3 || all.Retries != (bench.Retries{}) {
-		t.Errorf("errors %+v, retries %+v; want three 401s, not retried", all.Errors, all.Retries)
+	t.Run("counted apart", func(t *testing.T) {
+		_, ts := startMock(t, mockllm.Options{RequireKey: testKey})
+		res, err := bench.Run(runCtx(t), bench.Config{BaseURL: ts.URL, Dialect: llm.DialectOpenAI,
+			Model: "m", Requests: 3, Concurrency: 3, APIKey: "sk-wrong"})
+		if err != nil {
+			t.Fatalf("every request was sent: %v, want no error", err)
+		}
+		all := res.Summary(bench.ClassAll)
+		if all.Errors.Unauthorized != 3 || len(all.Errors.Status) != 0 || all.Retries != (bench.Retries{}) {
+			t.Errorf("errors %+v, retries %+v; want three 401s, not retried", all.Errors, all.Retries)
+		}
+		if s := res.Samples[0]; s.Err != bench.ErrUnauthorized || s.Status != 401 || s.Attempts != 1 {
+			t.Errorf("sample 0: %+v", s)
+		}
+		var tb strings.Builder
+		if err := res.WriteTable(&tb); err != nil || !strings.Contains(tb.String(), "401:3") {
+			t.Errorf("table (%v) does not list 401:3:\n%s", err, tb.String())
+		}
+	})
+	for _, c := range []struct {
+		name        string
+		concurrency int
+		rate        float64
+		maxSent     int
+	}{
+		// At fixed concurrency c, when the third 401 comes back at most
+		// c−1 other requests are in flight.
+		{"fixed concurrency", 2, 0, 3 + 2 - 1},
+		// Poisson arrivals 200 ms apart on average, against answers that
+		// take a millisecond: the wait for the next arrival is cut short.
+		{"poisson", 0, 5, 19},
+	} {
+		t.Run("stops/"+c.name, func(t *testing.T) {
+			m, ts := startMock(t, mockllm.Options{RequireKey: testKey})
+			const n = 20
+			res, err := bench.Run(runCtx(t), bench.Config{BaseURL: ts.URL, Dialect: llm.DialectAnthropic,
+				Model: "m", Requests: n, Concurrency: c.concurrency, Rate: c.rate, Seed: 3})
+			var ue *bench.UnauthorizedError
+			if !errors.As(err, &ue) {
+				t.Fatalf("error %v, want an *UnauthorizedError", err)
+			}
+			got := int(m.Stats().Requests)
+			if ue.Sent != got || ue.Requests != n || ue.Answers != got || len(res.Samples) != got {
+				t.Errorf("error %+v, %d samples; the mock saw %d requests, all 401", ue, len(res.Samples), got)
+			}
+			if got < 3 || got > c.maxSent {
+				t.Errorf("%d requests sent, want 3 to %d", got, c.maxSent)
+			}
+			if all := res.Summary(bench.ClassAll); all.Errors.Unauthorized != got {
+				t.Errorf("errors %+v, want %d unauthorized", all.Errors, got)
+			}
+			if msg := err.Error(); !strings.Contains(msg, "401 Unauthorized") || strings.Contains(msg, testKey) {
+				t.Errorf("message %q", msg)
+			}
+		})
 	}
 }
 

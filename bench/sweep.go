@@ -65,6 +65,9 @@ type SweepResult struct {
 	// Info describes the runs (its Requests and Concurrency are the last
 	// level's).
 	Info Info `json:"info"`
+	// Gateway, when set, holds the gateway's own figures for the whole
+	// sweep, every level together, beside the client's.
+	Gateway *GatewayStats `json:"gateway,omitempty"`
 }
 
 // Sweep runs cfg once per concurrency level, in the order given, each with
@@ -216,6 +219,11 @@ func (s *SweepResult) WriteTable(w io.Writer) error {
 	default:
 		fmt.Fprintf(&b, "saturation: none (no level passed)\n")
 	}
+	if s.Gateway != nil {
+		if err := s.Gateway.writeTable(&b); err != nil {
+			return fmt.Errorf("bench: writing table: %w", err)
+		}
+	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return fmt.Errorf("bench: writing table: %w", err)
 	}
@@ -287,8 +295,10 @@ func Stages(ctx context.Context, cfg Config, counts []int) ([]*Result, error) {
 	return out, nil
 }
 
-// WriteStagesTable writes each stage's table under a stage header.
-func WriteStagesTable(w io.Writer, stages []*Result) error {
+// WriteStagesTable writes each stage's table under a stage header, then,
+// when gw is not nil, the gateway's figures for all the stages beside the
+// client's.
+func WriteStagesTable(w io.Writer, stages []*Result, gw *GatewayStats) error {
 	for i, r := range stages {
 		if _, err := fmt.Fprintf(w, "== stage %d: %d requests ==\n", i+1, r.Info.Requests); err != nil {
 			return fmt.Errorf("bench: writing table: %w", err)
@@ -302,12 +312,22 @@ func WriteStagesTable(w io.Writer, stages []*Result) error {
 			}
 		}
 	}
+	if gw != nil {
+		var b strings.Builder
+		if err := gw.writeTable(&b); err != nil {
+			return fmt.Errorf("bench: writing table: %w", err)
+		}
+		if _, err := io.WriteString(w, b.String()); err != nil {
+			return fmt.Errorf("bench: writing table: %w", err)
+		}
+	}
 	return nil
 }
 
 // WriteStagesJSON writes the stages as {"stages": [...]}, each element the
-// object Result.WriteJSON writes.
-func WriteStagesJSON(w io.Writer, stages []*Result) error {
+// object Result.WriteJSON writes, with "gateway" (for all the stages) when gw
+// is not nil.
+func WriteStagesJSON(w io.Writer, stages []*Result, gw *GatewayStats) error {
 	raw := make([]json.RawMessage, len(stages))
 	for i, r := range stages {
 		var b strings.Builder
@@ -319,8 +339,9 @@ func WriteStagesJSON(w io.Writer, stages []*Result) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(struct {
-		Stages []json.RawMessage `json:"stages"`
-	}{raw}); err != nil {
+		Stages  []json.RawMessage `json:"stages"`
+		Gateway *GatewayStats     `json:"gateway,omitempty"`
+	}{raw, gw}); err != nil {
 		return fmt.Errorf("bench: writing JSON: %w", err)
 	}
 	return nil

@@ -170,11 +170,11 @@ func TestStagesHealthy(t *testing.T) {
 		t.Errorf("mock saw %d requests, want 17", got)
 	}
 	var b strings.Builder
-	if err := bench.WriteStagesTable(&b, res); err != nil || !strings.Contains(b.String(), "== stage 3: 10 requests ==") {
+	if err := bench.WriteStagesTable(&b, res, nil); err != nil || !strings.Contains(b.String(), "== stage 3: 10 requests ==") {
 		t.Errorf("table (%v):\n%s", err, b.String())
 	}
 	var j strings.Builder
-	if err := bench.WriteStagesJSON(&j, res); err != nil {
+	if err := bench.WriteStagesJSON(&j, res, nil); err != nil {
 		t.Fatal(err)
 	}
 	var back struct {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -18,14 +19,17 @@ import (
 )
 
 // runBench is `gateway bench`: a load run against a base URL, reported as a
-// table (or JSON), with a non-zero exit when goodput is under -min-goodput so
-// it can gate a release.
+// table (or JSON), beside the gateway's own /stats figures when the target is
+// a tollgate, with a non-zero exit when goodput is under -min-goodput so it
+// can gate a release.
 func runBench(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench",
 		"Streams requests to an OpenAI- or Anthropic-compatible endpoint (a tollgate gateway or any\n"+
 			"other) and reports, per prompt size, the client-side TTFT, TPOT, ITL and E2E (mean, median,\n"+
-			"P95, P99), output tokens/s, goodput against the SLOs and errors by kind. The API key is read\n"+
-			"from the environment variable named by -key-env, never from the command line.", stderr)
+			"P95, P99), output tokens/s, goodput against the SLOs and errors by kind; against a tollgate,\n"+
+			"also the gateway's own figures for the run from its /stats (-gateway-stats). The API key is\n"+
+			"read from the environment variable named by -key-env, never from the command line, and is\n"+
+			"never sent to /stats.", stderr)
 	def := config.Default().SLO
 	url := fs.String("url", "", "base URL of the endpoint, e.g. http://127.0.0.1:8080 (required)")
 	dialect := fs.String("dialect", "openai", "API: openai (POST /v1/chat/completions) or anthropic (POST /v1/messages)")
@@ -48,6 +52,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	sweepGoodput := fs.Float64("sweep-goodput", bench.DefaultSweepTarget, "with -sweep: the goodput ratio a level must reach (0 to 1)")
 	sweepStop := fs.Bool("sweep-stop", true, "with -sweep: run no level after the first that breaks")
 	stages := fs.String("stages", "", "staged run: comma-separated request counts, e.g. 5,30,100, run in order; stops at the first stage with a failed request")
+	gwStats := fs.String("gateway-stats", "auto", "the gateway's own figures for the run, from its /stats, beside the client's: auto (from -url's host, shown when it answers as a tollgate), off, or the gateway's base or /stats URL (failing to read it is then reported)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -94,6 +99,20 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "-min-goodput must be between 0 and 1")
 		return errUsage
 	}
+	gw := &statsWatch{stderr: stderr}
+	switch *gwStats {
+	case "off":
+	case "auto":
+		// A -url that is no URL fails the run itself, with its message.
+		gw.url, _ = bench.StatsURL(*url)
+	default:
+		u, err := bench.StatsURL(*gwStats)
+		if err != nil {
+			fmt.Fprintf(stderr, "-gateway-stats: want auto, off or an http(s) URL: %v\n", err)
+			return errUsage
+		}
+		gw.url, gw.explicit = u, true
+	}
 	if *keyEnv != "" {
 		cfg.APIKey = os.Getenv(*keyEnv)
 		if cfg.APIKey == "" {
@@ -117,17 +136,32 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	gw.start(ctx, cfg)
+	err := runBenchMode(ctx, cfg, levels, counts, bench.SweepOptions{Target: *sweepGoodput, StopAfterBreak: *sweepStop},
+		*minGoodput, *asJSON, gw, stdout)
+	var ue *bench.UnauthorizedError
+	if errors.As(err, &ue) && cfg.APIKey == "" {
+		return fmt.Errorf("%w (no key was sent: name the variable that holds it with -key-env)", err)
+	}
+	return err
+}
+
+// runBenchMode runs and prints a plain run, a sweep (levels) or a staged run
+// (counts).
+func runBenchMode(ctx context.Context, cfg bench.Config, levels, counts []int, opt bench.SweepOptions,
+	minGoodput float64, asJSON bool, gw *statsWatch, stdout io.Writer) error {
 	switch {
 	case levels != nil:
-		return benchSweep(ctx, cfg, levels, bench.SweepOptions{Target: *sweepGoodput, StopAfterBreak: *sweepStop}, *asJSON, stdout)
+		return benchSweep(ctx, cfg, levels, opt, asJSON, gw, stdout)
 	case counts != nil:
-		return benchStages(ctx, cfg, counts, *minGoodput, *asJSON, stdout)
+		return benchStages(ctx, cfg, counts, minGoodput, asJSON, gw, stdout)
 	}
 	res, err := bench.Run(ctx, cfg)
 	if res == nil {
 		return err
 	}
-	if *asJSON {
+	res.Gateway = gw.finish(ctx, res)
+	if asJSON {
 		if werr := res.WriteJSON(stdout); werr != nil {
 			return werr
 		}
@@ -135,9 +169,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return werr
 	}
 	if err != nil {
-		return err // interrupted: the partial report is printed
+		return err // interrupted or stopped: the partial report is printed
 	}
-	return gateGoodput(res, *minGoodput)
+	return gateGoodput(res, minGoodput)
 }
 
 // gateGoodput returns an error when res's goodput ratio over all requests is
@@ -214,12 +248,17 @@ func intList(s string) ([]int, error) {
 
 // benchSweep runs and prints a concurrency sweep. It fails (exit 1) when no
 // level passed, so a sweep can gate a release as -min-goodput does a run.
-func benchSweep(ctx context.Context, cfg bench.Config, levels []int, opt bench.SweepOptions, asJSON bool, stdout io.Writer) error {
+func benchSweep(ctx context.Context, cfg bench.Config, levels []int, opt bench.SweepOptions, asJSON bool, gw *statsWatch, stdout io.Writer) error {
 	cfg.Rate, cfg.Concurrency = 0, 0
 	sr, err := bench.Sweep(ctx, cfg, levels, opt)
 	if sr == nil {
 		return err
 	}
+	runs := make([]*bench.Result, len(sr.Levels))
+	for i := range sr.Levels {
+		runs[i] = sr.Levels[i].Result
+	}
+	sr.Gateway = gw.finish(ctx, runs...)
 	write := sr.WriteTable
 	if asJSON {
 		write = sr.WriteJSON
@@ -238,7 +277,7 @@ func benchSweep(ctx context.Context, cfg bench.Config, levels []int, opt bench.S
 
 // benchStages runs and prints a staged run; -min-goodput gates the last
 // stage run.
-func benchStages(ctx context.Context, cfg bench.Config, counts []int, minGoodput float64, asJSON bool, stdout io.Writer) error {
+func benchStages(ctx context.Context, cfg bench.Config, counts []int, minGoodput float64, asJSON bool, gw *statsWatch, stdout io.Writer) error {
 	res, err := bench.Stages(ctx, cfg, counts)
 	if len(res) == 0 {
 		return err
@@ -247,11 +286,53 @@ func benchStages(ctx context.Context, cfg bench.Config, counts []int, minGoodput
 	if asJSON {
 		write = bench.WriteStagesJSON
 	}
-	if werr := write(stdout, res); werr != nil {
+	if werr := write(stdout, res, gw.finish(ctx, res...)); werr != nil {
 		return werr
 	}
 	if err != nil {
 		return err // a stage failed or the run was interrupted
 	}
 	return gateGoodput(res[len(res)-1], minGoodput)
+}
+
+// statsWatch is -gateway-stats: it reads the gateway's /stats before and
+// after the run to show the gateway's figures beside the client's.
+type statsWatch struct {
+	url string // the /stats URL; "" when off
+	// explicit is set when -gateway-stats named the URL: failing to read
+	// it is then reported. In auto mode an endpoint whose /stats is no
+	// tollgate report (any other API) gets no comparison, silently.
+	explicit bool
+	watch    *bench.GatewayWatch
+	stderr   io.Writer
+}
+
+// start reads /stats before the run.
+func (g *statsWatch) start(ctx context.Context, cfg bench.Config) {
+	if g.url == "" {
+		return
+	}
+	w, err := bench.WatchGateway(ctx, g.url, cfg, nil)
+	if err != nil {
+		if g.explicit {
+			fmt.Fprintf(g.stderr, "gateway bench: -gateway-stats: %v; no comparison with the gateway's figures\n", err)
+		}
+		return
+	}
+	g.watch = w
+}
+
+// finish reads /stats after runs and returns the gateway's figures, or nil
+// when there are none to show. A gateway that answered before the run and
+// fails after it is reported in both modes.
+func (g *statsWatch) finish(ctx context.Context, runs ...*bench.Result) *bench.GatewayStats {
+	if g.watch == nil || len(runs) == 0 || ctx.Err() != nil {
+		return nil // off, not a tollgate, or interrupted: the user wants out
+	}
+	gs, err := g.watch.Finish(ctx, runs...)
+	if err != nil {
+		fmt.Fprintf(g.stderr, "gateway bench: -gateway-stats: after the run: %v; no comparison with the gateway's figures\n", err)
+		return nil
+	}
+	return gs
 }
