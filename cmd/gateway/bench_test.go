@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -13,7 +11,6 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/bench"
-	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/stats"
@@ -78,20 +75,7 @@ func TestBenchCommand(t *testing.T) {
 // error). The client's first token alone is no bound: it can be read before
 // the gateway's goroutine, back from the flush, takes its timestamp.
 func TestBenchAgainstGatewayStats(t *testing.T) {
-	up := httptest.NewServer(mockllm.New(mockllm.Options{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, OutputTokens: 8}))
-	t.Cleanup(up.Close)
-	cfg := config.DemoConfig(up.URL)
-	cfg.Auth.RequireKey = false
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = gw.shutdown(0, 5*time.Second) })
-	base := "http://" + gw.addr
+	base, _ := startStatsGateway(t, nil)
 
 	res, err := bench.Run(context.Background(), bench.Config{BaseURL: base, Dialect: llm.DialectOpenAI, Model: "m",
 		Requests: 12, Concurrency: 3, MaxTokens: 64, Timeout: 10 * time.Second, Seed: 1})
@@ -140,7 +124,7 @@ func TestBenchAgainstGatewayStats(t *testing.T) {
 		t.Errorf("gateway TTFT P50 %.3f ms is later than the client's second tokens (median %.3f ms, +%.0f%%)",
 			ttftP50, second[(len(second)-1)/2], 100*rep.Sketch.RelativeError)
 	}
-	if ttftP50 < 20*(1-rep.Sketch.RelativeError) {
+	if ttftP50 < float64(sideUpstreamTTFT.Milliseconds())*(1-rep.Sketch.RelativeError) {
 		t.Errorf("gateway TTFT P50 %.3f ms is below the upstream's scheduled 20 ms", ttftP50)
 	}
 }
