@@ -27,6 +27,9 @@ type Config struct {
 	Models    []Model   `toml:"models"`
 	Teams     []Team    `toml:"teams"`
 	Keys      []Key     `toml:"keys"`
+
+	// Probe is the synthetic probe (probe.go).
+	Probe Probe `toml:"probe"`
 }
 
 // Server is the [server] table: the gateway's own listener.

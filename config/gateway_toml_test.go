@@ -19,7 +19,8 @@ const shippedPath = "../gateway.toml"
 
 // readShipped returns the shipped file; the same file with its
 // commented-out api_key_env lines switched on; and that one with the example
-// [[routes]], [[models]], [[teams]] and [[keys]] blocks switched on too.
+// [[routes]], [[probe.targets]], [[models]], [[teams]] and [[keys]] blocks
+// switched on too.
 func readShipped(t *testing.T) (doc, withKeys, withExamples string) {
 	t.Helper()
 	b, err := os.ReadFile(shippedPath)
@@ -32,12 +33,12 @@ func readShipped(t *testing.T) (doc, withKeys, withExamples string) {
 }
 
 // exampleStartRE is the first line of an example block in gateway.toml.
-var exampleStartRE = regexp.MustCompile(`^# \[\[(routes|models|teams|keys)\]\]$`)
+var exampleStartRE = regexp.MustCompile(`^# \[\[(routes|probe\.targets|models|teams|keys)\]\]$`)
 
 // uncommentExamples does what gateway.toml tells its reader to do with an
-// example: from each commented-out "# [[routes]]", "# [[models]]",
-// "# [[teams]]" or "# [[keys]]" line down to the next blank line, remove the
-// "# " (or "#") in front of each line.
+// example: from each commented-out "# [[routes]]", "# [[probe.targets]]",
+// "# [[models]]", "# [[teams]]" or "# [[keys]]" line down to the next blank
+// line, remove the "# " (or "#") in front of each line.
 func uncommentExamples(t *testing.T, doc string) string {
 	t.Helper()
 	lines := strings.Split(doc, "\n")
@@ -91,7 +92,7 @@ func TestShippedConfig(t *testing.T) {
 		t.Fatal("gateway.toml has no commented-out api_key_env example")
 	}
 	if withKeys == withExamples {
-		t.Fatal("gateway.toml has no commented-out [[routes]], [[models]], [[teams]] or [[keys]] example")
+		t.Fatal("gateway.toml has no commented-out [[routes]], [[probe.targets]], [[models]], [[teams]] or [[keys]] example")
 	}
 	if !strings.Contains(doc, "gateway check-config -config gateway.toml") {
 		t.Error("gateway.toml does not say how to check it")
@@ -122,10 +123,11 @@ func TestShippedConfig(t *testing.T) {
 	}
 }
 
-// TestShippedExamples checks the example [[routes]], [[models]], [[teams]]
-// and [[keys]] blocks once switched on: they fit together, use every limit,
-// the routes name upstreams of the file and one renames, and the example
-// key's hash is the hash of the fake key the comment names.
+// TestShippedExamples checks the example [[routes]], [[probe.targets]],
+// [[models]], [[teams]] and [[keys]] blocks once switched on: they fit
+// together, use every limit, the routes and the probe target name upstreams
+// of the file and one route renames, and the example key's hash is the hash
+// of the fake key the comment names.
 func TestShippedExamples(t *testing.T) {
 	doc, _, withExamples := readShipped(t)
 	c, err := Parse([]byte(withExamples), "gateway.toml", fakeEnv(envNamed(t, withExamples)))
@@ -197,6 +199,26 @@ func TestShippedExamples(t *testing.T) {
 	_, err = Parse([]byte(strings.Replace(doc, `mode = "passthrough"`, `mode = "keys"`, 1)), "gateway.toml", noEnv)
 	if err == nil || !strings.Contains(err.Error(), `auth.mode: "keys" admits only callers whose key is listed in [[keys]]`) {
 		t.Errorf("mode keys without keys: %v", err)
+	}
+
+	// The probe example, switched on, probes an upstream of the file in a
+	// dialect it serves; on without it, the file names the problem.
+	if len(c.Probe.Targets) != 1 {
+		t.Fatalf("examples give %d probe targets, want 1", len(c.Probe.Targets))
+	}
+	probeOn := regexp.MustCompile(`(?m)^enabled = false$`)
+	on, err := Parse([]byte(probeOn.ReplaceAllString(withExamples, "enabled = true")), "gateway.toml",
+		fakeEnv(envNamed(t, withExamples)))
+	if err != nil {
+		t.Fatalf("probe on with its example: %v", err)
+	}
+	if pt := on.Probe.Targets[0]; !on.Probe.Enabled || on.UpstreamByName(pt.Upstream) == nil ||
+		!on.UpstreamByName(pt.Upstream).Serves(on.ProbeDialect(pt)) {
+		t.Errorf("probe example %+v (enabled %v) does not probe an upstream of the file", pt, on.Probe.Enabled)
+	}
+	_, err = Parse([]byte(probeOn.ReplaceAllString(doc, "enabled = true")), "gateway.toml", noEnv)
+	if err == nil || !strings.Contains(err.Error(), "probe.enabled: the probe needs at least one [[probe.targets]]") {
+		t.Errorf("probe on without a target: %v", err)
 	}
 }
 

@@ -65,6 +65,7 @@ func Default() Config {
 			StateFile:            "tollgate-spend.json",
 			FlushIntervalSeconds: 2,
 		},
+		Probe: defaultProbe(),
 	}
 }
 
@@ -270,7 +271,8 @@ func fill[T any](present map[string]any, key string, dst *T, def T) {
 // ("teams = []" decodes to an empty, non-nil slice). Retry statuses are
 // left alone: Parse never leaves them nil (absent, they take the default
 // list; "statuses = []" decodes to an empty, non-nil slice, meaning that no
-// status is retried), so they read back equal as they are.
+// status is retried), so they read back equal as they are. Each
+// [[probe.targets]] table without a dialect gets its upstream's first.
 func (c *Config) normalize() {
 	for i := range c.Upstreams {
 		// "https://host/" and "https://host" are the same endpoint; URL
@@ -304,6 +306,7 @@ func (c *Config) normalize() {
 	if len(c.Keys) == 0 {
 		c.Keys = nil
 	}
+	c.normalizeProbe()
 }
 
 // resolveSecrets reads each upstream's key, the Redis password and the admin

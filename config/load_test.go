@@ -24,6 +24,8 @@ func TestDefault(t *testing.T) {
 		RateLimit: RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
 		Redis:     Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250, SpillDir: "."},
 		Spend:     Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2},
+		Probe: Probe{Enabled: false, IntervalSeconds: 300, Requests: 10, Concurrency: 2, MaxTokens: 16,
+			TimeoutSeconds: 60, Prompt: "Reply with the single word: ok"},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
@@ -393,6 +395,24 @@ cost_per_day_usd = 12.5
 [[keys]]
 name = "ci"
 sha256 = "8c8e789e8aa3c4d0d9aad5a8b00d81cd96937721471c59209e04a8233ad90f65"
+
+[probe]
+enabled = true
+interval_seconds = 60
+requests = 5
+concurrency = 1
+max_tokens = 8
+timeout_seconds = 20.5
+prompt = "Say hi"
+
+[[probe.targets]]
+upstream = "openai"
+model = "gpt-4o-mini"
+
+[[probe.targets]]
+upstream = "local-vllm_2"
+model = "Qwen/Qwen2.5-72B"
+dialect = "anthropic"
 `
 	env := map[string]string{
 		"OPENAI_API_KEY":       "sk-test-1",
@@ -452,6 +472,12 @@ sha256 = "8c8e789e8aa3c4d0d9aad5a8b00d81cd96937721471c59209e04a8233ad90f65"
 				Limits: Limits{RPM: i64(60), CostPerDayUSD: f64(12.5)}},
 			{Name: "ci", SHA256: "8c8e789e8aa3c4d0d9aad5a8b00d81cd96937721471c59209e04a8233ad90f65"},
 		},
+		// The first target's dialect is its upstream's first.
+		Probe: Probe{Enabled: true, IntervalSeconds: 60, Requests: 5, Concurrency: 1, MaxTokens: 8,
+			TimeoutSeconds: 20.5, Prompt: "Say hi", Targets: []ProbeTarget{
+				{Upstream: "openai", Model: "gpt-4o-mini", Dialect: "openai"},
+				{Upstream: "local-vllm_2", Model: "Qwen/Qwen2.5-72B", Dialect: "anthropic"},
+			}},
 	}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("Parse =\n%+v\nwant\n%+v", *c, want)

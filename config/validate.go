@@ -64,6 +64,7 @@ func (c *Config) Validate() error {
 	c.SLO.validate(&v)
 	c.Log.validate(&v)
 	c.validateGovernance(&v)
+	c.validateProbe(&v)
 	return errors.Join(v.errs...)
 }
 

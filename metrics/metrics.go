@@ -6,9 +6,12 @@
 // Besides the request figures, the tollgate_upstream_* families follow each
 // [[upstreams]] entry through retries, fallbacks, its circuit breaker and
 // its shaping queue (issue 4); their upstream label is a configured name.
+// The tollgate_probe_* families hold the synthetic probe's results per
+// configured target (upstream and model), apart from every user figure.
 package metrics
 
 import (
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -68,6 +71,15 @@ type Metrics struct {
 	retryWait          *prometheus.HistogramVec
 	queueWait          *prometheus.HistogramVec
 	queueWaiting       *prometheus.GaugeVec
+
+	// The synthetic probe (package probe).
+	probeRequests  *prometheus.CounterVec
+	probeTTFT      *prometheus.HistogramVec
+	probeTPOT      *prometheus.HistogramVec
+	probeE2E       *prometheus.HistogramVec
+	probeSuccess   *prometheus.GaugeVec
+	probeLastRound *prometheus.GaugeVec
+	probeInterval  *prometheus.GaugeVec
 
 	// circuit holds each upstream's last circuit state, so that a
 	// transition is counted from what was set rather than read back from
@@ -164,6 +176,27 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 			latencyBuckets, "upstream"),
 		queueWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "upstream_queue_waiting",
 			Help: "Requests waiting now in an upstream's shaping queue."}, []string{"upstream"}),
+		probeRequests: counter("probe_requests_total",
+			"Synthetic probe requests, by result: ok, or why one failed (an attempt result such as rate_limited, overloaded, server_error, connect_error, header_timeout, first_token_timeout, error_event, stream_broken; breaker_open, queue_full, queue_timeout when nothing was sent; timeout when the probe's own timeout_seconds ran out).",
+			"upstream", "model", "result"),
+		probeTTFT: hist("probe_ttft_seconds",
+			"Synthetic probe requests that succeeded: from the request entering the gateway to its first token-bearing event relayed.",
+			latencyBuckets, "upstream", "model"),
+		probeTPOT: hist("probe_tpot_seconds",
+			"Synthetic probe requests that succeeded with at least 2 output tokens: time per output token.",
+			tokenBuckets, "upstream", "model"),
+		probeE2E: hist("probe_e2e_seconds",
+			"Synthetic probe requests that succeeded: end-to-end latency.",
+			latencyBuckets, "upstream", "model"),
+		probeSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "probe_success_ratio",
+			Help: "Share of the requests of a target's last finished probe round that succeeded; NaN before the first round."},
+			[]string{"upstream", "model"}),
+		probeLastRound: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "probe_last_round_timestamp_seconds",
+			Help: "Unix time at which a target's last probe round finished; NaN before the first round."},
+			[]string{"upstream", "model"}),
+		probeInterval: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "probe_interval_seconds",
+			Help: "The probe's [probe] interval_seconds, per target, so that an alert can tell a late round."},
+			[]string{"upstream", "model"}),
 		circuit: make(map[string]int, len(cfg.Upstreams)),
 
 		buckets: llm.NewBuckets(mc.LatencyBuckets),
@@ -173,7 +206,8 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
 		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions,
-		m.retryWait, m.queueWait, m.queueWaiting} {
+		m.retryWait, m.queueWait, m.queueWaiting,
+		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -190,6 +224,20 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		m.circuitState.WithLabelValues(u.Name)
 		m.circuit[u.Name] = CircuitClosed
 		m.attempts.WithLabelValues(u.Name, "ok")
+	}
+	// Every probe target's series exist from the start, so dashboards show
+	// them before the first round; the gauges are NaN until then, which no
+	// alert threshold matches.
+	if p := cfg.Probe; p.Enabled {
+		for _, t := range p.Targets {
+			m.probeRequests.WithLabelValues(t.Upstream, t.Model, "ok")
+			m.probeTTFT.WithLabelValues(t.Upstream, t.Model)
+			m.probeTPOT.WithLabelValues(t.Upstream, t.Model)
+			m.probeE2E.WithLabelValues(t.Upstream, t.Model)
+			m.probeSuccess.WithLabelValues(t.Upstream, t.Model).Set(math.NaN())
+			m.probeLastRound.WithLabelValues(t.Upstream, t.Model).Set(math.NaN())
+			m.probeInterval.WithLabelValues(t.Upstream, t.Model).Set(p.IntervalSeconds)
+		}
 	}
 	return m, nil
 }
@@ -371,6 +419,42 @@ func (m *Metrics) QueueWait(upstream string, d time.Duration) {
 // shaping queue.
 func (m *Metrics) SetQueueWaiting(upstream string, n int) {
 	m.queueWaiting.WithLabelValues(upstream).Set(float64(n))
+}
+
+// ProbeSample is the result of one synthetic probe request.
+type ProbeSample struct {
+	// Result is "ok" or why the request failed (see ObserveProbe).
+	Result string
+	// TTFT, TPOT and E2E are its figures; HasTTFT and HasTPOT say whether
+	// it had a first token, and at least 2 output tokens.
+	TTFT, TPOT, E2E  time.Duration
+	HasTTFT, HasTPOT bool
+}
+
+// ObserveProbe records one synthetic probe request of a target: it counts
+// it by result and, when it succeeded, observes its TTFT, TPOT and E2E (a
+// failure's latency, such as a 529 answered at once, would only pull the
+// percentiles down; the failure shows in the result count). upstream and
+// model come from the configured targets.
+func (m *Metrics) ObserveProbe(upstream, model string, s ProbeSample) {
+	m.probeRequests.WithLabelValues(upstream, model, s.Result).Inc()
+	if s.Result != "ok" {
+		return
+	}
+	if s.HasTTFT {
+		m.probeTTFT.WithLabelValues(upstream, model).Observe(s.TTFT.Seconds())
+	}
+	if s.HasTPOT {
+		m.probeTPOT.WithLabelValues(upstream, model).Observe(s.TPOT.Seconds())
+	}
+	m.probeE2E.WithLabelValues(upstream, model).Observe(s.E2E.Seconds())
+}
+
+// ProbeRound records a target's finished probe round: the share of its
+// requests that succeeded and when it finished.
+func (m *Metrics) ProbeRound(upstream, model string, successRatio float64, at time.Time) {
+	m.probeSuccess.WithLabelValues(upstream, model).Set(successRatio)
+	m.probeLastRound.WithLabelValues(upstream, model).Set(float64(at.UnixNano()) / 1e9)
 }
 
 func (m *Metrics) addTokens(route, model, team, typ, est string, n int64) {

@@ -223,14 +223,18 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	g, r := ex.g, ex.r
 	ex.callerKeyUp = callerKeyUp
 	targets := ex.targets(ex.rec.Model)
+	if ex.probe != nil {
+		targets = ex.probe
+	}
 	if len(targets) == 0 {
 		ex.fail(errNoUpstream(ex.rec.Dialect), llm.OutcomeBadRequest)
 		return
 	}
 	// Other /v1/* paths are retried only when the request is idempotent or
 	// a model call; a file upload retried could be stored twice.
-	retryOK := ex.rec.Dialect != llm.DialectNone || ex.metered ||
-		r.Method == http.MethodGet || r.Method == http.MethodHead
+	// A probe is one attempt: it must see its upstream's raw health.
+	retryOK := ex.probe == nil && (ex.rec.Dialect != llm.DialectNone || ex.metered ||
+		r.Method == http.MethodGet || r.Method == http.MethodHead)
 	// A caller's own key goes only where the route sends it first (or to
 	// upstreams that accept it): a key for one provider must not reach
 	// another's endpoint.
@@ -496,6 +500,9 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	}
 	req.Header = upstreamRequestHeaders(r.Header)
 	req.Header.Set(requestIDHeader, ex.rec.RequestID)
+	if ex.probe != nil {
+		req.Header.Set(ProbeHeader, "1")
+	}
 	if !callerKeyUp {
 		req.Header.Del("Authorization")
 		req.Header.Del("X-Api-Key")

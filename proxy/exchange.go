@@ -67,6 +67,10 @@ type exchange struct {
 	lease      *ratelimit.Lease
 	rlStates   []ratelimit.State
 	costMicros int64
+
+	// probe, set for a synthetic probe (Gateway.Probe), is its one target:
+	// tried once, with no retry and no fallback. nil for a caller's request.
+	probe []target
 }
 
 // dialectHandler serves POST /v1/chat/completions and POST /v1/messages.

@@ -11,6 +11,10 @@ import (
 // finish completes the record and hands it to the sinks, once per request,
 // after the last byte has been written.
 func (ex *exchange) finish() {
+	if ex.probe != nil {
+		ex.finishProbe()
+		return
+	}
 	g, rec := ex.g, &ex.rec
 	if rec.Timing.End.IsZero() {
 		rec.Timing.End = g.now()
@@ -34,7 +38,7 @@ func (ex *exchange) finish() {
 		g.stats.Observe(rec, ex.modelLabel)
 	}
 	if g.accessLog != nil {
-		logRecord(g.accessLog, rec)
+		logRecord(g.accessLog, rec, false)
 	}
 	if g.onRecord != nil {
 		g.onRecord(rec)
@@ -44,9 +48,13 @@ func (ex *exchange) finish() {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // logRecord writes the access-log line of one request. It never carries the
-// caller's key, only its hash id.
-func logRecord(l *slog.Logger, rec *llm.Record) {
+// caller's key, only its hash id. probe marks the gateway's own synthetic
+// probe requests ("probe": true), whose upstream and model are the target.
+func logRecord(l *slog.Logger, rec *llm.Record, probe bool) {
 	attrs := make([]slog.Attr, 0, 32)
+	if probe {
+		attrs = append(attrs, slog.Bool("probe", true))
+	}
 	attrs = append(attrs,
 		slog.String("request_id", rec.RequestID),
 		slog.String("key_id", rec.KeyID),

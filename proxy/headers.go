@@ -55,6 +55,7 @@ func canonical(s string) string { return http.CanonicalHeaderKey(strings.TrimSpa
 //   - Content-Length: set again from the body actually sent.
 //   - Expect: the body is already read, and an upstream that never sends
 //     100 Continue would delay the request by the transport's wait.
+//   - X-Tollgate-Probe (ProbeHeader): set by the gateway on its own probes.
 //
 // A missing User-Agent stays missing instead of becoming Go's default.
 func upstreamRequestHeaders(in http.Header) http.Header {
@@ -68,6 +69,7 @@ func upstreamRequestHeaders(in http.Header) http.Header {
 	out.Del("Accept-Encoding")
 	out.Del("Content-Length")
 	out.Del("Expect")
+	out.Del(ProbeHeader) // upstream, it marks the gateway's own probes only
 	if _, ok := out["User-Agent"]; !ok {
 		out["User-Agent"] = []string{""}
 	}

@@ -112,11 +112,13 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	st := g.getStreamState()
 	defer g.putStreamState(st)
 	st.tap.Reset(ex.rec.Dialect)
-	st.tap.ITL = g.metrics.ITL(ex.rec.Route, ex.modelLabel)
-	if g.stats != nil {
-		st.itl = itlTee{prom: st.tap.ITL, sink: g.stats, route: ex.rec.Route, model: ex.modelLabel}
-		st.tap.ITL = &st.itl
-		defer st.itl.drain() // runs before putStreamState
+	if ex.probe == nil { // a probe's gaps are no user's figure
+		st.tap.ITL = g.metrics.ITL(ex.rec.Route, ex.modelLabel)
+		if g.stats != nil {
+			st.itl = itlTee{prom: st.tap.ITL, sink: g.stats, route: ex.rec.Route, model: ex.modelLabel}
+			st.tap.ITL = &st.itl
+			defer st.itl.drain() // runs before putStreamState
+		}
 	}
 
 	bp := g.bufPool.Get().(*[]byte)

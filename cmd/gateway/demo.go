@@ -77,6 +77,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	cfg.Auth.RequireKey = false
 	demoGovernance(&cfg)
 	demoUpstreams(&cfg, "http://"+backupLn.Addr().String())
+	demoProbe(&cfg)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s is taken (%v); using a free port\n", *listen, err)
@@ -107,7 +108,12 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if failures > 0 {
 		fmt.Fprintf(stdout, "\n%d requests failed on the client side\n", failures)
 	}
+	// The probe starts after the burst, so that it takes none of the
+	// failures scripted into the burst.
+	gw.startProbe()
 	fmt.Fprintf(stdout, "\nDashboard: %s/dashboard\nMetrics:   %s/metrics\n", base, base)
+	fmt.Fprintf(stdout, "Probe:     %d requests to each of mock (demo-gpt) and mock-backup (demo-claude) every %g s, "+
+		"within 5 s from now: tollgate_probe_* in /metrics\n", cfg.Probe.Requests, cfg.Probe.IntervalSeconds)
 	fmt.Fprintf(stdout, "OpenAI:    base_url %s/v1   e.g. curl -s %s/v1/chat/completions -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n", base, base)
 	fmt.Fprintf(stdout, "Anthropic: base_url %s\n", base)
 	if *duration > 0 {
@@ -403,6 +409,19 @@ func demoUpstreams(cfg *config.Config, backupURL string) {
 	for i := range cfg.Upstreams {
 		cfg.Upstreams[i].Retry.BaseDelayMs = 20
 		cfg.Upstreams[i].Retry.MaxDelayMs = 200
+	}
+}
+
+// demoProbe turns the synthetic probe on with a short interval, one target
+// on each fake upstream, so /metrics shows tollgate_probe_* series within
+// seconds.
+func demoProbe(cfg *config.Config) {
+	cfg.Probe.Enabled = true
+	cfg.Probe.IntervalSeconds = 15
+	cfg.Probe.Requests = 5
+	cfg.Probe.Targets = []config.ProbeTarget{
+		{Upstream: "mock", Model: "demo-gpt", Dialect: "openai"},
+		{Upstream: "mock-backup", Model: "demo-claude", Dialect: "anthropic"},
 	}
 }
 

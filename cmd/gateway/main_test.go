@@ -174,7 +174,7 @@ func TestDemo(t *testing.T) {
 	// One upstream failure is injected (the 6th request); the gateway
 	// retries it and no caller sees an error.
 	for _, want := range []string{"TTFT", "TPOT", "ITL (per gap)", "E2E", "requests: 8 (ok=8)", "/metrics",
-		"upstream failures injected into the fake upstream: 1;", "callers saw 0 errors"} {
+		"upstream failures injected into the fake upstream: 1;", "callers saw 0 errors", "tollgate_probe_*"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, s)
 		}

@@ -400,6 +400,10 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 	cfg.Auth.RequireKey = false
 	// A constant label, to see that the recording rules keep it.
 	cfg.Metrics.Labels = map[string]string{"scene": "scrape-test"}
+	// The synthetic probe runs one round beside the bench: its series must
+	// be scraped, and its requests must stay out of the TTFTs compared.
+	cfg.Probe.Enabled, cfg.Probe.Requests, cfg.Probe.IntervalSeconds = true, 3, 3600
+	cfg.Probe.Targets = []config.ProbeTarget{{Upstream: "mock", Model: "probe-model"}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -409,6 +413,7 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = gw.shutdown(0, 5*time.Second) })
+	gw.startProbe()
 	base := "http://" + gw.addr
 
 	const requests = 60
@@ -425,7 +430,18 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 
 	promURL := startPrometheus(t, promBin, gw.addr)
 
-	// The traffic is over: the first scrape has every count.
+	// The probe's round (1 to 5 s after the start) is scraped, with its
+	// TTFTs in its own histogram.
+	const probeOK = `sum(tollgate_probe_requests_total{result="ok",upstream="mock",model="probe-model"})`
+	if v := waitForQuery(t, promURL, probeOK, func(v float64) bool { return v == 3 }); v != 3 {
+		t.Errorf("%s = %v, want 3", probeOK, v)
+	}
+	if v := queryScalar(t, promURL, "sum(tollgate_probe_ttft_seconds_count)"); v != 3 {
+		t.Errorf("probe TTFTs scraped: %v, want 3", v)
+	}
+
+	// The user traffic is over: the first scrape has every count, and the
+	// probe's requests are not among them.
 	count := waitForQuery(t, promURL, "sum(tollgate_time_to_first_token_seconds_count)", func(v float64) bool { return v == requests })
 	if count != requests {
 		t.Fatalf("Prometheus counts %v TTFTs, the gateway served %d", count, requests)
@@ -487,6 +503,12 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 	}
 	if scraped == 0 {
 		t.Errorf("no tollgate_ series among %d names", len(names.Data))
+	}
+	for _, n := range []string{"tollgate_probe_success_ratio", "tollgate_probe_last_round_timestamp_seconds",
+		"tollgate_probe_interval_seconds", "tollgate_probe_e2e_seconds_bucket", "tollgate_probe_tpot_seconds_bucket"} {
+		if !slices.Contains(names.Data, n) {
+			t.Errorf("the probe's %s was not scraped", n)
+		}
 	}
 
 	checkRulesEvaluated(t, promURL)

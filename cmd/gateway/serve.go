@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/probe"
 	"github.com/tollgate-llm/tollgate/proxy"
 	"github.com/tollgate-llm/tollgate/stats"
 )
@@ -47,6 +48,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	ops.Info("tollgate serving", "addr", ln.Addr().String(), "config", *path, "version", version)
+	gw.startProbe()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	select {
@@ -60,6 +62,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 
 // runningGateway is a gateway serving on a listener.
 type runningGateway struct {
+	cfg      *config.Config
 	gw       *proxy.Gateway
 	srv      *http.Server
 	registry *prometheus.Registry
@@ -69,6 +72,12 @@ type runningGateway struct {
 	cancel   func()     // cancels every request's base context, with proxy.ErrShutdown
 	done     chan error // Serve's result
 	addr     string
+
+	// The synthetic probe: nil when [probe] is off. startProbe runs it;
+	// stopProbe cancels it and waits for its requests to end.
+	probe       *probe.Scheduler
+	probeCancel context.CancelFunc
+	probeDone   chan struct{}
 }
 
 // startGateway builds the registry, metrics and proxy for cfg and serves them
@@ -93,6 +102,11 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	if bc := gw.BudgetCollector(prometheus.Labels(cfg.Metrics.Labels)); bc != nil {
 		reg.MustRegister(bc)
 	}
+	sched, err := probe.New(cfg, gw, m, probe.Options{Logger: ops})
+	if err != nil {
+		_ = gov.Close()
+		return nil, err
+	}
 	baseCtx, cancelCause := context.WithCancelCause(context.Background())
 	cancel := func() { cancelCause(proxy.ErrShutdown) }
 	srv := &http.Server{
@@ -102,8 +116,8 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		BaseContext:       func(net.Listener) context.Context { return baseCtx },
 		ErrorLog:          slog.NewLogLogger(ops.Handler(), slog.LevelWarn),
 	}
-	rg := &runningGateway{gw: gw, srv: srv, registry: reg, metrics: m, gov: gov, log: ops, cancel: cancel,
-		done: make(chan error, 1), addr: ln.Addr().String()}
+	rg := &runningGateway{cfg: cfg, gw: gw, srv: srv, registry: reg, metrics: m, gov: gov, log: ops, cancel: cancel,
+		done: make(chan error, 1), addr: ln.Addr().String(), probe: sched}
 	go func() {
 		err := srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {
@@ -114,12 +128,42 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	return rg, nil
 }
 
+// startProbe starts the synthetic probe's rounds, if [probe] is on. It is
+// called once the listener serves, and at most once.
+func (rg *runningGateway) startProbe() {
+	if rg.probe == nil || rg.probeDone != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rg.probeCancel, rg.probeDone = cancel, make(chan struct{})
+	go func() {
+		defer close(rg.probeDone)
+		rg.probe.Run(ctx)
+	}()
+	pc := rg.cfg.Probe
+	rg.log.Info("synthetic probe on", "targets", len(pc.Targets), "interval_seconds", pc.IntervalSeconds,
+		"requests", pc.Requests)
+}
+
+// stopProbe stops the probe, cancelling its requests in flight, and waits
+// for them to end.
+func (rg *runningGateway) stopProbe() {
+	if rg.probeDone == nil {
+		return
+	}
+	rg.probeCancel()
+	<-rg.probeDone
+}
+
 // shutdown marks the gateway not ready, keeps accepting requests for delay
 // (so a load balancer that polls /readyz stops sending first), stops
 // accepting, lets open exchanges finish for up to drain, then cancels those
 // still open and closes their connections.
 func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 	rg.gw.Drain()
+	// The probe stops first: a replica leaving the pool has nothing left
+	// to report, and its requests must not outlive the transport.
+	rg.stopProbe()
 	if delay > 0 {
 		rg.log.Info("shutting down: /readyz answers 503, still accepting requests", "shutdown_delay", delay.String())
 		<-time.After(delay)

@@ -1,0 +1,244 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// ProbeHeader marks a request as the gateway's own synthetic probe on its
+// way upstream ("1"), so that upstream logs can tell it from user traffic.
+// The gateway removes it from callers' requests: upstream, it always means
+// a probe.
+const ProbeHeader = "X-Tollgate-Probe"
+
+// Probe results that are not attempt results (see ProbeResult.Result).
+const (
+	// ProbeTimeout: the probe's context ran out before an answer.
+	ProbeTimeout = "timeout"
+	// ProbeCanceled: the probe's context was cancelled (shutdown); the
+	// request says nothing about the upstream.
+	ProbeCanceled = "canceled"
+	// ProbeInternalError: the gateway failed (a panic, logged); not the
+	// upstream's doing.
+	ProbeInternalError = "internal_error"
+)
+
+// probeUserAgent is the User-Agent of probe requests.
+const probeUserAgent = "tollgate-probe"
+
+// anthropicVersion is the anthropic-version a probe sends (wire.md 2.1).
+const anthropicVersion = "2023-06-01"
+
+// ProbeTarget is what one probe request asks for.
+type ProbeTarget struct {
+	// Upstream is the [[upstreams]] name the request goes to, and only
+	// there: no route, no fallback, no retry.
+	Upstream string
+	// Model is the model asked for, sent as it is.
+	Model string
+	// Dialect is the API spoken; DialectNone means the upstream's first.
+	Dialect llm.Dialect
+	// Prompt is the user message.
+	Prompt string
+	// MaxTokens caps the answer: max_tokens, or in the OpenAI dialect
+	// max_completion_tokens, which reasoning models require.
+	MaxTokens int
+}
+
+// ProbeResult is how one probe request went.
+type ProbeResult struct {
+	// Result is "ok" or why the request failed: the attempt's result
+	// (rate_limited, overloaded, server_error, connect_error,
+	// header_timeout, error_event, stream_broken, ...), why nothing was
+	// sent (breaker_open, queue_full, queue_timeout), or ProbeTimeout,
+	// ProbeCanceled, ProbeInternalError.
+	Result string
+	// Status is the upstream's HTTP status (0 when it sent none).
+	Status int
+	// TTFT is from the request entering the gateway to its first
+	// token-bearing event relayed; TPOT the time per output token; E2E the
+	// whole exchange. HasTTFT and HasTPOT say whether they exist (a first
+	// token; at least 2 output tokens).
+	TTFT, TPOT, E2E  time.Duration
+	HasTTFT, HasTPOT bool
+	// OutputTokens is the answer's size, from its usage or its events.
+	OutputTokens int64
+}
+
+// errBadProbeTarget is returned for a target the configuration does not
+// allow (config.Validate refuses them in [[probe.targets]]).
+var errBadProbeTarget = errors.New("proxy: probe target is not a configured upstream serving its dialect")
+
+// Probe sends one synthetic probe request through the gateway's own path,
+// in process: the request body is built as a caller's would be and goes
+// through the same exchange code (include_usage, the upstream's transport,
+// shaping queue, breaker ticket, phase timeouts, the relay with its tee'd
+// SSE parser and timing) to t.Upstream alone, in one attempt: no retry and
+// no fallback, so that the result is that upstream's own health. The answer
+// is read and discarded as a caller would.
+//
+// The attempt is a real one: the breaker sees its verdict (an open circuit
+// gives result breaker_open without a request), the retry budget counts it,
+// and tollgate_upstream_attempts_total and the other upstream-level series
+// count it. It is kept out of every user figure: no identification (no
+// caller key is needed in any auth mode; the upstream's own api_key_env key
+// is sent when it has one), no limiter, no spend, not in
+// tollgate_requests_total, the latency histograms, goodput, cost, inflight,
+// /stats or Options.OnRecord. Its access-log line carries "probe": true, and
+// the upstream request carries ProbeHeader.
+//
+// ctx bounds the request: when it runs out the result is ProbeTimeout (and
+// the breaker gets no verdict, as from a caller that gives up); when it is
+// cancelled, ProbeCanceled. The error is for a target that is not a
+// configured upstream serving its dialect.
+func (g *Gateway) Probe(ctx context.Context, t ProbeTarget) (ProbeResult, error) {
+	var up *upstream
+	for _, u := range g.upstreams {
+		if u.cfg.Name == t.Upstream {
+			up = u
+			break
+		}
+	}
+	if up == nil {
+		return ProbeResult{}, errBadProbeTarget
+	}
+	d := t.Dialect
+	if d == llm.DialectNone && len(up.cfg.Dialects) > 0 {
+		d, _ = llm.ParseDialect(up.cfg.Dialects[0])
+	}
+	if !up.cfg.Serves(d) || t.Model == "" {
+		return ProbeResult{}, errBadProbeTarget
+	}
+	body, route, path := probeBody(d, t)
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://tollgate.probe"+path, bytes.NewReader(body))
+	if err != nil {
+		return ProbeResult{}, err
+	}
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("User-Agent", probeUserAgent)
+	if d == llm.DialectAnthropic {
+		r.Header.Set("Anthropic-Version", anthropicVersion)
+	}
+
+	ex := &exchange{g: g, w: &probeWriter{h: http.Header{}}, r: r, probe: []target{{up: up}}}
+	ex.rec.Timing.In = g.now()
+	ex.rec.Route, ex.rec.Dialect = route, d
+	ex.rec.RequestID = newRequestID()
+	ex.rec.KeyID = keyID("")
+	ex.rec.Upstream = up.cfg.Name
+	ex.info, _ = inspectRequest(d, body) // the gateway's own body: valid
+	ex.rec.Model, ex.rec.Stream = ex.info.Model, ex.info.Stream
+	ex.promptEstimate = int64(len(body)+3) / 4
+
+	panicked := func() (panicked bool) {
+		defer func() {
+			if p := recover(); p != nil {
+				g.log.Error("panic in a probe request", "request_id", ex.rec.RequestID,
+					"upstream", up.cfg.Name, "panic", p, "stack", string(debug.Stack()))
+				panicked = true
+			}
+		}()
+		ex.roundTrip(body, false)
+		return false
+	}()
+	ex.finish()
+	return ex.probeResult(ctx, panicked), nil
+}
+
+// probeBody builds a probe request body in dialect d, streamed, with the
+// route and path it goes to.
+func probeBody(d llm.Dialect, t ProbeTarget) ([]byte, llm.Route, string) {
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	msgs := []message{{Role: "user", Content: t.Prompt}}
+	var v any
+	route, path := llm.RouteChatCompletions, "/v1/chat/completions"
+	if d == llm.DialectAnthropic {
+		route, path = llm.RouteMessages, "/v1/messages"
+		v = struct {
+			Model     string    `json:"model"`
+			MaxTokens int       `json:"max_tokens"`
+			Stream    bool      `json:"stream"`
+			Messages  []message `json:"messages"`
+		}{t.Model, t.MaxTokens, true, msgs}
+	} else {
+		v = struct {
+			Model               string    `json:"model"`
+			MaxCompletionTokens int       `json:"max_completion_tokens"`
+			Stream              bool      `json:"stream"`
+			Messages            []message `json:"messages"`
+		}{t.Model, t.MaxTokens, true, msgs}
+	}
+	b, _ := json.Marshal(v) // strings and ints only: cannot fail
+	return b, route, path
+}
+
+// probeResult reads the result of a finished probe exchange from its
+// record: its one attempt's result, or what ended it before an attempt.
+func (ex *exchange) probeResult(ctx context.Context, panicked bool) ProbeResult {
+	rec := &ex.rec
+	res := ProbeResult{E2E: rec.E2E(), OutputTokens: rec.Usage.Output}
+	if n := min(rec.AttemptCount, llm.MaxRecordedAttempts); n > 0 {
+		a := rec.Attempts[n-1]
+		res.Result, res.Status = a.Result, a.Status
+	}
+	switch {
+	case panicked:
+		res.Result = ProbeInternalError
+	case res.Result == "" || res.Result == resultClientGone:
+		// The probe's own context ended the request.
+		res.Result = ProbeCanceled
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			res.Result = ProbeTimeout
+		}
+	}
+	if !rec.Timing.FirstTokenOut.IsZero() {
+		res.TTFT, res.HasTTFT = rec.TTFT(), true
+	}
+	res.TPOT, res.HasTPOT = rec.TPOT()
+	return res
+}
+
+// finishProbe completes a probe's record and writes its access-log line;
+// nothing else: a probe is kept out of the user figures and the sinks.
+func (ex *exchange) finishProbe() {
+	g, rec := ex.g, &ex.rec
+	if rec.Timing.End.IsZero() {
+		rec.Timing.End = g.now()
+	}
+	if rec.Status == 0 {
+		rec.Status = statusClientClosed
+	}
+	input := ex.promptEstimate
+	if rec.Usage.HasInput {
+		input = rec.Usage.Input
+	}
+	rec.InputBucket = g.metrics.Buckets().Label(input)
+	rec.Goodput = g.metrics.SLO().Classify(rec)
+	if g.accessLog != nil {
+		logRecord(g.accessLog, rec, true)
+	}
+}
+
+// probeWriter is the ResponseWriter of a probe request: it discards the
+// answer, as a caller that reads and drops every byte would, and flushes
+// (to nothing) so that the relay times each token as it does for a caller.
+type probeWriter struct {
+	h http.Header
+}
+
+var _ http.Flusher = (*probeWriter)(nil)
+
+func (w *probeWriter) Header() http.Header         { return w.h }
+func (w *probeWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *probeWriter) WriteHeader(int)             {}
+func (w *probeWriter) Flush()                      {}
