@@ -264,8 +264,12 @@ func TestReplicasShareLimits(t *testing.T) {
 	t.Cleanup(up.Close)
 
 	// overLimit runs 12 clients against three replicas sharing srv under
-	// prefix until 2 s after the bucket first refused (at most 20 s or 60,000
-	// requests), and checks the load went past the limit cleanly.
+	// prefix until 4 s after the bucket first refused (at most 30 s or 60,000
+	// requests), and checks the load went past the limit cleanly. The
+	// limits below are small enough that a loaded machine (~250 requests/s
+	// under -race beside other packages) empties the bucket in about 10 s,
+	// and the 4 s after it refill enough (160 requests, 16,000 tokens) for
+	// one request to be under 1%.
 	overLimit := func(t *testing.T, prefix string, limit func(*config.Config)) ([]*replica, *loadResult) {
 		t.Helper()
 		cfg := govConfig(up.URL)
@@ -276,7 +280,7 @@ func TestReplicasShareLimits(t *testing.T) {
 		cfg.RateLimit.RedisRetrySeconds = 60
 		limit(&cfg)
 		reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
-		res := load(t, reps, testKeyA, 12, 20*time.Second, 2*time.Second, 60000)
+		res := load(t, reps, testKeyA, 12, 30*time.Second, 4*time.Second, 60000)
 		for i, r := range reps {
 			// A replica on its fallback limiter would not share the limit:
 			// say so rather than report a miscount.
@@ -292,12 +296,12 @@ func TestReplicasShareLimits(t *testing.T) {
 	}
 
 	t.Run("rpm", func(t *testing.T) {
-		_, res := overLimit(t, "t-rpm:", func(c *config.Config) { c.Keys[0].RPM = p64(6000) })
-		within1pct(t, "RPM 6000", res.ok.Load(), res.steadyOK.Load(), 6000, res, 1)
+		_, res := overLimit(t, "t-rpm:", func(c *config.Config) { c.Keys[0].RPM = p64(2400) })
+		within1pct(t, "RPM 2400", res.ok.Load(), res.steadyOK.Load(), 2400, res, 1)
 	})
 
 	t.Run("tpm", func(t *testing.T) {
-		reps, res := overLimit(t, "t-tpm:", func(c *config.Config) { c.Teams[0].TPM = p64(600000) })
+		reps, res := overLimit(t, "t-tpm:", func(c *config.Config) { c.Teams[0].TPM = p64(240000) })
 		// The premise: every admitted request used exactly what it
 		// reserved (the bodies all have one length), so admitted tokens
 		// are what the bucket gave out.
@@ -309,7 +313,7 @@ func TestReplicasShareLimits(t *testing.T) {
 				}
 			}
 		}
-		within1pct(t, "TPM 600000", res.tokens.Load(), res.steadyTokens.Load(), 600000, res, each)
+		within1pct(t, "TPM 240000", res.tokens.Load(), res.steadyTokens.Load(), 240000, res, each)
 	})
 
 	t.Run("concurrency", func(t *testing.T) {
