@@ -200,9 +200,7 @@ func (w *Windows) sets(f *filter, e int64) []set {
 		out[i].groups = append(out[i].groups, g)
 	}
 	for i := range out {
-		// A fixed order to lock a set's groups in (writers lock one
-		// group at a time, so any order is deadlock-free; this one
-		// makes a report's merge order repeatable).
+		// A fixed order, so that a report's merge order is repeatable.
 		slices.SortFunc(out[i].groups, func(a, b *group) int { return compareKeys(a.key, b.key) })
 	}
 	slices.SortFunc(out, func(a, b set) int {
@@ -214,18 +212,6 @@ func (w *Windows) sets(f *filter, e int64) []set {
 func compareKeys(a, b groupKey) int {
 	return cmp.Or(cmp.Compare(a.route.String(), b.route.String()),
 		cmp.Compare(a.model, b.model), cmp.Compare(a.team, b.team))
-}
-
-func (s *set) lock() {
-	for _, g := range s.groups {
-		g.mu.Lock()
-	}
-}
-
-func (s *set) unlock() {
-	for _, g := range s.groups {
-		g.mu.Unlock()
-	}
 }
 
 func (w *Windows) snapshot(f filter) Report {
@@ -243,9 +229,8 @@ func (w *Windows) snapshot(f filter) Report {
 			rep.Windows = append(rep.Windows, Window{Name: spec.name, Seconds: covered(spec, e), Groups: []Group{}})
 		}
 	}
-	sc := newSketch()
+	sc := newScratch()
 	for _, st := range w.sets(&f, e) {
-		st.lock()
 		for i, spec := range specs {
 			win := &rep.Windows[i]
 			s := floorDiv(e, int64(spec.width))
@@ -253,7 +238,6 @@ func (w *Windows) snapshot(f filter) Report {
 				win.Groups = append(win.Groups, Group{Route: st.route, Model: st.model, Team: st.team, Figures: out})
 			}
 		}
-		st.unlock()
 	}
 	return rep
 }
@@ -266,38 +250,60 @@ func covered(spec windowSpec, e int64) float64 {
 	return float64(max(e-from, 0)) / float64(time.Second)
 }
 
+// afterGroupHook, when set (tests), runs in sum after each group is read
+// and unlocked.
+var afterGroupHook func(*group)
+
+// scratch holds one dense sketch per figure, reused across sums.
+type scratch [nFigures]*sketch
+
+func newScratch() *scratch {
+	var sc scratch
+	for f := range sc {
+		sc[f] = newSketch()
+	}
+	return &sc
+}
+
 // sum merges the slices numbered lo to hi of ring ri of the set's groups,
-// which span seconds; ok is false when they hold nothing. sc is the scratch
-// sketch. Called with the set locked.
-func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *sketch) (out Figures, ok bool) {
+// which span seconds; ok is false when they hold nothing. sc is scratch
+// space. Each group is locked only while its own slices are read, so a
+// writer waits for one group's part at most, however many groups a merged
+// report spans.
+func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *scratch) (out Figures, ok bool) {
 	var c counters
+	for _, s := range sc {
+		s.reset()
+	}
 	for _, g := range st.groups {
+		g.mu.Lock()
 		r := &g.rings[ri]
 		for k := max(lo, hi-int64(len(r.slots))); k <= hi; k++ {
 			if r.cur.stamp == k {
 				c.merge(&r.cur.counters)
+				for f, d := range r.cur.figs {
+					if d != nil {
+						sc[f].Merge(d)
+					}
+				}
 			} else if sl := r.slot(k); sl != nil {
 				c.merge(&sl.counters)
+				for f, cp := range sl.figs {
+					if cp != nil {
+						sc[f].mergeCompact(cp)
+					}
+				}
 			}
+		}
+		g.mu.Unlock()
+		if afterGroupHook != nil {
+			afterGroupHook(g)
 		}
 	}
 
 	var qs [nFigures]Quantiles
 	for f := range nFigures {
-		sc.reset()
-		for _, g := range st.groups {
-			r := &g.rings[ri]
-			for k := max(lo, hi-int64(len(r.slots))); k <= hi; k++ {
-				if r.cur.stamp == k {
-					if d := r.cur.figs[f]; d != nil {
-						sc.Merge(d)
-					}
-				} else if sl := r.slot(k); sl != nil && sl.figs[f] != nil {
-					sc.mergeCompact(sl.figs[f])
-				}
-			}
-		}
-		qs[f] = quantilesOf(sc)
+		qs[f] = quantilesOf(sc[f])
 		ok = ok || qs[f].Count > 0
 	}
 	return figuresOf(&c, &qs, seconds), ok || c.requests > 0
@@ -409,16 +415,14 @@ func (w *Windows) series(f filter) (SeriesReport, error) {
 	}
 	cur := floorDiv(e, width)
 	first := max(cur-spec.slices+1, 0)
-	sc := newSketch()
+	sc := newScratch()
 	for _, st := range w.sets(&f, e) {
 		out := Series{Route: st.route, Model: st.model, Team: st.team, Points: make([]Point, 0, cur-first+1)}
-		st.lock()
 		for k := first; k <= cur; k++ {
 			seconds := float64(min(e-k*width, width)) / float64(time.Second)
 			figs, _ := st.sum(spec.ring, k, k, seconds, sc)
 			out.Points = append(out.Points, Point{Start: w.start.Add(time.Duration(k * width)), Seconds: seconds, Figures: figs})
 		}
-		st.unlock()
 		rep.Series = append(rep.Series, out)
 	}
 	return rep, nil

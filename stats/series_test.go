@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -213,5 +214,49 @@ func TestSeriesHTTP(t *testing.T) {
 	}
 	if rr := get(t, w, http.MethodGet, "/stats?merge=team,model"); rr.Code != http.StatusOK {
 		t.Errorf("merge=team,model: status %d", rr.Code)
+	}
+}
+
+// TestMergedReadLocksOneGroupAtATime: while a merged report is between two
+// groups, a writer to any group goes through: the report holds no lock
+// across groups (it once locked the whole set for the whole merge, so a
+// dashboard refresh stalled every stream's ITL writes).
+func TestMergedReadLocksOneGroupAtATime(t *testing.T) {
+	clk := newFakeClock()
+	w := New(clk.now)
+	for _, team := range []string{"a", "b", "c"} {
+		w.Observe(record(clk.now(), okStream(team, 10*time.Millisecond, 50*time.Millisecond, 4), llm.SLOTargets{}), "gpt")
+	}
+	paused := make(chan struct{})
+	resume := make(chan struct{})
+	var once sync.Once
+	afterGroupHook = func(*group) {
+		once.Do(func() {
+			close(paused)
+			<-resume
+		})
+	}
+	t.Cleanup(func() { afterGroupHook = nil })
+	done := make(chan Report)
+	go func() { done <- w.snapshot(filter{window: "1m", mergeTeam: true}) }()
+	<-paused
+	wrote := make(chan struct{})
+	go func() {
+		for _, team := range []string{"a", "b", "c"} {
+			w.Observe(record(clk.now(), okStream(team, 10*time.Millisecond, 50*time.Millisecond, 4), llm.SLOTargets{}), "gpt")
+		}
+		w.ObserveITL(llm.RouteChatCompletions, "gpt", time.Millisecond)
+		close(wrote)
+	}()
+	select {
+	case <-wrote:
+	case <-time.After(10 * time.Second):
+		t.Error("writers blocked while a merged report was paused between groups")
+	}
+	close(resume)
+	rep := <-done
+	<-wrote
+	if g := rep.Windows[0].Groups; len(g) != 1 || g[0].Requests < 3 || g[0].Requests > 6 {
+		t.Errorf("merged report %+v", g)
 	}
 }
