@@ -64,11 +64,32 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
+// fakeClock is a clock the test moves.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
 // world is a gateway with two teams in front of a mockllm, its /stats
 // requests counted and, once, held.
 type world struct {
 	url   string
 	stats *stats.Windows
+	// clock is the live windows' clock: it moves only when the test says,
+	// so the page and the test see the same slices and spans.
+	clock *fakeClock
 
 	mu        sync.Mutex
 	statsSeen int
@@ -81,7 +102,7 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	mock := mockllm.New(mockllm.Options{TTFT: 15 * time.Millisecond, ITL: 2 * time.Millisecond,
+	mock := mockllm.New(mockllm.Options{TTFT: 15 * time.Millisecond, ITL: 8 * time.Millisecond,
 		Jitter: 2 * time.Millisecond, Seed: 7, OutputTokens: 12})
 	up := httptest.NewServer(mock)
 	t.Cleanup(up.Close)
@@ -132,7 +153,8 @@ team = "ads"
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ledger.Close() })
-	w := &world{stats: stats.New(nil), held: make(chan struct{}), reached: make(chan struct{})}
+	w := &world{clock: &fakeClock{t: time.Now()}, held: make(chan struct{}), reached: make(chan struct{})}
+	w.stats = stats.New(w.clock.now)
 	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Limiter: lim, Ledger: ledger,
 		Stats: w.stats, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -168,11 +190,16 @@ team = "ads"
 
 // openaiStreams sends n streams; it may run outside the test's goroutine.
 func (w *world) openaiStreams(key string, n int) error {
+	return w.openaiModelStreams(key, "gpt-test", n)
+}
+
+// openaiModelStreams sends n streams for model.
+func (w *world) openaiModelStreams(key, model string, n int) error {
 	c := openai.NewClient(option.WithBaseURL(w.url+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
 	for i := range n {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
-			Model:     "gpt-test",
+			Model:     model,
 			MaxTokens: openai.Int(int64(16 + i)),
 			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("How many moons has Saturn?")},
 		})
@@ -305,6 +332,9 @@ func TestDashboardRendersStats(t *testing.T) {
 	if refused := w.anthropicStreams(t, keyAds, 6); refused != 3 {
 		t.Fatalf("team ads (rpm 3) had %d of 6 requests refused, want 3", refused)
 	}
+	// That traffic is in the first 10 s slice; 12 s on, it is closed and
+	// the current one is 2 s old (its rates are not charted yet).
+	w.clock.advance(12 * time.Second)
 	// The page asks four documents per refresh: hold the first of the
 	// second refresh until four more requests have gone through.
 	w.mu.Lock()
@@ -355,15 +385,17 @@ func TestDashboardRendersStats(t *testing.T) {
 		t.Errorf("status %q", s)
 	}
 
-	checkTiles(t, tags, g)
-	checkCharts(t, tags, series.Series[0].Points)
+	checkTiles(t, dom, tags, g, all.Windows[0].Seconds)
+	checkCharts(t, tags, series)
 	checkTeams(t, tags, teams)
 	checkModels(t, tags, models)
 }
 
 // checkTiles: the tiles hold exactly the values of the whole-gateway group
-// g (fetched after the page's last refresh, with no traffic between).
-func checkTiles(t *testing.T, tags []tag, g stats.Group) {
+// g of a window spanning seconds, in their data attributes, and show them:
+// each tile's text, read back, is that value to the precision it is
+// written with, in its unit.
+func checkTiles(t *testing.T, dom string, tags []tag, g stats.Group, seconds float64) {
 	t.Helper()
 	byID := map[string]tag{}
 	for _, tg := range tags {
@@ -373,14 +405,22 @@ func checkTiles(t *testing.T, tags []tag, g stats.Group) {
 	}
 	want := map[string]float64{
 		"requests": float64(g.Requests), "goodput": g.Goodput.Ratio, "cost": g.CostUSD,
-		"rejected":     float64(g.Outcomes["rejected"]),
-		"overhead-p50": g.Overhead.P50, "overhead-p99": g.Overhead.P99,
+		"rejected":          float64(g.Outcomes["rejected"]),
+		"tokens-per-second": g.OutputTokensPerSecond,
+		"overhead-p50":      g.Overhead.P50, "overhead-p99": g.Overhead.P99,
 	}
 	for name, q := range map[string]stats.Quantiles{"ttft": g.TTFT, "tpot": g.TPOT, "itl": g.ITL, "e2e": g.E2E} {
 		if q.Count == 0 {
 			t.Fatalf("no %s in /stats", name)
 		}
 		want[name+"-p50"], want[name+"-p95"], want[name+"-p99"] = q.P50, q.P95, q.P99
+	}
+	texts := map[string]string{}
+	for _, m := range regexp.MustCompile(`<div class="tile" id="t-([a-z0-9-]+)"[^>]*><div class="k">[^<]*</div><div class="v">([^<]*)</div>`).FindAllStringSubmatch(dom, -1) {
+		texts[m[1]] = html.UnescapeString(m[2])
+	}
+	if len(texts) != len(want) {
+		t.Errorf("%d tiles shown, want %d: %v", len(texts), len(want), texts)
 	}
 	for id, v := range want {
 		tg, ok := byID["t-"+id]
@@ -390,18 +430,41 @@ func checkTiles(t *testing.T, tags []tag, g stats.Group) {
 		}
 		got, has := num(t, tg.attrs["data-v"])
 		if !has || got != v {
-			t.Errorf("tile %s shows %q, /stats says %v", id, tg.attrs["data-v"], v)
+			t.Errorf("tile %s holds %q, /stats says %v", id, tg.attrs["data-v"], v)
+		}
+		shown, tol, err := readTile(texts[id])
+		if err != nil || math.Abs(shown-v) > max(tol, 0.005*math.Abs(v)) {
+			t.Errorf("tile %s shows %q (read %v, %v), /stats says %v", id, texts[id], shown, err, v)
 		}
 	}
-	// The page's refresh came before the test's fetch, over a shorter span:
-	// its tokens/s is the same tokens over the span the page was told.
 	body := tags[slices.IndexFunc(tags, func(tg tag) bool { return tg.name == "body" })]
-	secs, ok := num(t, body.attrs["data-seconds"])
-	tps, _ := num(t, byID["t-tokens-per-second"].attrs["data-v"])
-	if !ok || secs <= 0 || tps != float64(g.OutputTokens)/secs {
-		t.Errorf("tokens/s tile %g over %g s; /stats: %d tokens", tps, secs, g.OutputTokens)
+	if secs, ok := num(t, body.attrs["data-seconds"]); !ok || secs != seconds {
+		t.Errorf("page's window spans %q s, /stats says %v", body.attrs["data-seconds"], seconds)
 	}
+}
 
+// readTile reads a tile's text back as the value in the tile's unit (ms for
+// latencies, a ratio for "12.5% of 8", dollars, or a plain number), and
+// the rounding its format allows.
+func readTile(text string) (v, tol float64, err error) {
+	parse := func(s string) (float64, error) { return strconv.ParseFloat(strings.ReplaceAll(s, ",", ""), 64) }
+	for _, f := range []struct {
+		re    string
+		scale float64
+		tol   float64
+	}{
+		{`^([\d,.]+) ms$`, 1, 0.005},
+		{`^([\d,.]+) s$`, 1000, 5},
+		{`^([\d,.]+)%(?: of \d+)?$`, 0.01, 0.0005},
+		{`^\$([\d,.]+)$`, 1, 0.00005},
+		{`^([\d,.]+)$`, 1, 0.05},
+	} {
+		if m := regexp.MustCompile(f.re).FindStringSubmatch(text); m != nil {
+			n, err := parse(m[1])
+			return n * f.scale, f.tol, err
+		}
+	}
+	return 0, 0, fmt.Errorf("tile text %q is not a figure", text)
 }
 
 func statusText(dom string) string {
@@ -418,18 +481,18 @@ type chartLine struct {
 	points [][2]float64
 }
 
-// checkCharts: every latency chart draws p50, p95 and p99 with exactly the
-// values of the series' points (closed slices; a slice the test's fetch
-// started after the page's last refresh must be empty), drawn in order: a
-// higher value never sits lower.
-func checkCharts(t *testing.T, tags []tag, pts []stats.Point) {
-	t.Helper()
-	lines := map[string]*chartLine{} // "ttft/p50"
+// chartLines reads every chart line of the page, by "chart/line" (for
+// example "ttft/p50"), and each chart's point spans (data-seconds).
+func chartLines(tags []tag) (map[string]*chartLine, map[string]string) {
+	lines := map[string]*chartLine{}
+	spans := map[string]string{}
 	chart, series := "", ""
 	for _, tg := range tags {
 		switch {
 		case !tg.end && tg.name == "div" && strings.HasPrefix(tg.attrs["id"], "c-"):
 			chart = strings.TrimPrefix(tg.attrs["id"], "c-")
+		case !tg.end && tg.name == "svg" && chart != "":
+			spans[chart] = tg.attrs["data-seconds"]
 		case !tg.end && tg.name == "g" && tg.attrs["class"] == "series":
 			series = chart + "/" + tg.attrs["data-name"]
 			lines[series] = &chartLine{values: tg.attrs["data-values"]}
@@ -448,59 +511,89 @@ func checkCharts(t *testing.T, tags []tag, pts []stats.Point) {
 			lines[series].points = append(lines[series].points, [2]float64{xf, yf})
 		}
 	}
-	for _, name := range []string{"tokens/tokens/s", "goodput/goodput", "requests/requests/s", "requests/rejected/s", "spend/USD/min"} {
-		if lines[name] == nil || len(lines[name].points) == 0 {
-			t.Errorf("chart line %s missing or empty", name)
+	return lines, spans
+}
+
+// checkCharts: every chart line holds exactly the values of the series'
+// points — the P50/P95/P99 of the latency charts, and the rates (tokens/s,
+// requests and rejections per second, spend per minute) of the slices at
+// least half over, the current one left out before that — and draws one
+// point per value, a higher value never lower on the chart.
+func checkCharts(t *testing.T, tags []tag, series stats.SeriesReport) {
+	t.Helper()
+	pts := series.Series[0].Points
+	lines, spans := chartLines(tags)
+	settled := func(p stats.Point) bool { return p.Seconds >= series.SliceSeconds/2 }
+	var secs []string
+	for _, p := range pts {
+		secs = append(secs, strconv.FormatFloat(p.Seconds, 'f', -1, 64))
+	}
+	for chart, got := range spans {
+		if got != strings.Join(secs, ",") {
+			t.Errorf("chart %s spans %q, /stats/series %v", chart, got, secs)
 		}
 	}
-	pick := map[string]func(stats.Point) stats.Quantiles{
-		"ttft": func(p stats.Point) stats.Quantiles { return p.TTFT },
-		"tpot": func(p stats.Point) stats.Quantiles { return p.TPOT },
-		"itl":  func(p stats.Point) stats.Quantiles { return p.ITL },
-		"e2e":  func(p stats.Point) stats.Quantiles { return p.E2E },
+	want := map[string]func(stats.Point) (float64, bool){
+		"tokens/tokens/s": func(p stats.Point) (float64, bool) { return p.OutputTokensPerSecond, settled(p) },
+		"goodput/goodput": func(p stats.Point) (float64, bool) { return p.Goodput.Ratio, p.Goodput.Total > 0 },
+		"requests/requests/s": func(p stats.Point) (float64, bool) {
+			return float64(p.Requests) / p.Seconds, settled(p)
+		},
+		"requests/rejected/s": func(p stats.Point) (float64, bool) {
+			return float64(p.Outcomes["rejected"]) / p.Seconds, settled(p)
+		},
+		"spend/USD/min": func(p stats.Point) (float64, bool) { return p.CostUSD / p.Seconds * 60, settled(p) },
 	}
-	for fig, q := range pick {
-		ys := map[string]map[float64]float64{} // p → x → y
-		for _, p := range []string{"p50", "p95", "p99"} {
-			ln := lines[fig+"/"+p]
-			if ln == nil {
-				t.Errorf("no line %s/%s", fig, p)
-				continue
+	for _, f := range []struct {
+		name string
+		q    func(stats.Point) stats.Quantiles
+	}{
+		{"ttft", func(p stats.Point) stats.Quantiles { return p.TTFT }},
+		{"tpot", func(p stats.Point) stats.Quantiles { return p.TPOT }},
+		{"itl", func(p stats.Point) stats.Quantiles { return p.ITL }},
+		{"e2e", func(p stats.Point) stats.Quantiles { return p.E2E }},
+	} {
+		want[f.name+"/p50"] = func(p stats.Point) (float64, bool) { return f.q(p).P50, f.q(p).Count > 0 }
+		want[f.name+"/p95"] = func(p stats.Point) (float64, bool) { return f.q(p).P95, f.q(p).Count > 0 }
+		want[f.name+"/p99"] = func(p stats.Point) (float64, bool) { return f.q(p).P99, f.q(p).Count > 0 }
+	}
+	if len(lines) != len(want) {
+		t.Errorf("%d chart lines on the page, want %d", len(lines), len(want))
+	}
+	for name, f := range want {
+		ln := lines[name]
+		if ln == nil {
+			t.Errorf("no chart line %s", name)
+			continue
+		}
+		vals := strings.Split(ln.values, ",")
+		if len(vals) != len(pts) {
+			t.Errorf("%s: %d values, /stats/series has %d points", name, len(vals), len(pts))
+			continue
+		}
+		drawn := 0
+		for i, pt := range pts {
+			w, has := f(pt)
+			got, shown := num(t, vals[i])
+			if shown != has || (has && got != w) {
+				t.Errorf("%s point %d: page %q, /stats/series %v (shown: %v)", name, i, vals[i], w, has)
 			}
-			vals := strings.Split(ln.values, ",")
-			if len(vals) > len(pts) {
-				t.Errorf("%s/%s: %d values, /stats/series has %d points", fig, p, len(vals), len(pts))
-				continue
-			}
-			drawn := 0
-			for i, pt := range pts {
-				qt := q(pt)
-				if i >= len(vals) {
-					if qt.Count != 0 {
-						t.Errorf("%s: point %d of /stats/series holds samples the page did not show", fig, i)
-					}
-					continue
-				}
-				got, has := num(t, vals[i])
-				wantV := map[string]float64{"p50": qt.P50, "p95": qt.P95, "p99": qt.P99}[p]
-				if has != (qt.Count > 0) || (has && got != wantV) {
-					t.Errorf("%s/%s point %d: page %q, /stats/series %v (count %d)", fig, p, i, vals[i], wantV, qt.Count)
-				}
-				if has {
-					drawn++
-				}
-			}
-			if drawn == 0 || len(ln.points) != drawn {
-				t.Errorf("%s/%s: %d points drawn for %d values", fig, p, len(ln.points), drawn)
-			}
-			ys[p] = map[float64]float64{}
-			for _, xy := range ln.points {
-				ys[p][xy[0]] = xy[1]
+			if shown {
+				drawn++
 			}
 		}
-		for x, y50 := range ys["p50"] {
-			if y99, ok := ys["p99"][x]; !ok || y99 > y50+1e-9 || math.IsNaN(y99) {
-				t.Errorf("%s at x=%g: p99 drawn at y=%g, p50 at y=%g", fig, x, y99, y50)
+		if drawn == 0 || len(ln.points) != drawn {
+			t.Errorf("%s: %d points drawn for %d values", name, len(ln.points), drawn)
+		}
+	}
+	for _, fig := range []string{"ttft", "tpot", "itl", "e2e"} {
+		y99 := map[float64]float64{}
+		for _, xy := range lines[fig+"/p99"].points {
+			y99[xy[0]] = xy[1]
+		}
+		for _, xy := range lines[fig+"/p50"].points {
+			if y, ok := y99[xy[0]]; !ok || y > xy[1]+1e-9 || math.IsNaN(y) {
+				t.Errorf("%s at x=%g: p99 drawn at y=%g, p50 at y=%g", fig, xy[0], y, xy[1])
 			}
 		}
 	}
@@ -621,6 +714,7 @@ func TestDashboardWindow(t *testing.T) {
 	if err := w.openaiStreams(keySearch, 3); err != nil {
 		t.Fatal(err)
 	}
+	w.clock.advance(15 * time.Second)
 	dom := dump(t, chrome, w.url+"/dashboard?window=1m", 2*time.Second)
 	var all stats.Report
 	var series stats.SeriesReport
@@ -644,8 +738,8 @@ func TestDashboardWindow(t *testing.T) {
 	if g.Requests != 3 {
 		t.Fatalf("/stats counts %d requests, sent 3", g.Requests)
 	}
-	checkTiles(t, tags, g)
-	checkCharts(t, tags, series.Series[0].Points)
+	checkTiles(t, dom, tags, g, all.Windows[0].Seconds)
+	checkCharts(t, tags, series)
 }
 
 // TestDashboardRefreshFailure: when /stats refuses (503), the page says so
@@ -669,5 +763,36 @@ func TestDashboardRefreshFailure(t *testing.T) {
 		if strings.HasPrefix(tg.attrs["id"], "t-") {
 			t.Errorf("tile %s drawn without figures", tg.attrs["id"])
 		}
+	}
+}
+
+// TestDashboardEscapesNames: model names come from callers and reach the
+// page through /stats; one that is markup shows as text, never as an
+// element or a script.
+func TestDashboardEscapesNames(t *testing.T) {
+	chrome := chromium(t)
+	w := newWorld(t)
+	const hostile = `<img src=x onerror="document.body.setAttribute('data-pwned','1')">`
+	if err := w.openaiModelStreams(keySearch, hostile, 1); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.advance(12 * time.Second)
+	dom := dump(t, chrome, w.url+"/dashboard", 2*time.Second)
+	tags := parseTags(dom)
+	for _, tg := range tags {
+		if tg.name == "img" || tg.attrs["data-pwned"] != "" {
+			t.Fatalf("the model name became markup: %v\n%s", tg, dom)
+		}
+	}
+	var found bool
+	for _, tg := range tags {
+		if tg.name == "tr" && tg.attrs["data-model"] == hostile {
+			found = true
+		}
+	}
+	// A text node is serialized with &, < and > escaped (quotes are not).
+	asText := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace("chat_completions / " + hostile)
+	if !found || !strings.Contains(dom, asText) {
+		t.Errorf("the model's row is missing or not shown as text:\n%s", dom)
 	}
 }

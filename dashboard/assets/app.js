@@ -28,15 +28,29 @@
     return e;
   }
 
+  // A fetch that hangs is abandoned after this long, so the status line
+  // says so instead of keeping an old "updated" time.
+  const fetchTimeoutMs = Math.max(refreshSeconds, 10) * 1000;
+
   // Paths are relative: /dashboard fetches /stats, and a gateway mounted
   // under a prefix keeps working.
   async function getJSON(path) {
-    const r = await fetch(path, { cache: 'no-store' });
-    if (!r.ok) {
-      const body = (await r.text()).trim();
-      throw new Error(path.split('?')[0] + ': HTTP ' + r.status + (body ? ' (' + body + ')' : ''));
+    const name = path.split('?')[0];
+    const ctl = new AbortController();
+    const t = setTimeout(() => ctl.abort(), fetchTimeoutMs);
+    try {
+      const r = await fetch(path, { cache: 'no-store', signal: ctl.signal });
+      if (!r.ok) {
+        const body = (await r.text()).trim();
+        throw new Error(name + ': HTTP ' + r.status + (body ? ' (' + body + ')' : ''));
+      }
+      return await r.json();
+    } catch (e) {
+      if (e.name === 'AbortError') throw new Error(name + ': no answer in ' + fetchTimeoutMs / 1000 + ' s');
+      throw e;
+    } finally {
+      clearTimeout(t);
     }
-    return r.json();
   }
 
   function fmtMs(v) {
@@ -124,7 +138,8 @@
     const width = Math.max(span.to - span.from, 1);
     const x = (i) => L + (W - L - R) * (Date.parse(points[i].start) - span.from) / width;
     const y = (v) => T + (H - T - B) * (1 - v / top);
-    const svg = el('svg:svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': title, 'data-max': top });
+    const svg = el('svg:svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': title, 'data-max': top,
+      'data-seconds': points.map((p) => p.seconds).join(',') });
     for (const f of [0, 0.5, 1]) {
       const yy = y(top * f);
       svg.append(el('svg:line', { class: 'axis', x1: L, x2: W - R, y1: yy, y2: yy }));
@@ -164,13 +179,15 @@
 
   const SLICES = { '1m': 6, '5m': 30, '1h': 60 };
 
-  // perSecond is a slice's count per second of the time it spans (the
-  // current slice is partial), 0 for an empty span.
-  const perSecond = (n, p) => (p.seconds > 0 ? n / p.seconds : 0);
-
   function renderCharts(series) {
     const s = series.series.length ? series.series[0] : null;
     const pts = s ? s.points : [];
+    // perSecond is a slice's count per second of the time it spans. The
+    // current slice is charted as a rate only once half of it has passed:
+    // a second into it, one request would be a spike that flattens the
+    // rest of the chart.
+    const settled = (p) => p.seconds >= series.slice_seconds / 2;
+    const perSecond = (n, p) => (settled(p) ? n / p.seconds : null);
     const slice = series.slice_seconds * 1000;
     const to = pts.length ? Date.parse(pts[pts.length - 1].start) : Date.parse(series.generated);
     const span = { from: to - ((SLICES[series.window] || pts.length) - 1) * slice, to };
@@ -180,14 +197,14 @@
       lineChart('itl', 'Inter-token latency (ms)', pts, span, quantileLines(pts, 'itl'), fmtMs),
       lineChart('e2e', 'End-to-end latency (ms)', pts, span, quantileLines(pts, 'e2e'), fmtMs),
       lineChart('tokens', 'Output tokens/s', pts, span,
-        [{ name: 'tokens/s', color: 'var(--p50)', values: pts.map((p) => p.output_tokens_per_second) }], (v) => fmtNum(v)),
+        [{ name: 'tokens/s', color: 'var(--p50)', values: pts.map((p) => (settled(p) ? p.output_tokens_per_second : null)) }], (v) => fmtNum(v)),
       lineChart('goodput', 'Goodput (share of requests meeting every SLO)', pts, span,
         [{ name: 'goodput', color: 'var(--ok)', values: pts.map((p) => (p.goodput.total > 0 ? p.goodput.ratio : null)) }], fmtPct),
       lineChart('requests', 'Requests and rejections per second', pts, span, [
         { name: 'requests/s', color: 'var(--p50)', values: pts.map((p) => perSecond(p.requests, p)) },
         { name: 'rejected/s', color: 'var(--bad)', values: pts.map((p) => perSecond(rejectedOf(p), p)) }], (v) => fmtNum(v, 2)),
       lineChart('spend', 'Spend per minute (USD)', pts, span,
-        [{ name: 'USD/min', color: 'var(--p95)', values: pts.map((p) => perSecond(p.cost_usd, p) * 60) }], fmtUSD),
+        [{ name: 'USD/min', color: 'var(--p95)', values: pts.map((p) => (settled(p) ? p.cost_usd / p.seconds * 60 : null)) }], fmtUSD),
     ];
     $('charts').replaceChildren(...charts);
   }
