@@ -63,6 +63,9 @@ type benchJSON struct {
 		Model          string       `json:"model"`
 		RelativeError  float64      `json:"relative_error"`
 		Group          *stats.Group `json:"group"`
+		WindowRequests int64        `json:"window_requests"`
+		Counts         string       `json:"counts"`
+		Unreliable     bool         `json:"counts_unreliable"`
 		RequestsBefore int64        `json:"requests_before"`
 		RequestsAfter  int64        `json:"requests_after"`
 		Run            struct {
@@ -94,8 +97,9 @@ func decodeBench(t *testing.T, out string) benchJSON {
 
 // TestBenchGatewaySideBySide: a run against a fresh gateway gets the
 // gateway's own figures for exactly its requests (JSON); a second run finds
-// the first in the window and says its figures include other traffic
-// (table, with -gateway-stats naming the gateway).
+// the first in the window and says its quantiles include other traffic,
+// while its counts are its own (table, with -gateway-stats naming the
+// gateway).
 func TestBenchGatewaySideBySide(t *testing.T) {
 	base, _ := startStatsGateway(t, nil)
 	const n = 8
@@ -116,7 +120,8 @@ func TestBenchGatewaySideBySide(t *testing.T) {
 			g.Window, g.Route, g.Model, g.Group.Team)
 	}
 	if g.RequestsBefore != 0 || g.RequestsAfter != n || g.Run.Requests != n || g.ClientAttempts != n ||
-		g.Group.TTFT.Count != n || g.Run.Total != n || g.OtherTraffic || !g.Covered {
+		g.Group.TTFT.Count != n || g.Run.Total != n || g.OtherTraffic || !g.Covered ||
+		g.Counts != "series" || g.Unreliable || g.WindowRequests != n {
 		t.Errorf("gateway %+v; want %d requests counted, none before, no other traffic", *g, n)
 	}
 	// merge=team puts the route's ITL (kept without a team) in the group.
@@ -158,8 +163,8 @@ func TestBenchGatewaySideBySide(t *testing.T) {
 	table := out.String()
 	for _, want := range []string{
 		"client vs gateway (/stats window 1m, route chat_completions, model m)",
-		"8 sent", "8 counted", "(16 − 8)",
-		"WARNING: other traffic: the window already held 8 requests before the run",
+		"8 sent", "8 counted", "gateway counts: /stats/series",
+		"WARNING: other traffic: the 1m window holds 16 requests, 8 of them from the run",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
