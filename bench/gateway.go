@@ -68,8 +68,9 @@ const (
 
 // StatsURL returns the /stats URL of a tollgate: base read as
 // Config.BaseURL (a trailing /v1 is dropped) with /stats appended, or base
-// as it is when its path already ends in /stats. Its query is dropped:
-// WatchGateway sets it.
+// as it is when its path already ends in /stats. Its query is dropped
+// (WatchGateway sets it), and so are credentials (user:password@): /stats
+// is public, and bench sends it no secret.
 func StatsURL(base string) (string, error) {
 	u, err := url.Parse(base)
 	if err != nil {
@@ -86,15 +87,15 @@ func StatsURL(base string) (string, error) {
 	if !strings.HasSuffix(path, "/stats") {
 		path = strings.TrimSuffix(path, "/v1") + "/stats"
 	}
-	u.Path, u.RawPath, u.RawQuery, u.Fragment = path, "", "", ""
+	u.User, u.Path, u.RawPath, u.RawQuery, u.Fragment = nil, path, "", "", ""
 	return u.String(), nil
 }
 
 // GatewayWatch reads a tollgate's /stats around a run, to put the gateway's
-// own figures for the run beside the client's. It never sends the API key:
-// /stats is public on the serving port.
+// own figures for the run beside the client's. It never sends the API key,
+// nor any credentials: /stats is public on the serving port.
 type GatewayWatch struct {
-	url          string // /stats, without a query
+	url          string // /stats, without a query or credentials
 	route, model string
 	client       *http.Client
 	before       *gwstats.Report
@@ -133,6 +134,10 @@ func WatchGateway(ctx context.Context, statsURL string, cfg Config, client *http
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.DisableKeepAlives = true
 		client = &http.Client{Transport: tr}
+	}
+	if u, err := url.Parse(statsURL); err == nil && u.User != nil {
+		u.User = nil // whoever built the URL, /stats gets no credentials
+		statsURL = u.String()
 	}
 	w := &GatewayWatch{url: statsURL, route: route.String(), model: cfg.Model, client: client}
 	rep, err := w.fetchReport(ctx, "")

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -390,5 +392,56 @@ func TestBenchUnauthorizedCommand(t *testing.T) {
 	}
 	if got := m.Stats().Requests; got != 0 {
 		t.Errorf("the upstream saw %d requests, want none", got)
+	}
+}
+
+// TestBenchStatsNoCredentials: credentials in -url (user:password@) go
+// with the API requests, as the user asked, but not to /stats, nor do
+// those in a -gateway-stats URL.
+func TestBenchStatsNoCredentials(t *testing.T) {
+	base, _ := startStatsGateway(t, nil)
+	target, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	var statsAuth []string // the Authorization of each /stats request
+	apiAuth := 0
+	spy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if strings.HasPrefix(r.URL.Path, "/stats") {
+			statsAuth = append(statsAuth, r.Header.Get("Authorization"))
+		} else if r.Header.Get("Authorization") != "" {
+			apiAuth++
+		}
+		mu.Unlock()
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(spy.Close)
+	withUser := strings.Replace(spy.URL, "http://", "http://bench-user:pw-secret-31@", 1)
+
+	for _, extra := range [][]string{nil, {"-gateway-stats", withUser + "/stats"}} {
+		mu.Lock()
+		statsAuth, apiAuth = nil, 0
+		mu.Unlock()
+		var out, errb strings.Builder
+		args := append([]string{"bench", "-url", withUser, "-model", "m", "-requests", "2", "-quiet", "-max-tokens", "16"}, extra...)
+		if code := run(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errb.String())
+		}
+		if !strings.Contains(out.String(), "client vs gateway") || strings.Contains(out.String()+errb.String(), "pw-secret-31") {
+			t.Errorf("%v: want the comparison, and the password nowhere:\n%s\n%s", extra, out.String(), errb.String())
+		}
+		mu.Lock()
+		if len(statsAuth) < 2 || apiAuth != 2 {
+			t.Errorf("%v: %d /stats requests, %d API requests with credentials; want 2 or more and 2", extra, len(statsAuth), apiAuth)
+		}
+		for _, a := range statsAuth {
+			if a != "" {
+				t.Errorf("%v: /stats was sent Authorization %q", extra, a)
+			}
+		}
+		mu.Unlock()
 	}
 }
