@@ -379,7 +379,8 @@ func TestBenchGatewayStatsStagesAndModels(t *testing.T) {
 }
 
 // TestBenchUnauthorizedCommand: a gateway that wants a key stops the run
-// after three 401s, prints what was measured, and tells how to send a key.
+// after three 401s, prints what was measured, and tells how to send a key;
+// a run whose every request got a 401 exits 1 too, though all were sent.
 func TestBenchUnauthorizedCommand(t *testing.T) {
 	base, m := startStatsGateway(t, func(c *config.Config) { c.Auth.RequireKey = true })
 	var out, errb strings.Builder
@@ -389,6 +390,17 @@ func TestBenchUnauthorizedCommand(t *testing.T) {
 	}
 	if s := out.String(); !strings.Contains(s, "3 of 50 requests sent") || !strings.Contains(s, "401:3") {
 		t.Errorf("report:\n%s\nwant 3 of 50 sent, 401:3", s)
+	}
+	for _, n := range []string{"3", "2"} {
+		out.Reset()
+		errb.Reset()
+		code := run([]string{"bench", "-url", base, "-model", "m", "-quiet", "-requests", n, "-concurrency", "1"}, &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "401 Unauthorized") || !strings.Contains(errb.String(), "-key-env") {
+			t.Errorf("-requests %s: exit %d, stderr %q; want 1, the 401s and a hint at -key-env", n, code, errb.String())
+		}
+		if s := out.String(); !strings.Contains(s, n+" of "+n+" requests sent") || !strings.Contains(s, "401:"+n) {
+			t.Errorf("-requests %s: report:\n%s\nwant all sent, 401:%s", n, s, n)
+		}
 	}
 	if got := m.Stats().Requests; got != 0 {
 		t.Errorf("the upstream saw %d requests, want none", got)
