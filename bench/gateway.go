@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -67,8 +68,9 @@ const (
 
 // StatsURL returns the /stats URL of a tollgate: base read as
 // Config.BaseURL (a trailing /v1 is dropped) with /stats appended, or base
-// as it is when its path already ends in /stats. Its query is dropped:
-// WatchGateway sets it.
+// as it is when its path already ends in /stats. Its query is dropped
+// (WatchGateway sets it), and so are credentials (user:password@): /stats
+// is public, and bench sends it no secret.
 func StatsURL(base string) (string, error) {
 	u, err := url.Parse(base)
 	if err != nil {
@@ -85,25 +87,42 @@ func StatsURL(base string) (string, error) {
 	if !strings.HasSuffix(path, "/stats") {
 		path = strings.TrimSuffix(path, "/v1") + "/stats"
 	}
-	u.Path, u.RawPath, u.RawQuery, u.Fragment = path, "", "", ""
+	u.User, u.Path, u.RawPath, u.RawQuery, u.Fragment = nil, path, "", "", ""
 	return u.String(), nil
 }
 
 // GatewayWatch reads a tollgate's /stats around a run, to put the gateway's
-// own figures for the run beside the client's. It never sends the API key:
-// /stats is public on the serving port.
+// own figures for the run beside the client's. It never sends the API key,
+// nor any credentials: /stats is public on the serving port.
 type GatewayWatch struct {
-	url          string // /stats, without a query
+	url          string // /stats, without a query or credentials
 	route, model string
 	client       *http.Client
 	before       *gwstats.Report
+	// series is false when the gateway has no /stats/series (one from
+	// before it): the run's counts are then the window's after the run
+	// less before it.
+	series bool
+	// from is the start of the series' slice current at the first read,
+	// and first that slice's counts then; from is zero when the group
+	// had nothing in the last hour, so that every slice counts.
+	from  time.Time
+	first counts
 }
 
-// WatchGateway fetches statsURL (see StatsURL) once before a run of cfg: it
-// asks for cfg's route (chat_completions or messages) and model, teams
-// merged, in every window, since the window is chosen from the run's
-// duration once it is known. It fails when the answer is not a tollgate's
-// /stats report. client nil means a client of its own.
+// seriesWindow is the /stats/series window the run's counts are read from:
+// one-minute slices over the last hour, which hold the slice current at
+// the first read for runs up to 59 minutes, longer than any run pickWindow
+// takes.
+const seriesWindow = "1h"
+
+// WatchGateway fetches statsURL (see StatsURL) once before a run of cfg, and
+// its /stats/series: it asks for cfg's route (chat_completions or messages)
+// and model, teams merged, in every window, since the window is chosen from
+// the run's duration once it is known. It fails when the answer is not a
+// tollgate's /stats report. A gateway without /stats/series (404) is read
+// the older way (see GatewayStats.Counts). client nil means a client of its
+// own.
 func WatchGateway(ctx context.Context, statsURL string, cfg Config, client *http.Client) (*GatewayWatch, error) {
 	route := llm.RouteChatCompletions
 	if cfg.Dialect == llm.DialectAnthropic {
@@ -116,17 +135,43 @@ func WatchGateway(ctx context.Context, statsURL string, cfg Config, client *http
 		tr.DisableKeepAlives = true
 		client = &http.Client{Transport: tr}
 	}
+	if u, err := url.Parse(statsURL); err == nil && u.User != nil {
+		u.User = nil // whoever built the URL, /stats gets no credentials
+		statsURL = u.String()
+	}
 	w := &GatewayWatch{url: statsURL, route: route.String(), model: cfg.Model, client: client}
-	rep, err := w.fetch(ctx, "")
+	rep, err := w.fetchReport(ctx, "")
 	if err != nil {
 		return nil, err
 	}
 	w.before = rep
+	sr, err := w.fetchSeries(ctx)
+	switch {
+	case errors.Is(err, errNoSeries):
+	case err != nil:
+		return nil, err
+	default:
+		w.series = true
+		// The group's last point is the slice current at the read; with
+		// no group the gateway counted nothing for it in the last hour.
+		if s := w.findSeries(sr); s != nil && len(s.Points) > 0 {
+			p := &s.Points[len(s.Points)-1]
+			w.from, w.first = p.Start, countsOf(&p.Figures)
+		}
+	}
 	return w, nil
 }
 
-// query returns the /stats URL for window ("" for all).
-func (w *GatewayWatch) query(window string) string {
+var (
+	// errNoSeries is a gateway that does not serve /stats/series.
+	errNoSeries = errors.New("no /stats/series")
+	// errNotStats is an answer that is not what a tollgate serves there.
+	errNotStats = errors.New("not a tollgate /stats report")
+)
+
+// query returns the URL of path (/stats or /stats/series) for window (""
+// for all).
+func (w *GatewayWatch) query(path, window string) string {
 	q := url.Values{}
 	q.Set("route", w.route)
 	q.Set("model", w.model)
@@ -134,35 +179,83 @@ func (w *GatewayWatch) query(window string) string {
 	if window != "" {
 		q.Set("window", window)
 	}
-	return w.url + "?" + q.Encode()
+	return path + "?" + q.Encode()
 }
 
-// fetch GETs /stats for window, trying again after a 503.
-func (w *GatewayWatch) fetch(ctx context.Context, window string) (*gwstats.Report, error) {
+// fetchReport GETs /stats for window.
+func (w *GatewayWatch) fetchReport(ctx context.Context, window string) (*gwstats.Report, error) {
+	rep := new(gwstats.Report)
+	if err := w.fetch(ctx, w.url, w.query(w.url, window), rep); err != nil {
+		return nil, err
+	}
+	if rep.Sketch.Kind == "" {
+		return nil, fmt.Errorf("bench: %s: %w", redact(w.url), errNotStats)
+	}
+	return rep, nil
+}
+
+// fetchSeries GETs /stats/series for seriesWindow. It returns errNoSeries
+// when the gateway has none: a 404, or an answer that is not a series.
+func (w *GatewayWatch) fetchSeries(ctx context.Context) (*gwstats.SeriesReport, error) {
+	where := w.url + "/series"
+	sr := new(gwstats.SeriesReport)
+	err := w.fetch(ctx, where, w.query(where, seriesWindow), sr)
+	var se *statusError
+	if errors.As(err, &se) && se.code == http.StatusNotFound || errors.Is(err, errNotStats) ||
+		err == nil && (sr.Sketch.Kind == "" || sr.Window != seriesWindow) {
+		return nil, errNoSeries
+	}
+	if err != nil {
+		return nil, err
+	}
+	return sr, nil
+}
+
+// findSeries returns sr's series for the watched route and model with
+// teams merged, or nil.
+func (w *GatewayWatch) findSeries(sr *gwstats.SeriesReport) *gwstats.Series {
+	for i := range sr.Series {
+		if s := &sr.Series[i]; s.Route == w.route && s.Model == w.model && s.Team == "*" {
+			return s
+		}
+	}
+	return nil
+}
+
+// statusError is an answer other than 200.
+type statusError struct {
+	where string
+	code  int
+}
+
+func (e *statusError) Error() string { return fmt.Sprintf("bench: %s: status %d", e.where, e.code) }
+
+// fetch GETs u (a query of where) into the JSON document dst, trying again
+// after a 503.
+func (w *GatewayWatch) fetch(ctx context.Context, where, u string, dst any) error {
 	for try := 1; ; try++ {
-		rep, wait, err := w.get(ctx, window)
+		wait, err := w.get(ctx, where, u, dst)
 		if wait == 0 || try == statsTries {
-			return rep, err
+			return err
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("bench: %s: %w", redact(w.url), ctx.Err())
+			return fmt.Errorf("bench: %s: %w", redact(where), ctx.Err())
 		}
 	}
 }
 
-// get GETs /stats once. A 503 comes with how long to wait before the next
-// try.
-func (w *GatewayWatch) get(ctx context.Context, window string) (rep *gwstats.Report, wait time.Duration, err error) {
+// get GETs u once. A 503 comes with how long to wait before the next try.
+func (w *GatewayWatch) get(ctx context.Context, where, u string, dst any) (wait time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
 	defer cancel()
-	where := redact(w.url)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.query(window), nil)
+	where = redact(where)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("bench: %s: %w", where, err)
+		return 0, fmt.Errorf("bench: %s: %w", where, err)
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "tollgate-bench")
@@ -170,31 +263,30 @@ func (w *GatewayWatch) get(ctx context.Context, window string) (rep *gwstats.Rep
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
-			err = ue.Err // it quotes the URL, credentials included
+			err = ue.Err // it quotes the URL
 		}
-		return nil, 0, fmt.Errorf("bench: %s: %w", where, err)
+		return 0, fmt.Errorf("bench: %s: %w", where, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, statsBodyCap))
 	if err != nil {
-		return nil, 0, fmt.Errorf("bench: %s: reading the answer: %w", where, err)
+		return 0, fmt.Errorf("bench: %s: reading the answer: %w", where, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		err := fmt.Errorf("bench: %s: status %d", where, resp.StatusCode)
+		err := &statusError{where: where, code: resp.StatusCode}
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			wait, ok := retryhint.Parse(resp.Header, time.Now())
 			if !ok {
 				wait = retryAfterDef
 			}
-			return nil, min(max(wait, statsPoll), statsMaxWait), err
+			return min(max(wait, statsPoll), statsMaxWait), err
 		}
-		return nil, 0, err
+		return 0, err
 	}
-	rep = new(gwstats.Report)
-	if err := json.Unmarshal(body, rep); err != nil || rep.Sketch.Kind == "" {
-		return nil, 0, fmt.Errorf("bench: %s: not a tollgate /stats report", where)
+	if err := json.Unmarshal(body, dst); err != nil {
+		return 0, fmt.Errorf("bench: %s: %w", where, errNotStats)
 	}
-	return rep, 0, nil
+	return 0, nil
 }
 
 // redact returns raw without its credentials.
@@ -207,19 +299,21 @@ func redact(raw string) string {
 
 // GatewayStats are a tollgate's own figures for a run, fetched from its
 // /stats after the run, beside the client's. Counts (requests, tokens, cost,
-// goodput) are the window's after the run less before it; the quantiles
-// cannot be differenced and are the whole window's, so they include
-// requests not from the run when OtherTraffic is set.
+// goodput) are the run's alone, from the gateway's series (see Counts); the
+// quantiles cannot be differenced and are the whole window's, so they
+// include requests not from the run when OtherTraffic is set.
 type GatewayStats struct {
-	// StatsURL is the query made after the run, credentials redacted.
+	// StatsURL is the /stats query made after the run.
 	StatsURL string `json:"stats_url"`
 	Route    string `json:"route"`
 	Model    string `json:"model"`
 	// Window is the smallest window sure to hold the whole run ("" when
 	// the run is longer than any window holds); WindowSeconds is the span
-	// it covered, as the gateway reported it.
-	Window        string  `json:"window"`
-	WindowSeconds float64 `json:"window_seconds"`
+	// it covered, as the gateway reported it, and WindowRequests the
+	// requests in it after the run.
+	Window         string  `json:"window"`
+	WindowSeconds  float64 `json:"window_seconds"`
+	WindowRequests int64   `json:"window_requests"`
 	// RelativeError is the sketch's bound on the gateway's quantiles.
 	RelativeError float64 `json:"relative_error"`
 	// Note says why there are no gateway figures, when Group is nil.
@@ -230,19 +324,37 @@ type GatewayStats struct {
 	Group  *gwstats.Group `json:"group"`
 	Before *gwstats.Group `json:"before"`
 
+	// Counts says where Run comes from. "series": /stats/series?window=1h
+	// (one-minute slices), the slices from the one current at the read
+	// before the run to the last, less that first slice's counts before
+	// the run; exact, whatever leaves the window meanwhile. "window" (a
+	// gateway without /stats/series): the window's counts after the run
+	// less before it, wrong when requests counted before the run leave
+	// the window during it.
+	Counts string `json:"counts"`
+	// RequestsBefore and RequestsAfter are the request counts Run.Requests
+	// is the difference of.
 	RequestsBefore int64 `json:"requests_before"`
 	RequestsAfter  int64 `json:"requests_after"`
-	// Run holds the counts of the run: after less before.
+	// Run holds the counts of the run.
 	Run GatewayRun `json:"run"`
+	// CountsUnreliable is set when Run may be wrong, and CountsNote says
+	// why: without a series, the window held requests before the run; or
+	// the series lost the run's first minute or a count went down (the
+	// gateway restarted). Run's counts are never below zero.
+	CountsUnreliable bool   `json:"counts_unreliable"`
+	CountsNote       string `json:"counts_note,omitempty"`
 	// ClientAttempts counts the HTTP requests the client sent: its
 	// requests and their retries, each of which the gateway counts.
 	ClientAttempts int `json:"client_attempts"`
 	// OtherTraffic is set when the window's figures are not this run's
-	// alone: it held requests before the run, or the gateway counted a
-	// number of requests other than ClientAttempts.
+	// alone: the window holds more requests than the run, or the gateway
+	// counted a number of requests during the run other than
+	// ClientAttempts.
 	OtherTraffic bool `json:"other_traffic"`
-	// Covered is false when the window reaches back less far than the
-	// run's start (the gateway restarted during the run).
+	// Covered is false when the window misses part of the run: it reaches
+	// back less far than the run's start (the gateway restarted during
+	// the run), or holds fewer requests than the run's.
 	Covered bool `json:"covered"`
 	// RunSeconds is the time from the run's start to the fetch.
 	RunSeconds float64 `json:"run_seconds"`
@@ -253,8 +365,7 @@ type GatewayStats struct {
 	Client Summary `json:"client"`
 }
 
-// GatewayRun are the gateway's counts for the run: the window's after the
-// run less before it.
+// GatewayRun are the gateway's counts for the run (see GatewayStats.Counts).
 type GatewayRun struct {
 	Requests     int64            `json:"requests"`
 	InputTokens  int64            `json:"input_tokens"`
@@ -286,7 +397,7 @@ func (w *GatewayWatch) Finish(ctx context.Context, runs ...*Result) (*GatewaySta
 		}
 	}
 	gs := &GatewayStats{
-		StatsURL: redact(w.query("")), Route: w.route, Model: w.model,
+		StatsURL: redact(w.query(w.url, "")), Route: w.route, Model: w.model,
 		RelativeError: w.before.Sketch.RelativeError, ClientAttempts: attempts, Runs: len(runs),
 		Client: summarizeClass(ClassAll, samples, runs[0].SLO, d),
 	}
@@ -298,16 +409,14 @@ func (w *GatewayWatch) Finish(ctx context.Context, runs ...*Result) (*GatewaySta
 			since.Round(time.Second))
 		return gs, nil
 	}
-	gs.StatsURL = redact(w.query(gs.Window))
+	gs.StatsURL = redact(w.query(w.url, gs.Window))
 
 	settle := time.Now().Add(statsSettle)
 	last, stable := int64(-1), 0
 	for {
-		rep, err := w.fetch(ctx, gs.Window)
-		if err != nil {
+		if err := w.count(ctx, gs, since); err != nil {
 			return nil, err
 		}
-		gs.fill(w.before, rep, time.Since(runs[0].Started))
 		if gs.RequestsAfter == last {
 			stable++
 		} else {
@@ -324,14 +433,87 @@ func (w *GatewayWatch) Finish(ctx context.Context, runs ...*Result) (*GatewaySta
 			return nil, fmt.Errorf("bench: %s: %w", redact(w.url), ctx.Err())
 		}
 	}
+	if w.series {
+		// After the counts, so that the window holds every request they
+		// do, and any more is other traffic.
+		rep, err := w.fetchReport(ctx, gs.Window)
+		if err != nil {
+			return nil, err
+		}
+		gs.fillWindow(w.before, rep, time.Since(runs[0].Started))
+	}
+	gs.judge()
 	return gs, nil
 }
 
-// fill sets the figures from the reports before and after the run; since
-// is the time from the run's start to the after report.
-func (gs *GatewayStats) fill(before, after *gwstats.Report, since time.Duration) {
+// count sets the run's counts: from the series or, without one, from the
+// window, whose figures it then sets too; since is the time from the run's
+// start.
+func (w *GatewayWatch) count(ctx context.Context, gs *GatewayStats, since time.Duration) error {
+	if !w.series {
+		rep, err := w.fetchReport(ctx, gs.Window)
+		if err != nil {
+			return err
+		}
+		gs.fillWindow(w.before, rep, since)
+		var b, a counts
+		if gs.Before != nil {
+			b = countsOf(&gs.Before.Figures)
+		}
+		if gs.Group != nil {
+			a = countsOf(&gs.Group.Figures)
+		}
+		gs.Counts = "window"
+		gs.setRun(a, b)
+		if b.requests > 0 {
+			gs.CountsUnreliable = true
+			gs.CountsNote = fmt.Sprintf("the gateway has no /stats/series, so they are the %s window's after the run less before it, "+
+				"and the %d requests it held before the run may have left it during the run", gs.Window, b.requests)
+		}
+		return nil
+	}
+	sr, err := w.fetchSeries(ctx)
+	if errors.Is(err, errNoSeries) {
+		err = fmt.Errorf("bench: %s: no series after the run", redact(w.url+"/series"))
+	}
+	if err != nil {
+		return err
+	}
+	gs.RelativeError = sr.Sketch.RelativeError
+	var a counts
+	// A zero from counts every point: the group had nothing before.
+	found := w.from.IsZero()
+	if s := w.findSeries(sr); s != nil {
+		for i := range s.Points {
+			p := &s.Points[i]
+			if p.Start.Before(w.from) {
+				continue
+			}
+			found = found || p.Start.Equal(w.from)
+			a.add(countsOf(&p.Figures))
+		}
+	}
+	b := w.first
+	if !found {
+		// The slice that held the counts before the run is gone: the
+		// gateway restarted (its slices are aligned on its start), and
+		// the points are all after that.
+		b = counts{}
+	}
+	gs.Counts = "series"
+	gs.setRun(a, b)
+	if !found {
+		gs.CountsUnreliable = true
+		gs.CountsNote = "the minute the run began is no longer in the gateway's series (it restarted?): they miss the run's requests before that"
+	}
+	return nil
+}
+
+// fillWindow sets the window's figures from the reports before and after
+// the run; since is the time from the run's start to the after report.
+func (gs *GatewayStats) fillWindow(before, after *gwstats.Report, since time.Duration) {
 	gs.RelativeError = after.Sketch.RelativeError
-	gs.Group, gs.Before, gs.WindowSeconds = nil, nil, 0
+	gs.Group, gs.Before, gs.WindowSeconds, gs.WindowRequests = nil, nil, 0, 0
 	win := findWindow(after, gs.Window)
 	if win != nil {
 		gs.WindowSeconds = win.Seconds
@@ -339,6 +521,9 @@ func (gs *GatewayStats) fill(before, after *gwstats.Report, since time.Duration)
 	}
 	if bw := findWindow(before, gs.Window); bw != nil {
 		gs.Before = findGroup(bw, gs.Route, gs.Model)
+	}
+	if gs.Group != nil {
+		gs.WindowRequests = gs.Group.Requests
 	}
 	// The window's span is measured up to the gateway's snapshot, which
 	// is before the answer arrives; a second absorbs the rest.
@@ -348,33 +533,90 @@ func (gs *GatewayStats) fill(before, after *gwstats.Report, since time.Duration)
 		gs.Note = fmt.Sprintf("the gateway has no figures for route %s, model %q in the %s window "+
 			"(a model outside its metrics.models list is counted as \"other\")", gs.Route, gs.Model, gs.Window)
 	}
-	var b, a gwstats.Figures
-	if gs.Before != nil {
-		b = gs.Before.Figures
-	}
-	if gs.Group != nil {
-		a = gs.Group.Figures
-	}
-	gs.RequestsBefore, gs.RequestsAfter = b.Requests, a.Requests
-	gs.Run = GatewayRun{
-		Requests:     a.Requests - b.Requests,
-		InputTokens:  a.InputTokens - b.InputTokens,
-		OutputTokens: a.OutputTokens - b.OutputTokens,
+}
+
+// judge sets OtherTraffic and Covered from the window's and the run's
+// request counts, once both are set.
+func (gs *GatewayStats) judge() {
+	gs.OtherTraffic = gs.WindowRequests > gs.Run.Requests || gs.Run.Requests != int64(gs.ClientAttempts)
+	gs.Covered = gs.Covered && gs.WindowRequests >= gs.Run.Requests
+}
+
+// counts are the exact counts of a span of the gateway's figures.
+type counts struct {
+	requests, input, output, micros, good, total int64
+	rejections                                   map[string]int64
+}
+
+func countsOf(f *gwstats.Figures) counts {
+	c := counts{requests: f.Requests, input: f.InputTokens, output: f.OutputTokens,
 		// The gateway counts micro-dollars: round off the float noise.
-		CostUSD:    math.Round((a.CostUSD-b.CostUSD)*1e6) / 1e6,
-		Good:       a.Goodput.Good - b.Goodput.Good,
-		Total:      a.Goodput.Total - b.Goodput.Total,
-		Rejections: map[string]int64{},
+		micros: int64(math.Round(f.CostUSD * 1e6)),
+		good:   f.Goodput.Good, total: f.Goodput.Total}
+	if len(f.Rejections) > 0 {
+		c.rejections = maps.Clone(f.Rejections)
+	}
+	return c
+}
+
+func (c *counts) add(o counts) {
+	c.requests += o.requests
+	c.input += o.input
+	c.output += o.output
+	c.micros += o.micros
+	c.good += o.good
+	c.total += o.total
+	for reason, n := range o.rejections {
+		if c.rejections == nil {
+			c.rejections = map[string]int64{}
+		}
+		c.rejections[reason] += n
+	}
+}
+
+// setRun sets Run to a less b, each count at least zero: a count that went
+// down (the gateway restarted, or, without a series, requests left the
+// window) makes the counts unreliable rather than negative.
+func (gs *GatewayStats) setRun(a, b counts) {
+	gs.RequestsBefore, gs.RequestsAfter = b.requests, a.requests
+	gs.CountsUnreliable, gs.CountsNote = false, ""
+	down := false
+	diff := func(a, b int64) int64 {
+		if a < b {
+			down = true
+			return 0
+		}
+		return a - b
+	}
+	gs.Run = GatewayRun{
+		Requests:     diff(a.requests, b.requests),
+		InputTokens:  diff(a.input, b.input),
+		OutputTokens: diff(a.output, b.output),
+		CostUSD:      float64(diff(a.micros, b.micros)) / 1e6,
+		Good:         diff(a.good, b.good),
+		Total:        diff(a.total, b.total),
+		Rejections:   map[string]int64{},
+	}
+	if gs.Run.Good > gs.Run.Total {
+		gs.Run.Good, down = gs.Run.Total, true
 	}
 	if gs.Run.Total > 0 {
 		gs.Run.Ratio = float64(gs.Run.Good) / float64(gs.Run.Total)
 	}
-	for reason, n := range a.Rejections {
-		if n -= b.Rejections[reason]; n != 0 {
+	for reason := range b.rejections {
+		if _, ok := a.rejections[reason]; !ok {
+			down = true
+		}
+	}
+	for reason, n := range a.rejections {
+		if n = diff(n, b.rejections[reason]); n != 0 {
 			gs.Run.Rejections[reason] = n
 		}
 	}
-	gs.OtherTraffic = b.Requests > 0 || gs.Run.Requests != int64(gs.ClientAttempts)
+	if down {
+		gs.CountsUnreliable = true
+		gs.CountsNote = "a count went down between the reads before and after the run (the gateway restarted?)"
+	}
 }
 
 func findWindow(rep *gwstats.Report, name string) *gwstats.Window {
@@ -461,18 +703,31 @@ func (gs *GatewayStats) writeTable(b *strings.Builder) error {
 		return err
 	}
 
-	fmt.Fprintf(b, "gateway counts: the window's after the run less before it (%d − %d); its quantiles: the whole window's (%.0f s), ±%.0f%% (sketch).\n",
-		gs.RequestsAfter, gs.RequestsBefore, gs.WindowSeconds, 100*gs.RelativeError)
-	if !gs.Covered {
-		fmt.Fprintf(b, "WARNING: the window reaches back %.0f s but the run began %.0f s before the fetch (the gateway restarted?): its figures miss part of the run.\n",
-			gs.WindowSeconds, gs.RunSeconds)
+	if gs.Counts == "series" {
+		fmt.Fprintf(b, "gateway counts: /stats/series (1 min slices) from the minute the run began, less that minute's before the run (%d − %d); "+
+			"its quantiles: the whole window's (%.0f s, %d requests), ±%.0f%% (sketch).\n",
+			gs.RequestsAfter, gs.RequestsBefore, gs.WindowSeconds, gs.WindowRequests, 100*gs.RelativeError)
+	} else {
+		fmt.Fprintf(b, "gateway counts: the window's after the run less before it (%d − %d); its quantiles: the whole window's (%.0f s), ±%.0f%% (sketch).\n",
+			gs.RequestsAfter, gs.RequestsBefore, gs.WindowSeconds, 100*gs.RelativeError)
+	}
+	if gs.CountsUnreliable {
+		fmt.Fprintf(b, "WARNING: the gateway's counts for the run are unreliable: %s.\n", gs.CountsNote)
 	}
 	switch {
-	case gs.RequestsBefore > 0:
-		fmt.Fprintf(b, "WARNING: other traffic: the window already held %d requests before the run; the gateway's quantiles include requests not from this run.\n",
-			gs.RequestsBefore)
+	case gs.WindowSeconds+1 < gs.RunSeconds:
+		fmt.Fprintf(b, "WARNING: the window reaches back %.0f s but the run began %.0f s before the fetch (the gateway restarted?): its quantiles miss part of the run.\n",
+			gs.WindowSeconds, gs.RunSeconds)
+	case gs.WindowRequests < gs.Run.Requests:
+		fmt.Fprintf(b, "WARNING: the %s window holds %d of the run's %d requests: its quantiles miss the others.\n",
+			gs.Window, gs.WindowRequests, gs.Run.Requests)
+	case gs.WindowRequests > gs.Run.Requests:
+		fmt.Fprintf(b, "WARNING: other traffic: the %s window holds %d requests, %d of them from the run; the gateway's quantiles include the others.\n",
+			gs.Window, gs.WindowRequests, gs.Run.Requests)
+	}
+	switch {
 	case gs.Run.Requests > int64(gs.ClientAttempts):
-		fmt.Fprintf(b, "WARNING: other traffic: the gateway counted %d requests during the run, the client sent %d; its quantiles include requests not from this run.\n",
+		fmt.Fprintf(b, "WARNING: other traffic: the gateway counted %d requests during the run, the client sent %d; its counts and quantiles include requests not from this run.\n",
 			gs.Run.Requests, gs.ClientAttempts)
 	case gs.Run.Requests < int64(gs.ClientAttempts):
 		fmt.Fprintf(b, "WARNING: the gateway counted %d of the %d requests sent (connection failures, or replicas that each report their own).\n",

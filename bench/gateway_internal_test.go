@@ -36,7 +36,7 @@ func TestStatsURL(t *testing.T) {
 		"https://gw/llm/v1/":                 "https://gw/llm/stats",
 		"http://gw:9000/stats":               "http://gw:9000/stats",
 		"http://gw/stats/?window=1m#x":       "http://gw/stats",
-		"http://user:pw@gw/stats?model=keep": "http://user:pw@gw/stats",
+		"http://user:pw@gw/stats?model=keep": "http://gw/stats", // /stats gets no credentials
 	} {
 		if got, err := StatsURL(in); err != nil || got != want {
 			t.Errorf("StatsURL(%q) = %q, %v; want %q", in, got, err, want)

@@ -217,8 +217,8 @@ func arrivals(rng *rand.Rand, rate float64, n int) []time.Duration {
 // during the run, requests in flight are cancelled, none is sent after, and
 // Run returns what it measured together with an error wrapping ctx's. After
 // the third request answered 401 it sends no more, lets those in flight
-// finish, and returns what it measured with an *UnauthorizedError (unless
-// every request had been sent by then).
+// finish, and returns what it measured with an *UnauthorizedError; so it
+// does when every request sent was answered 401, however few.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg, u, err := settle(cfg)
 	if err != nil {
@@ -322,8 +322,10 @@ dispatch:
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("bench: run interrupted after %d of %d requests: %w", sent, cfg.Requests, err)
 	}
-	if sent < cfg.Requests {
-		return res, &UnauthorizedError{Answers: int(unauthorized.Load()), Sent: sent, Requests: cfg.Requests}
+	// Whether or not every request was sent (the third 401 may be the
+	// last request), a run the endpoint refused is no measurement.
+	if n := int(unauthorized.Load()); n >= unauthorizedStop || n > 0 && n == sent {
+		return res, &UnauthorizedError{Answers: n, Sent: sent, Requests: cfg.Requests}
 	}
 	return res, nil
 }
@@ -332,9 +334,10 @@ dispatch:
 // one odd answer, few enough not to flood an endpoint with a bad key.
 const unauthorizedStop = 3
 
-// UnauthorizedError reports a run that Run stopped because the endpoint
-// answered 401: the key is missing or rejected, and retrying will not change
-// that. The result returned with it holds the requests sent.
+// UnauthorizedError reports a run that the endpoint refused: Run stopped it
+// after unauthorizedStop answers 401, or every request it sent was answered
+// 401. The key is missing or rejected, and retrying will not change that.
+// The result returned with it holds the requests sent.
 type UnauthorizedError struct {
 	Answers  int // requests answered 401
 	Sent     int // requests sent before the stop
@@ -342,6 +345,10 @@ type UnauthorizedError struct {
 }
 
 func (e *UnauthorizedError) Error() string {
+	if e.Sent == e.Requests {
+		return fmt.Sprintf("bench: %d of the %d requests sent were answered 401 Unauthorized: the endpoint rejects the API key or wants one",
+			e.Answers, e.Sent)
+	}
 	return fmt.Sprintf("bench: stopped after %d requests were answered 401 Unauthorized (%d of %d sent): the endpoint rejects the API key or wants one",
 		e.Answers, e.Sent, e.Requests)
 }

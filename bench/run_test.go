@@ -421,15 +421,17 @@ func TestErrorKinds(t *testing.T) {
 	}
 }
 
-// TestUnauthorized: a 401 is its own error kind, never retried, and after
-// the third one the run sends no more requests.
+// TestUnauthorized: a 401 is its own error kind, never retried; after the
+// third one the run sends no more requests, and a run with three 401s, or
+// with nothing but 401s, fails even when every request was sent.
 func TestUnauthorized(t *testing.T) {
 	t.Run("counted apart", func(t *testing.T) {
 		_, ts := startMock(t, mockllm.Options{RequireKey: testKey})
 		res, err := bench.Run(runCtx(t), bench.Config{BaseURL: ts.URL, Dialect: llm.DialectOpenAI,
 			Model: "m", Requests: 3, Concurrency: 3, APIKey: "sk-wrong"})
-		if err != nil {
-			t.Fatalf("every request was sent: %v, want no error", err)
+		var ue *bench.UnauthorizedError
+		if !errors.As(err, &ue) || *ue != (bench.UnauthorizedError{Answers: 3, Sent: 3, Requests: 3}) {
+			t.Fatalf("error %v, want an *UnauthorizedError for 3 of 3 sent, all 401", err)
 		}
 		all := res.Summary(bench.ClassAll)
 		if all.Errors.Unauthorized != 3 || len(all.Errors.Status) != 0 || all.Retries != (bench.Retries{}) {
@@ -441,6 +443,33 @@ func TestUnauthorized(t *testing.T) {
 		var tb strings.Builder
 		if err := res.WriteTable(&tb); err != nil || !strings.Contains(tb.String(), "401:3") {
 			t.Errorf("table (%v) does not list 401:3:\n%s", err, tb.String())
+		}
+	})
+	t.Run("fewer than three", func(t *testing.T) {
+		for _, c := range []struct {
+			requests, refused int
+			fail              bool
+		}{
+			{2, 2, true},  // every request sent got a 401
+			{1, 1, true},  // the same, with one request
+			{4, 2, false}, // two succeeded: the key works
+		} {
+			m, ts := startMock(t, mockllm.Options{OutputTokens: 2})
+			if err := m.Inject("status=401", c.refused); err != nil {
+				t.Fatal(err)
+			}
+			res, err := bench.Run(runCtx(t), bench.Config{BaseURL: ts.URL, Dialect: llm.DialectOpenAI,
+				Model: "m", Requests: c.requests, Concurrency: 1})
+			var ue *bench.UnauthorizedError
+			if got := errors.As(err, &ue); got != c.fail || err != nil && !got {
+				t.Errorf("%d of %d answered 401: error %v, want an *UnauthorizedError: %v", c.refused, c.requests, err, c.fail)
+			} else if got && *ue != (bench.UnauthorizedError{Answers: c.refused, Sent: c.requests, Requests: c.requests}) {
+				t.Errorf("%d of %d answered 401: %+v", c.refused, c.requests, *ue)
+			}
+			if len(res.Samples) != c.requests || res.Summary(bench.ClassAll).Errors.Unauthorized != c.refused {
+				t.Errorf("%d samples, errors %+v; want %d, %d unauthorized", len(res.Samples),
+					res.Summary(bench.ClassAll).Errors, c.requests, c.refused)
+			}
 		}
 	})
 	for _, c := range []struct {

@@ -28,8 +28,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 			"other) and reports, per prompt size, the client-side TTFT, TPOT, ITL and E2E (mean, median,\n"+
 			"P95, P99), output tokens/s, goodput against the SLOs and errors by kind; against a tollgate,\n"+
 			"also the gateway's own figures for the run from its /stats (-gateway-stats). The API key is\n"+
-			"read from the environment variable named by -key-env, never from the command line, and is\n"+
-			"never sent to /stats.", stderr)
+			"read from the environment variable named by -key-env, never from the command line; neither\n"+
+			"it nor credentials in a URL (user:password@) are sent to /stats.", stderr)
 	def := config.Default().SLO
 	url := fs.String("url", "", "base URL of the endpoint, e.g. http://127.0.0.1:8080 (required)")
 	dialect := fs.String("dialect", "openai", "API: openai (POST /v1/chat/completions) or anthropic (POST /v1/messages)")

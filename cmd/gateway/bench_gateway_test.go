@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -63,6 +65,9 @@ type benchJSON struct {
 		Model          string       `json:"model"`
 		RelativeError  float64      `json:"relative_error"`
 		Group          *stats.Group `json:"group"`
+		WindowRequests int64        `json:"window_requests"`
+		Counts         string       `json:"counts"`
+		Unreliable     bool         `json:"counts_unreliable"`
 		RequestsBefore int64        `json:"requests_before"`
 		RequestsAfter  int64        `json:"requests_after"`
 		Run            struct {
@@ -94,8 +99,9 @@ func decodeBench(t *testing.T, out string) benchJSON {
 
 // TestBenchGatewaySideBySide: a run against a fresh gateway gets the
 // gateway's own figures for exactly its requests (JSON); a second run finds
-// the first in the window and says its figures include other traffic
-// (table, with -gateway-stats naming the gateway).
+// the first in the window and says its quantiles include other traffic,
+// while its counts are its own (table, with -gateway-stats naming the
+// gateway).
 func TestBenchGatewaySideBySide(t *testing.T) {
 	base, _ := startStatsGateway(t, nil)
 	const n = 8
@@ -116,7 +122,8 @@ func TestBenchGatewaySideBySide(t *testing.T) {
 			g.Window, g.Route, g.Model, g.Group.Team)
 	}
 	if g.RequestsBefore != 0 || g.RequestsAfter != n || g.Run.Requests != n || g.ClientAttempts != n ||
-		g.Group.TTFT.Count != n || g.Run.Total != n || g.OtherTraffic || !g.Covered {
+		g.Group.TTFT.Count != n || g.Run.Total != n || g.OtherTraffic || !g.Covered ||
+		g.Counts != "series" || g.Unreliable || g.WindowRequests != n {
 		t.Errorf("gateway %+v; want %d requests counted, none before, no other traffic", *g, n)
 	}
 	// merge=team puts the route's ITL (kept without a team) in the group.
@@ -158,8 +165,8 @@ func TestBenchGatewaySideBySide(t *testing.T) {
 	table := out.String()
 	for _, want := range []string{
 		"client vs gateway (/stats window 1m, route chat_completions, model m)",
-		"8 sent", "8 counted", "(16 − 8)",
-		"WARNING: other traffic: the window already held 8 requests before the run",
+		"8 sent", "8 counted", "gateway counts: /stats/series",
+		"WARNING: other traffic: the 1m window holds 16 requests, 8 of them from the run",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
@@ -372,7 +379,8 @@ func TestBenchGatewayStatsStagesAndModels(t *testing.T) {
 }
 
 // TestBenchUnauthorizedCommand: a gateway that wants a key stops the run
-// after three 401s, prints what was measured, and tells how to send a key.
+// after three 401s, prints what was measured, and tells how to send a key;
+// a run whose every request got a 401 exits 1 too, though all were sent.
 func TestBenchUnauthorizedCommand(t *testing.T) {
 	base, m := startStatsGateway(t, func(c *config.Config) { c.Auth.RequireKey = true })
 	var out, errb strings.Builder
@@ -383,7 +391,73 @@ func TestBenchUnauthorizedCommand(t *testing.T) {
 	if s := out.String(); !strings.Contains(s, "3 of 50 requests sent") || !strings.Contains(s, "401:3") {
 		t.Errorf("report:\n%s\nwant 3 of 50 sent, 401:3", s)
 	}
+	for _, n := range []string{"3", "2"} {
+		out.Reset()
+		errb.Reset()
+		code := run([]string{"bench", "-url", base, "-model", "m", "-quiet", "-requests", n, "-concurrency", "1"}, &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "401 Unauthorized") || !strings.Contains(errb.String(), "-key-env") {
+			t.Errorf("-requests %s: exit %d, stderr %q; want 1, the 401s and a hint at -key-env", n, code, errb.String())
+		}
+		if s := out.String(); !strings.Contains(s, n+" of "+n+" requests sent") || !strings.Contains(s, "401:"+n) {
+			t.Errorf("-requests %s: report:\n%s\nwant all sent, 401:%s", n, s, n)
+		}
+	}
 	if got := m.Stats().Requests; got != 0 {
 		t.Errorf("the upstream saw %d requests, want none", got)
+	}
+}
+
+// TestBenchStatsNoCredentials: credentials in -url (user:password@) go
+// with the API requests, as the user asked (here to a proxy in front of
+// the gateway), but not to /stats, nor do those in a -gateway-stats URL.
+func TestBenchStatsNoCredentials(t *testing.T) {
+	base, _ := startStatsGateway(t, nil)
+	target, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	var statsAuth []string // the Authorization of each /stats request
+	apiAuth := 0
+	spy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if strings.HasPrefix(r.URL.Path, "/stats") {
+			statsAuth = append(statsAuth, r.Header.Get("Authorization"))
+		} else if r.Header.Get("Authorization") != "" {
+			apiAuth++
+			// The spy is the proxy the credentials are for: the gateway
+			// would take a Basic header for a wrong key and answer 401.
+			r.Header.Del("Authorization")
+		}
+		mu.Unlock()
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(spy.Close)
+	withUser := strings.Replace(spy.URL, "http://", "http://bench-user:pw-secret-31@", 1)
+
+	for _, extra := range [][]string{nil, {"-gateway-stats", withUser + "/stats"}} {
+		mu.Lock()
+		statsAuth, apiAuth = nil, 0
+		mu.Unlock()
+		var out, errb strings.Builder
+		args := append([]string{"bench", "-url", withUser, "-model", "m", "-requests", "2", "-quiet", "-max-tokens", "16"}, extra...)
+		if code := run(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errb.String())
+		}
+		if o := out.String(); !strings.Contains(o, "client vs gateway") || !strings.Contains(o, "2 sent  ") ||
+			!strings.Contains(o, "2 counted") || strings.Contains(o+errb.String(), "pw-secret-31") {
+			t.Errorf("%v: want the comparison of 2 requests, and the password nowhere:\n%s\n%s", extra, o, errb.String())
+		}
+		mu.Lock()
+		if len(statsAuth) < 2 || apiAuth != 2 {
+			t.Errorf("%v: %d /stats requests, %d API requests with credentials; want 2 or more and 2", extra, len(statsAuth), apiAuth)
+		}
+		for _, a := range statsAuth {
+			if a != "" {
+				t.Errorf("%v: /stats was sent Authorization %q", extra, a)
+			}
+		}
+		mu.Unlock()
 	}
 }
