@@ -18,6 +18,8 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"net/netip"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -114,6 +116,18 @@ func New(cfg *config.Config, p Prober, m *metrics.Metrics, opts Options) (*Sched
 		s.rand = rand.Float64
 	}
 	for _, t := range pc.Targets {
+		if u := cfg.UpstreamByName(t.Upstream); u != nil && u.APIKeyEnv == "" {
+			// Right for a keyless server (a local vLLM, usually on
+			// loopback: only noted); for any other every probe would be
+			// refused and the upstream blamed.
+			level := slog.LevelWarn
+			if onLoopback(u.BaseURL) {
+				level = slog.LevelInfo
+			}
+			s.log.Log(context.Background(), level, "probe target's upstream has no api_key_env: its probes go "+
+				"without a key, and an upstream that needs one answers them 401 (result auth_error)",
+				"upstream", t.Upstream, "model", t.Model)
+		}
 		s.targets = append(s.targets, proxy.ProbeTarget{Upstream: t.Upstream, Model: t.Model,
 			Dialect: cfg.ProbeDialect(t), Prompt: pc.Prompt, MaxTokens: pc.MaxTokens})
 	}
@@ -133,20 +147,23 @@ func (s *Scheduler) Run(ctx context.Context) {
 }
 
 // runTarget runs one target's rounds: the first after first, each next one
-// interval after the start of the last (at once when a round overran).
+// interval after the last was due (not after it started, so that timer
+// lateness does not add up), at once if the last ran past that.
 func (s *Scheduler) runTarget(ctx context.Context, t proxy.ProbeTarget, first time.Duration) {
-	wait := first
+	due := s.clock.Now().Add(first)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(wait):
+		case <-s.clock.After(due.Sub(s.clock.Now())):
 		}
-		start := s.clock.Now()
 		if !s.round(ctx, t) {
 			return
 		}
-		wait = start.Add(s.interval).Sub(s.clock.Now())
+		due = due.Add(s.interval)
+		if now := s.clock.Now(); due.Before(now) {
+			due = now
+		}
 	}
 }
 
@@ -160,10 +177,14 @@ func (s *Scheduler) round(ctx context.Context, t proxy.ProbeTarget) bool {
 		bad            atomic.Bool
 		wg             sync.WaitGroup
 	)
+	// A round ends by the next one's start: a hanging upstream must not
+	// stretch it (and leave the ratio stale) for requests × timeout.
+	roundCtx, endRound := context.WithTimeout(ctx, s.interval)
+	defer endRound()
 	for range min(s.conc, s.requests) {
 		wg.Go(func() {
-			for next.Add(1) <= int64(s.requests) && ctx.Err() == nil {
-				rctx, cancel := context.WithTimeout(ctx, s.timeout)
+			for next.Add(1) <= int64(s.requests) && roundCtx.Err() == nil {
+				rctx, cancel := context.WithTimeout(roundCtx, s.timeout)
 				res, err := s.prober.Probe(rctx, t)
 				cancel()
 				if err != nil {
@@ -222,4 +243,18 @@ func summary(results map[string]int) string {
 		b.WriteString(r + "=" + strconv.Itoa(results[r]))
 	}
 	return b.String()
+}
+
+// onLoopback reports whether base names a loopback host.
+func onLoopback(base string) bool {
+	u, err := url.Parse(base)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(h)
+	return err == nil && ip.IsLoopback()
 }

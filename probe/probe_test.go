@@ -1,11 +1,14 @@
 package probe
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -403,5 +406,68 @@ func TestNew(t *testing.T) {
 	cfg.Probe.Targets = []config.ProbeTarget{{Upstream: "mock", Model: "m"}}
 	if _, err := New(&cfg, nil, nil, Options{}); err == nil {
 		t.Error("enabled without a Prober or Metrics: no error")
+	}
+}
+
+// TestNewWarnsKeylessUpstream: a probed upstream without api_key_env is
+// named in a warning at start (its probes go without a key), or only an
+// info line when it is on loopback (a local keyless server); one with a key
+// is not named.
+func TestNewWarnsKeylessUpstream(t *testing.T) {
+	w := newWorld(t, mockllm.Options{}, nil)
+	m, err := metrics.New(prometheus.NewRegistry(), &w.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ keyEnv, baseURL, want string }{
+		{"", "https://api.example.com", "level=WARN"},
+		{"", "http://127.0.0.1:8000", "level=INFO"}, // a local keyless server: noted only
+		{"UPSTREAM_KEY", "https://api.example.com", ""},
+	} {
+		cfg := w.cfg
+		cfg.Upstreams = slices.Clone(cfg.Upstreams)
+		cfg.Upstreams[0].APIKeyEnv, cfg.Upstreams[0].BaseURL = tc.keyEnv, tc.baseURL
+		var buf bytes.Buffer
+		h := slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})
+		if _, err := New(&cfg, w.gw, m, Options{Logger: slog.New(h)}); err != nil {
+			t.Fatal(err)
+		}
+		logged := buf.String()
+		if tc.want == "" && logged != "" || tc.want != "" && (!strings.Contains(logged, tc.want) ||
+			!strings.Contains(logged, "upstream=mock") || !strings.Contains(logged, "api_key_env")) {
+			t.Errorf("api_key_env %q at %s: log %q, want %q", tc.keyEnv, tc.baseURL, logged, tc.want)
+		}
+	}
+}
+
+// TestRoundCutAtInterval: a round whose requests hang ends by the next
+// round's start: the requests in flight count as probe_timeout (a failure
+// of the round, no verdict for the breaker) and the rest are not sent,
+// instead of the round lasting requests × timeout_seconds.
+func TestRoundCutAtInterval(t *testing.T) {
+	w := newWorld(t, mockllm.Options{OutputTokens: 2}, func(c *config.Config) {
+		c.Probe.IntervalSeconds = 1
+		c.Probe.Requests = 6
+	})
+	if err := w.mock.Inject("hang=0", 6); err != nil {
+		t.Fatal(err)
+	}
+	w.run(t)
+	w.clock.waitPending(t, 1)
+	w.clock.Advance(3 * time.Second)
+	w.clock.waitPending(t, 1) // the round is over (cut after 1 s of real time)
+	if got := w.results(t, "m"); len(got) != 1 || got["probe_timeout"] != 2 {
+		t.Errorf("results %v, want the 2 requests in flight as probe_timeout", got)
+	}
+	if n := w.mock.Stats().Requests; n != 2 {
+		t.Errorf("upstream saw %d requests, want 2 (the rest of the round not sent)", n)
+	}
+	if r := w.gauge(t, "tollgate_probe_success_ratio", "m"); r != 0 {
+		t.Errorf("success ratio %v, want 0", r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := w.mock.WaitCanceled(ctx, 2); err != nil {
+		t.Errorf("the cut requests were not cancelled upstream: %v", err)
 	}
 }

@@ -665,13 +665,15 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 // and 5xx are the upstream's trouble; quota, billing, key and request errors
 // are about the account or the request; and when the caller's own key went
 // upstream (passthrough) a 429 is the caller's account's limit, which must
-// not open the circuit for every other caller.
+// not open the circuit for every other caller. The same holds for a probe in
+// passthrough: it goes with the gateway's own key, whose limits are not the
+// callers'.
 func (ex *exchange) answerHealthy(st int, errType, errCode string) bool {
 	switch {
 	case neverRetryable(errType) || neverRetryable(errCode):
 		return true
 	case st == http.StatusTooManyRequests:
-		return ex.callerKeyUp
+		return ex.callerKeyUp || (ex.probe != nil && !ex.g.gov.keysMode)
 	}
 	return st < 500 && st != http.StatusRequestTimeout
 }

@@ -20,8 +20,15 @@ const ProbeHeader = "X-Tollgate-Probe"
 
 // Probe results that are not attempt results (see ProbeResult.Result).
 const (
-	// ProbeTimeout: the probe's context ran out before an answer.
-	ProbeTimeout = "timeout"
+	// ProbeTimeout: the probe's context ran out before an answer (its own
+	// timeout_seconds, or the end of its round); the breaker gets no
+	// verdict, as for a caller that gives up. Not the attempt result
+	// "timeout" (the upstream's 408 or 504, or its own timeout_seconds),
+	// which is a failure.
+	ProbeTimeout = "probe_timeout"
+	// ProbeAuthError: the upstream refused the probe's key (401 or 403):
+	// the probed upstream needs an api_key_env, or its key is wrong.
+	ProbeAuthError = "auth_error"
 	// ProbeCanceled: the probe's context was cancelled (shutdown); the
 	// request says nothing about the upstream.
 	ProbeCanceled = "canceled"
@@ -58,7 +65,7 @@ type ProbeResult struct {
 	// (rate_limited, overloaded, server_error, connect_error,
 	// header_timeout, error_event, stream_broken, ...), why nothing was
 	// sent (breaker_open, queue_full, queue_timeout), or ProbeTimeout,
-	// ProbeCanceled, ProbeInternalError.
+	// ProbeAuthError, ProbeCanceled, ProbeInternalError.
 	Result string
 	// Status is the upstream's HTTP status (0 when it sent none).
 	Status int
@@ -194,6 +201,8 @@ func (ex *exchange) probeResult(ctx context.Context, panicked bool) ProbeResult 
 	switch {
 	case panicked:
 		res.Result = ProbeInternalError
+	case res.Status == http.StatusUnauthorized || res.Status == http.StatusForbidden:
+		res.Result = ProbeAuthError
 	case res.Result == "" || res.Result == resultClientGone:
 		// The probe's own context ended the request.
 		res.Result = ProbeCanceled

@@ -460,3 +460,47 @@ func TestProbeBadTarget(t *testing.T) {
 		t.Errorf("upstream requests %d, want one to /v1/messages", len(reqs))
 	}
 }
+
+// TestProbe429InPassthroughNoVerdict: in passthrough mode a probe goes with
+// the gateway's own key, so its 429s are that key's limit, not the
+// upstream's health: they must not open the circuit for callers who bring
+// their own keys (review: five 429s opened it and callers got 503). In mode
+// "keys" the probe's key is every caller's key, and its 429s do count.
+func TestProbe429InPassthroughNoVerdict(t *testing.T) {
+	for _, mode := range []string{"passthrough", "keys"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newProbeWorld(t, mockllm.Options{OutputTokens: 3}, func(c *config.Config) {
+				c.Auth.Mode = mode
+				if mode == "keys" {
+					c.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha)}}
+				}
+				c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", "sk-gateway-probe"
+				c.Upstreams[0].Breaker.ConsecutiveFailures = 2
+			}, nil)
+			if err := w.mock.Inject("status=429", 5); err != nil {
+				t.Fatal(err)
+			}
+			target := ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
+			for range 5 {
+				if res := w.probe(t, target); res.Result != resultRateLimited && res.Result != skipBreakerOpen {
+					t.Fatalf("probe: %+v, want rate_limited (or breaker_open)", res)
+				}
+			}
+			state := metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"})
+			if want := map[string]float64{"passthrough": 0, "keys": 2}[mode]; state != want {
+				t.Errorf("circuit state %v after five probe 429s, want %v", state, want)
+			}
+		})
+	}
+}
+
+// TestProbeAuthError: an upstream that refuses the probe's key (here: none,
+// the upstream has no api_key_env) is result auth_error, not a vague
+// client_error.
+func TestProbeAuthError(t *testing.T) {
+	w := newProbeWorld(t, mockllm.Options{OutputTokens: 3, RequireKey: "sk-needed"}, nil, nil)
+	res := w.probe(t, ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8})
+	if res.Result != ProbeAuthError || res.Status != http.StatusUnauthorized {
+		t.Errorf("probe without the upstream's key: %+v, want %s and 401", res, ProbeAuthError)
+	}
+}
