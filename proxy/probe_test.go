@@ -407,11 +407,16 @@ func TestProbeTimeoutAndCancel(t *testing.T) {
 	if err := w.mock.Inject("hang=0", 2); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	// Long enough for the request to reach the mock on a loaded machine
+	// (200 ms once was not, and the hangs then fell on later probes).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	res, err := w.tg.gw.Probe(ctx, target)
 	cancel()
 	if err != nil || res.Result != ProbeTimeout {
 		t.Errorf("probe of a hanging upstream with a timeout: %+v %v, want %s", res, err, ProbeTimeout)
+	}
+	if n := w.mock.Stats().Requests; n != 1 {
+		t.Fatalf("the timed-out probe reached the upstream %d times, want 1", n)
 	}
 
 	ctx, cancel = context.WithCancel(context.Background())
