@@ -402,7 +402,7 @@ interval_seconds = 60
 requests = 5
 concurrency = 1
 max_tokens = 8
-timeout_seconds = 20.5
+timeout_seconds = 10.5
 prompt = "Say hi"
 
 [[probe.targets]]
@@ -474,7 +474,7 @@ dialect = "anthropic"
 		},
 		// The first target's dialect is its upstream's first.
 		Probe: Probe{Enabled: true, IntervalSeconds: 60, Requests: 5, Concurrency: 1, MaxTokens: 8,
-			TimeoutSeconds: 20.5, Prompt: "Say hi", Targets: []ProbeTarget{
+			TimeoutSeconds: 10.5, Prompt: "Say hi", Targets: []ProbeTarget{
 				{Upstream: "openai", Model: "gpt-4o-mini", Dialect: "openai"},
 				{Upstream: "local-vllm_2", Model: "Qwen/Qwen2.5-72B", Dialect: "anthropic"},
 			}},

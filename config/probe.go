@@ -122,6 +122,17 @@ func (c *Config) validateProbe(v *validator) {
 	if p.Prompt == "" {
 		v.add("probe.prompt", "must not be empty")
 	}
+	// A round is cut at the next one's start; a request still within its
+	// timeout then would count as a failure of a healthy, slow upstream.
+	if p.Requests >= 1 && p.Concurrency >= 1 && p.IntervalSeconds >= 1 && p.TimeoutSeconds > 0 {
+		waves := (p.Requests + p.Concurrency - 1) / p.Concurrency
+		if longest := float64(waves) * p.TimeoutSeconds; longest > p.IntervalSeconds {
+			v.add("probe.timeout_seconds", "a round of %d requests, %d at a time, may take %d × %g = %g s, "+
+				"longer than interval_seconds (%g), where it is cut: lower timeout_seconds or requests, "+
+				"or raise concurrency or interval_seconds", p.Requests, p.Concurrency, waves, p.TimeoutSeconds,
+				longest, p.IntervalSeconds)
+		}
+	}
 	if p.Enabled && len(p.Targets) == 0 {
 		v.add("probe.enabled", "the probe needs at least one [[probe.targets]] table (upstream and model) to probe; add one or set enabled = false")
 	}

@@ -31,8 +31,10 @@ var probeCases = []struct {
 			`gateway.toml:5: probe.interval_seconds: must be a number, not nan`,
 			`gateway.toml:6: probe.timeout_seconds: +Inf is too large`,
 		}},
-	{"too many probe requests", up + "[probe]\nrequests = 1001\n",
+	{"too many probe requests", up + "[probe]\nrequests = 1001\nconcurrency = 1001\n",
 		nil, []string{`gateway.toml:5: probe.requests: must be from 1 to 1000, not 1001`}},
+	{"probe round longer than its interval", up + "[probe]\ninterval_seconds = 30\nrequests = 5\ntimeout_seconds = 11\n",
+		nil, []string{`gateway.toml:7: probe.timeout_seconds: a round of 5 requests, 2 at a time, may take 3 × 11 = 33 s, longer than interval_seconds (30), where it is cut: lower timeout_seconds or requests, or raise concurrency or interval_seconds`}},
 	{"probe on without a target", up + "[probe]\nenabled = true\n",
 		nil, []string{`gateway.toml:5: probe.enabled: the probe needs at least one [[probe.targets]] table`}},
 	{"probe targets", up + "[probe]\nenabled = true\n[[probe.targets]]\nmodel = \"m\"\n[[probe.targets]]\nupstream = \"b\"\n" +

@@ -18,8 +18,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"net/netip"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,16 +115,16 @@ func New(cfg *config.Config, p Prober, m *metrics.Metrics, opts Options) (*Sched
 	}
 	for _, t := range pc.Targets {
 		if u := cfg.UpstreamByName(t.Upstream); u != nil && u.APIKeyEnv == "" {
-			// Right for a keyless server (a local vLLM, usually on
-			// loopback: only noted); for any other every probe would be
-			// refused and the upstream blamed.
-			level := slog.LevelWarn
-			if onLoopback(u.BaseURL) {
-				level = slog.LevelInfo
+			// Right for a keyless server (a self-hosted vLLM, usually
+			// plain http: only noted); for a provider's https endpoint
+			// every probe would be refused and the upstream blamed.
+			level := slog.LevelInfo
+			if strings.HasPrefix(strings.ToLower(u.BaseURL), "https:") {
+				level = slog.LevelWarn
 			}
 			s.log.Log(context.Background(), level, "probe target's upstream has no api_key_env: its probes go "+
-				"without a key, and an upstream that needs one answers them 401 (result auth_error)",
-				"upstream", t.Upstream, "model", t.Model)
+				"without a key (right for a server that needs none; one that needs a key answers 401, "+
+				"result auth_error)", "upstream", t.Upstream, "model", t.Model)
 		}
 		s.targets = append(s.targets, proxy.ProbeTarget{Upstream: t.Upstream, Model: t.Model,
 			Dialect: cfg.ProbeDialect(t), Prompt: pc.Prompt, MaxTokens: pc.MaxTokens})
@@ -135,8 +133,10 @@ func New(cfg *config.Config, p Prober, m *metrics.Metrics, opts Options) (*Sched
 }
 
 // Run runs every target's rounds until ctx is done, then returns once the
-// requests in flight (cancelled with ctx) have ended. A round cut short
-// leaves the success ratio and round time as they were.
+// requests in flight (cancelled with ctx) have ended. A round ended by ctx
+// (shutdown) leaves the success ratio and round time as they were; one cut
+// at the next round's start counts its unfinished requests as
+// probe_timeout.
 func (s *Scheduler) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, t := range s.targets {
@@ -243,18 +243,4 @@ func summary(results map[string]int) string {
 		b.WriteString(r + "=" + strconv.Itoa(results[r]))
 	}
 	return b.String()
-}
-
-// onLoopback reports whether base names a loopback host.
-func onLoopback(base string) bool {
-	u, err := url.Parse(base)
-	if err != nil {
-		return false
-	}
-	h := u.Hostname()
-	if h == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(h)
-	return err == nil && ip.IsLoopback()
 }

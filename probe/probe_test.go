@@ -126,8 +126,15 @@ type world struct {
 }
 
 // newWorld builds a world; edit may change the [probe] table, whose default
-// here is one target (mock, model m), 6 requests, 2 at a time.
+// here is one target (mock, model m), 6 requests, 2 at a time, each given
+// 10 s, every minute.
 func newWorld(t *testing.T, mo mockllm.Options, edit func(*config.Config)) *world {
+	t.Helper()
+	return newWorldWith(t, mo, edit, true)
+}
+
+// newWorldWith builds a world, its configuration validated or not.
+func newWorldWith(t *testing.T, mo mockllm.Options, edit func(*config.Config), validate bool) *world {
 	t.Helper()
 	w := &world{mock: mockllm.New(mo), reg: prometheus.NewRegistry(), clock: newFakeClock()}
 	up := httptest.NewServer(w.mock)
@@ -138,12 +145,15 @@ func newWorld(t *testing.T, mo mockllm.Options, edit func(*config.Config)) *worl
 	w.cfg.Probe.IntervalSeconds = 60
 	w.cfg.Probe.Requests = 6
 	w.cfg.Probe.Concurrency = 2
+	w.cfg.Probe.TimeoutSeconds = 10 // rounds of up to 5 waves fit the interval
 	w.cfg.Probe.Targets = []config.ProbeTarget{{Upstream: "mock", Model: "m"}}
 	if edit != nil {
 		edit(&w.cfg)
 	}
-	if err := w.cfg.Validate(); err != nil {
-		t.Fatal(err)
+	if validate {
+		if err := w.cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	m, err := metrics.New(w.reg, &w.cfg)
 	if err != nil {
@@ -410,9 +420,9 @@ func TestNew(t *testing.T) {
 }
 
 // TestNewWarnsKeylessUpstream: a probed upstream without api_key_env is
-// named in a warning at start (its probes go without a key), or only an
-// info line when it is on loopback (a local keyless server); one with a key
-// is not named.
+// named in a warning at start when it is a https endpoint (its probes go
+// without a key), or only an info line over plain http (a self-hosted
+// keyless server); one with a key is not named.
 func TestNewWarnsKeylessUpstream(t *testing.T) {
 	w := newWorld(t, mockllm.Options{}, nil)
 	m, err := metrics.New(prometheus.NewRegistry(), &w.cfg)
@@ -421,7 +431,7 @@ func TestNewWarnsKeylessUpstream(t *testing.T) {
 	}
 	for _, tc := range []struct{ keyEnv, baseURL, want string }{
 		{"", "https://api.example.com", "level=WARN"},
-		{"", "http://127.0.0.1:8000", "level=INFO"}, // a local keyless server: noted only
+		{"", "http://vllm.internal:8000", "level=INFO"}, // a self-hosted keyless server: noted only
 		{"UPSTREAM_KEY", "https://api.example.com", ""},
 	} {
 		cfg := w.cfg
@@ -443,12 +453,15 @@ func TestNewWarnsKeylessUpstream(t *testing.T) {
 // TestRoundCutAtInterval: a round whose requests hang ends by the next
 // round's start: the requests in flight count as probe_timeout (a failure
 // of the round, no verdict for the breaker) and the rest are not sent,
-// instead of the round lasting requests × timeout_seconds.
+// instead of the round lasting requests × timeout_seconds. Validation
+// refuses such a configuration (a round that could outlast its interval);
+// the cut is the safety net when the Scheduler gets one anyway.
 func TestRoundCutAtInterval(t *testing.T) {
-	w := newWorld(t, mockllm.Options{OutputTokens: 2}, func(c *config.Config) {
+	w := newWorldWith(t, mockllm.Options{OutputTokens: 2}, func(c *config.Config) {
 		c.Probe.IntervalSeconds = 1
 		c.Probe.Requests = 6
-	})
+		c.Probe.TimeoutSeconds = 60
+	}, false)
 	if err := w.mock.Inject("hang=0", 6); err != nil {
 		t.Fatal(err)
 	}

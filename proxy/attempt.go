@@ -665,17 +665,26 @@ func (ex *exchange) errorStatus(ctx context.Context, resp *http.Response, mayRet
 // and 5xx are the upstream's trouble; quota, billing, key and request errors
 // are about the account or the request; and when the caller's own key went
 // upstream (passthrough) a 429 is the caller's account's limit, which must
-// not open the circuit for every other caller. The same holds for a probe in
-// passthrough: it goes with the gateway's own key, whose limits are not the
-// callers'.
+// not open the circuit for every other caller. The same holds for a probe
+// sent with the upstream's own key in passthrough mode when every caller must
+// bring a key: no caller's request uses that key, so its limit is nobody's
+// health. (In mode keys, or when keyless callers use the upstream's key, or
+// when there is no key at all, the probe's 429 is what callers meet.)
 func (ex *exchange) answerHealthy(st int, errType, errCode string) bool {
 	switch {
 	case neverRetryable(errType) || neverRetryable(errCode):
 		return true
 	case st == http.StatusTooManyRequests:
-		return ex.callerKeyUp || (ex.probe != nil && !ex.g.gov.keysMode)
+		return ex.callerKeyUp || ex.probeOwnKey()
 	}
 	return st < 500 && st != http.StatusRequestTimeout
+}
+
+// probeOwnKey reports whether this is a probe whose key no caller's request
+// carries: passthrough with require_key, and an upstream key of its own.
+func (ex *exchange) probeOwnKey() bool {
+	return ex.probe != nil && !ex.g.gov.keysMode && ex.g.cfg.Auth.RequireKey &&
+		ex.up != nil && ex.up.cfg.APIKey != ""
 }
 
 // errorEventHealthy judges an error event the same way, by its type.

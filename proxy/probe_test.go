@@ -468,20 +468,38 @@ func TestProbeBadTarget(t *testing.T) {
 	}
 }
 
-// TestProbe429InPassthroughNoVerdict: in passthrough mode a probe goes with
-// the gateway's own key, so its 429s are that key's limit, not the
-// upstream's health: they must not open the circuit for callers who bring
-// their own keys (review: five 429s opened it and callers got 503). In mode
-// "keys" the probe's key is every caller's key, and its 429s do count.
+// TestProbe429InPassthroughNoVerdict: in passthrough mode with require_key,
+// a probe goes with the upstream's key that no caller uses, so its 429s are
+// that key's limit, not the upstream's health: they must not open the
+// circuit for callers who bring their own keys (review: five 429s opened it
+// and callers got 503). Where callers meet the same 429 (mode keys, keyless
+// callers on the upstream's key, no key at all), they count.
 func TestProbe429InPassthroughNoVerdict(t *testing.T) {
-	for _, mode := range []string{"passthrough", "keys"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		mode       string
+		requireKey bool
+		key        string
+		want       float64 // circuit state after five 429s
+	}{
+		// Every caller brings its own key: the probe's key is nobody's.
+		{"passthrough require_key", "passthrough", true, "sk-gateway-probe", 0},
+		// Keyless callers use the upstream's key too: its 429 is theirs.
+		{"passthrough keyless callers", "passthrough", false, "sk-gateway-probe", 2},
+		// No key at all (a local server): a 429 is the server's own state.
+		{"passthrough no upstream key", "passthrough", true, "", 2},
+		// Mode keys: the upstream's key is every caller's.
+		{"keys", "keys", true, "sk-gateway-probe", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			w := newProbeWorld(t, mockllm.Options{OutputTokens: 3}, func(c *config.Config) {
-				c.Auth.Mode = mode
-				if mode == "keys" {
+				c.Auth.Mode, c.Auth.RequireKey = tc.mode, tc.requireKey
+				if tc.mode == "keys" {
 					c.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha)}}
 				}
-				c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", "sk-gateway-probe"
+				if tc.key != "" {
+					c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", config.Secret(tc.key)
+				}
 				c.Upstreams[0].Breaker.ConsecutiveFailures = 2
 			}, nil)
 			if err := w.mock.Inject("status=429", 5); err != nil {
@@ -494,8 +512,8 @@ func TestProbe429InPassthroughNoVerdict(t *testing.T) {
 				}
 			}
 			state := metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"})
-			if want := map[string]float64{"passthrough": 0, "keys": 2}[mode]; state != want {
-				t.Errorf("circuit state %v after five probe 429s, want %v", state, want)
+			if state != tc.want {
+				t.Errorf("circuit state %v after five probe 429s, want %v", state, tc.want)
 			}
 		})
 	}

@@ -419,6 +419,8 @@ func demoProbe(cfg *config.Config) {
 	cfg.Probe.Enabled = true
 	cfg.Probe.IntervalSeconds = 15
 	cfg.Probe.Requests = 5
+	// 3 waves of 2 requests, each given 5 s: a round fits its 15 s.
+	cfg.Probe.TimeoutSeconds = 5
 	cfg.Probe.Targets = []config.ProbeTarget{
 		{Upstream: "mock", Model: "demo-gpt", Dialect: "openai"},
 		{Upstream: "mock-backup", Model: "demo-claude", Dialect: "anthropic"},

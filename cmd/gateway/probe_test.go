@@ -48,7 +48,8 @@ func TestServeRunsProbe(t *testing.T) {
 	up := httptest.NewServer(mock)
 	defer up.Close()
 	cfg := config.DemoConfig(up.URL)
-	cfg.Probe.Enabled, cfg.Probe.IntervalSeconds, cfg.Probe.Requests, cfg.Probe.Concurrency = true, 1, 3, 1
+	cfg.Probe.Enabled, cfg.Probe.IntervalSeconds, cfg.Probe.Requests, cfg.Probe.Concurrency = true, 3, 3, 1
+	cfg.Probe.TimeoutSeconds = 1 // a round of 3 × 1 s fits its 3 s
 	cfg.Probe.Targets = []config.ProbeTarget{{Upstream: "mock", Model: "probe-model"}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
