@@ -137,8 +137,9 @@ type loadResult struct {
 	firstLimited           atomic.Int64
 	steadyOK, steadyTokens atomic.Int64
 	// maxLatency is the longest time from a send to its answer (nanos)
-	// among the requests sent after the first 429: how long after its send
-	// stamp a request at the steady window's edges may have met the bucket.
+	// among the answers that came after the first 429: how long after its
+	// send stamp a request at the steady window's edges may have met the
+	// bucket.
 	maxLatency atomic.Int64
 }
 
@@ -193,9 +194,11 @@ func load(t *testing.T, reps []*replica, key string, workers int, d, steady time
 				}
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				if fl := res.firstLimited.Load(); fl != 0 && sent >= fl {
-					// Only the edges of the steady window matter; a
-					// warm-up answer's latency would loosen the bound.
+				if res.firstLimited.Load() != 0 {
+					// Only answers that came after the bucket emptied
+					// (those in flight at its start edge included) bear
+					// on the steady window; a warm-up answer's latency
+					// would loosen the bound.
 					res.noteLatency(sent)
 				}
 				switch resp.StatusCode {
