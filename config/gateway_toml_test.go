@@ -255,11 +255,17 @@ func TestShippedConfigShowsDefaults(t *testing.T) {
 			t.Errorf("upstreams[%d] does not hold the upstream defaults:\n%+v\nwant\n%+v", i, u, wantUp)
 		}
 	}
-	if u := c.UpstreamFor(llm.DialectOpenAI); u == nil || u.Name != "openai" {
-		t.Errorf("OpenAI requests go to %+v", u)
-	}
-	if u := c.UpstreamFor(llm.DialectAnthropic); u == nil || u.Name != "anthropic" {
-		t.Errorf("Anthropic requests go to %+v", u)
+	// Each dialect's requests go to the one upstream that serves it.
+	for _, d := range []llm.Dialect{llm.DialectOpenAI, llm.DialectAnthropic} {
+		var serving []string
+		for _, u := range c.Upstreams {
+			if u.Serves(d) {
+				serving = append(serving, u.Name)
+			}
+		}
+		if len(serving) != 1 || serving[0] != d.String() {
+			t.Errorf("%v requests go to %v", d, serving)
+		}
 	}
 
 	// Every key of the schema is present, and commented.

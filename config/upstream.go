@@ -33,25 +33,6 @@ func (u *Upstream) URL(path string) string {
 	return base + path
 }
 
-// UpstreamFor returns the first upstream that serves dialect d, or nil when
-// none does. For llm.DialectNone (paths forwarded unparsed, such as
-// /v1/models) it returns the first upstream, or nil when there is none. The
-// pointer refers into c.Upstreams.
-func (c *Config) UpstreamFor(d llm.Dialect) *Upstream {
-	if d == llm.DialectNone {
-		if len(c.Upstreams) == 0 {
-			return nil
-		}
-		return &c.Upstreams[0]
-	}
-	for i := range c.Upstreams {
-		if c.Upstreams[i].Serves(d) {
-			return &c.Upstreams[i]
-		}
-	}
-	return nil
-}
-
 // UpstreamByName returns the upstream named name, or nil when there is none.
 // The pointer refers into c.Upstreams.
 func (c *Config) UpstreamByName(name string) *Upstream {

@@ -54,49 +54,6 @@ func TestURL(t *testing.T) {
 	}
 }
 
-func TestUpstreamFor(t *testing.T) {
-	doc := `
-[[upstreams]]
-name = "oai"
-base_url = "https://api.openai.com"
-dialects = ["openai"]
-
-[[upstreams]]
-name = "ant"
-base_url = "https://api.anthropic.com"
-dialects = ["anthropic"]
-
-[[upstreams]]
-name = "both"
-base_url = "http://127.0.0.1:1"
-`
-	c := mustParse(t, doc, nil)
-	for d, want := range map[llm.Dialect]string{
-		llm.DialectOpenAI:    "oai",
-		llm.DialectAnthropic: "ant",
-		llm.DialectNone:      "oai",
-	} {
-		u := c.UpstreamFor(d)
-		if u == nil || u.Name != want {
-			t.Errorf("UpstreamFor(%v) = %+v, want %s", d, u, want)
-		}
-	}
-	if u := c.UpstreamFor(llm.DialectOpenAI); u != &c.Upstreams[0] {
-		t.Error("UpstreamFor does not point into c.Upstreams")
-	}
-
-	only := mustParse(t, "[[upstreams]]\nname = \"o\"\nbase_url = \"http://h\"\ndialects = [\"openai\"]\n", nil)
-	if u := only.UpstreamFor(llm.DialectAnthropic); u != nil {
-		t.Errorf("UpstreamFor(anthropic) = %+v, want nil", u)
-	}
-	var empty Config
-	for _, d := range []llm.Dialect{llm.DialectNone, llm.DialectOpenAI} {
-		if u := empty.UpstreamFor(d); u != nil {
-			t.Errorf("empty config: UpstreamFor(%v) = %+v, want nil", d, u)
-		}
-	}
-}
-
 func TestSLOTargets(t *testing.T) {
 	c := mustParse(t, minimal+"[slo]\nttft_ms = 1500\ntpot_ms = 12.5\ne2el_ms = 0\n", nil)
 	want := llm.SLOTargets{TTFT: 1500 * time.Millisecond, TPOT: 12500 * time.Microsecond, E2E: 0}
