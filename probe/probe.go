@@ -171,11 +171,11 @@ func (s *Scheduler) runTarget(ctx context.Context, t proxy.ProbeTarget, first ti
 // target cannot be probed at all (or ctx is done), which ends its rounds.
 func (s *Scheduler) round(ctx context.Context, t proxy.ProbeTarget) bool {
 	var (
-		next, ok, done atomic.Int64
-		mu             sync.Mutex
-		results        = map[string]int{}
-		bad            atomic.Bool
-		wg             sync.WaitGroup
+		next    atomic.Int64
+		mu      sync.Mutex
+		results = map[string]int{}
+		bad     atomic.Bool
+		wg      sync.WaitGroup
 	)
 	// A round ends by the next one's start: a hanging upstream must not
 	// stretch it (and leave the ratio stale) for requests × timeout.
@@ -199,10 +199,6 @@ func (s *Scheduler) round(ctx context.Context, t proxy.ProbeTarget) bool {
 				}
 				s.metrics.ObserveProbe(t.Upstream, t.Model, metrics.ProbeSample{Result: res.Result,
 					TTFT: res.TTFT, TPOT: res.TPOT, E2E: res.E2E, HasTTFT: res.HasTTFT, HasTPOT: res.HasTPOT})
-				done.Add(1)
-				if res.Result == "ok" {
-					ok.Add(1)
-				}
 				mu.Lock()
 				results[res.Result]++
 				mu.Unlock()
@@ -213,11 +209,14 @@ func (s *Scheduler) round(ctx context.Context, t proxy.ProbeTarget) bool {
 	if bad.Load() || ctx.Err() != nil {
 		return false
 	}
-	n := done.Load()
+	n := 0
+	for _, c := range results {
+		n += c
+	}
 	if n == 0 {
 		return true
 	}
-	ratio := float64(ok.Load()) / float64(n)
+	ratio := float64(results["ok"]) / float64(n)
 	s.metrics.ProbeRound(t.Upstream, t.Model, ratio, s.clock.Now())
 	level := slog.LevelDebug
 	if ratio < 1 {

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -117,8 +118,8 @@ func (g *Gateway) Probe(ctx context.Context, t ProbeTarget) (ProbeResult, error)
 		return ProbeResult{}, errBadProbeTarget
 	}
 	d := t.Dialect
-	if d == llm.DialectNone && len(up.cfg.Dialects) > 0 {
-		d, _ = llm.ParseDialect(up.cfg.Dialects[0])
+	if d == llm.DialectNone {
+		d = g.cfg.ProbeDialect(config.ProbeTarget{Upstream: t.Upstream})
 	}
 	if !up.cfg.Serves(d) || t.Model == "" {
 		return ProbeResult{}, errBadProbeTarget
