@@ -26,16 +26,15 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
-	"github.com/tollgate-llm/tollgate/proxy"
 )
 
-// Prober sends one probe request; *proxy.Gateway is one.
+// Prober sends one probe request; *proxy.Gateway is one (this package
+// does not import proxy: the types are llm's).
 type Prober interface {
-	Probe(ctx context.Context, t proxy.ProbeTarget) (proxy.ProbeResult, error)
+	Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult, error)
 }
-
-var _ Prober = (*proxy.Gateway)(nil)
 
 // Clock is the time the schedule runs on.
 type Clock interface {
@@ -77,7 +76,7 @@ type Scheduler struct {
 	log      *slog.Logger
 	clock    Clock
 	rand     func() float64
-	targets  []proxy.ProbeTarget
+	targets  []llm.ProbeTarget
 	interval time.Duration
 	timeout  time.Duration
 	requests int
@@ -126,7 +125,7 @@ func New(cfg *config.Config, p Prober, m *metrics.Metrics, opts Options) (*Sched
 				"without a key (right for a server that needs none; one that needs a key answers 401, "+
 				"result auth_error)", "upstream", t.Upstream, "model", t.Model)
 		}
-		s.targets = append(s.targets, proxy.ProbeTarget{Upstream: t.Upstream, Model: t.Model,
+		s.targets = append(s.targets, llm.ProbeTarget{Upstream: t.Upstream, Model: t.Model,
 			Dialect: cfg.ProbeDialect(t), Prompt: pc.Prompt, MaxTokens: pc.MaxTokens})
 	}
 	return s, nil
@@ -149,7 +148,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 // runTarget runs one target's rounds: the first after first, each next one
 // interval after the last was due (not after it started, so that timer
 // lateness does not add up), at once if the last ran past that.
-func (s *Scheduler) runTarget(ctx context.Context, t proxy.ProbeTarget, first time.Duration) {
+func (s *Scheduler) runTarget(ctx context.Context, t llm.ProbeTarget, first time.Duration) {
 	due := s.clock.Now().Add(first)
 	for {
 		select {
@@ -169,7 +168,7 @@ func (s *Scheduler) runTarget(ctx context.Context, t proxy.ProbeTarget, first ti
 
 // round sends one round of requests to t and records them; false when the
 // target cannot be probed at all (or ctx is done), which ends its rounds.
-func (s *Scheduler) round(ctx context.Context, t proxy.ProbeTarget) bool {
+func (s *Scheduler) round(ctx context.Context, t llm.ProbeTarget) bool {
 	var (
 		next    atomic.Int64
 		mu      sync.Mutex
@@ -194,7 +193,7 @@ func (s *Scheduler) round(ctx context.Context, t proxy.ProbeTarget) bool {
 					}
 					return
 				}
-				if res.Result == proxy.ProbeCanceled {
+				if res.Result == llm.ProbeCanceled {
 					return // shutting down: no verdict on the upstream
 				}
 				s.metrics.ObserveProbe(t.Upstream, t.Model, metrics.ProbeSample{Result: res.Result,

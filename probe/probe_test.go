@@ -25,6 +25,9 @@ import (
 
 // TestMain fails the package if a test leaves a goroutine behind: Run must
 // end every round's requests before it returns.
+
+var _ Prober = (*proxy.Gateway)(nil)
+
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net/http"
 	"runtime/debug"
-	"time"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -19,66 +18,11 @@ import (
 // a probe.
 const ProbeHeader = "X-Tollgate-Probe"
 
-// Probe results that are not attempt results (see ProbeResult.Result).
-const (
-	// ProbeTimeout: the probe's context ran out before an answer (its own
-	// timeout_seconds, or the end of its round); the breaker gets no
-	// verdict, as for a caller that gives up. Not the attempt result
-	// "timeout" (the upstream's 408 or 504, or its own timeout_seconds),
-	// which is a failure.
-	ProbeTimeout = "probe_timeout"
-	// ProbeAuthError: the upstream refused the probe's key (401 or 403):
-	// the probed upstream needs an api_key_env, or its key is wrong.
-	ProbeAuthError = "auth_error"
-	// ProbeCanceled: the probe's context was cancelled (shutdown); the
-	// request says nothing about the upstream.
-	ProbeCanceled = "canceled"
-	// ProbeInternalError: the gateway failed (a panic, logged); not the
-	// upstream's doing.
-	ProbeInternalError = "internal_error"
-)
-
 // probeUserAgent is the User-Agent of probe requests.
 const probeUserAgent = "tollgate-probe"
 
 // anthropicVersion is the anthropic-version a probe sends (wire.md 2.1).
 const anthropicVersion = "2023-06-01"
-
-// ProbeTarget is what one probe request asks for.
-type ProbeTarget struct {
-	// Upstream is the [[upstreams]] name the request goes to, and only
-	// there: no route, no fallback, no retry.
-	Upstream string
-	// Model is the model asked for, sent as it is.
-	Model string
-	// Dialect is the API spoken; DialectNone means the upstream's first.
-	Dialect llm.Dialect
-	// Prompt is the user message.
-	Prompt string
-	// MaxTokens caps the answer: max_tokens, or in the OpenAI dialect
-	// max_completion_tokens, which reasoning models require.
-	MaxTokens int
-}
-
-// ProbeResult is how one probe request went.
-type ProbeResult struct {
-	// Result is "ok" or why the request failed: the attempt's result
-	// (rate_limited, overloaded, server_error, connect_error,
-	// header_timeout, error_event, stream_broken, ...), why nothing was
-	// sent (breaker_open, queue_full, queue_timeout), or ProbeTimeout,
-	// ProbeAuthError, ProbeCanceled, ProbeInternalError.
-	Result string
-	// Status is the upstream's HTTP status (0 when it sent none).
-	Status int
-	// TTFT is from the request entering the gateway to its first
-	// token-bearing event relayed; TPOT the time per output token; E2E the
-	// whole exchange. HasTTFT and HasTPOT say whether they exist (a first
-	// token; at least 2 output tokens).
-	TTFT, TPOT, E2E  time.Duration
-	HasTTFT, HasTPOT bool
-	// OutputTokens is the answer's size, from its usage or its events.
-	OutputTokens int64
-}
 
 // errBadProbeTarget is returned for a target the configuration does not
 // allow (config.Validate refuses them in [[probe.targets]]).
@@ -102,11 +46,11 @@ var errBadProbeTarget = errors.New("proxy: probe target is not a configured upst
 // /stats or Options.OnRecord. Its access-log line carries "probe": true, and
 // the upstream request carries ProbeHeader.
 //
-// ctx bounds the request: when it runs out the result is ProbeTimeout (and
+// ctx bounds the request: when it runs out the result is llm.ProbeTimeout (and
 // the breaker gets no verdict, as from a caller that gives up); when it is
-// cancelled, ProbeCanceled. The error is for a target that is not a
+// cancelled, llm.ProbeCanceled. The error is for a target that is not a
 // configured upstream serving its dialect.
-func (g *Gateway) Probe(ctx context.Context, t ProbeTarget) (ProbeResult, error) {
+func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult, error) {
 	var up *upstream
 	for _, u := range g.upstreams {
 		if u.cfg.Name == t.Upstream {
@@ -115,19 +59,19 @@ func (g *Gateway) Probe(ctx context.Context, t ProbeTarget) (ProbeResult, error)
 		}
 	}
 	if up == nil {
-		return ProbeResult{}, errBadProbeTarget
+		return llm.ProbeResult{}, errBadProbeTarget
 	}
 	d := t.Dialect
 	if d == llm.DialectNone {
 		d = g.cfg.ProbeDialect(config.ProbeTarget{Upstream: t.Upstream})
 	}
 	if !up.cfg.Serves(d) || t.Model == "" {
-		return ProbeResult{}, errBadProbeTarget
+		return llm.ProbeResult{}, errBadProbeTarget
 	}
 	body, route, path := probeBody(d, t)
 	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://tollgate.probe"+path, bytes.NewReader(body))
 	if err != nil {
-		return ProbeResult{}, err
+		return llm.ProbeResult{}, err
 	}
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("User-Agent", probeUserAgent)
@@ -162,7 +106,7 @@ func (g *Gateway) Probe(ctx context.Context, t ProbeTarget) (ProbeResult, error)
 
 // probeBody builds a probe request body in dialect d, streamed, with the
 // route and path it goes to.
-func probeBody(d llm.Dialect, t ProbeTarget) ([]byte, llm.Route, string) {
+func probeBody(d llm.Dialect, t llm.ProbeTarget) ([]byte, llm.Route, string) {
 	type message struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`
@@ -192,23 +136,23 @@ func probeBody(d llm.Dialect, t ProbeTarget) ([]byte, llm.Route, string) {
 
 // probeResult reads the result of a finished probe exchange from its
 // record: its one attempt's result, or what ended it before an attempt.
-func (ex *exchange) probeResult(ctx context.Context, panicked bool) ProbeResult {
+func (ex *exchange) probeResult(ctx context.Context, panicked bool) llm.ProbeResult {
 	rec := &ex.rec
-	res := ProbeResult{E2E: rec.E2E(), OutputTokens: rec.Usage.Output}
+	res := llm.ProbeResult{E2E: rec.E2E(), OutputTokens: rec.Usage.Output}
 	if n := min(rec.AttemptCount, llm.MaxRecordedAttempts); n > 0 {
 		a := rec.Attempts[n-1]
 		res.Result, res.Status = a.Result, a.Status
 	}
 	switch {
 	case panicked:
-		res.Result = ProbeInternalError
+		res.Result = llm.ProbeInternalError
 	case res.Status == http.StatusUnauthorized || res.Status == http.StatusForbidden:
-		res.Result = ProbeAuthError
+		res.Result = llm.ProbeAuthError
 	case res.Result == "" || res.Result == resultClientGone:
 		// The probe's own context ended the request.
-		res.Result = ProbeCanceled
+		res.Result = llm.ProbeCanceled
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			res.Result = ProbeTimeout
+			res.Result = llm.ProbeTimeout
 		}
 	}
 	if !rec.Timing.FirstTokenOut.IsZero() {

@@ -78,7 +78,7 @@ func newProbeWorld(t *testing.T, mo mockllm.Options, edit func(*config.Config), 
 	return w
 }
 
-func (w *probeWorld) probe(t *testing.T, target ProbeTarget) ProbeResult {
+func (w *probeWorld) probe(t *testing.T, target llm.ProbeTarget) llm.ProbeResult {
 	t.Helper()
 	res, err := w.tg.gw.Probe(testCtx(t), target)
 	if err != nil {
@@ -115,7 +115,7 @@ func TestProbeHealthyUpstream(t *testing.T) {
 	} {
 		t.Run(tc.dialect.String(), func(t *testing.T) {
 			w := newProbeWorld(t, mockllm.Options{TTFT: ttft, ITL: 2 * time.Millisecond, OutputTokens: tokens}, nil, nil)
-			target := ProbeTarget{Upstream: "mock", Model: "probe-model", Dialect: tc.dialect,
+			target := llm.ProbeTarget{Upstream: "mock", Model: "probe-model", Dialect: tc.dialect,
 				Prompt: "Reply with \"ok\"", MaxTokens: 8}
 			for i := range n {
 				res := w.probe(t, target)
@@ -241,7 +241,7 @@ func TestProbeFailuresAreNotRetried(t *testing.T) {
 			}
 			results := map[string]int{}
 			for range n {
-				results[w.probe(t, ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}).Result]++
+				results[w.probe(t, llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}).Result]++
 			}
 			if results[tc.result] != tc.k || results["ok"] != n-tc.k || len(results) != 2 {
 				t.Errorf("results %v, want %d %s and %d ok", results, tc.k, tc.result, n-tc.k)
@@ -281,7 +281,7 @@ func TestProbeDoesNotFallBack(t *testing.T) {
 		c.Routes = []config.Route{{Models: []string{"m"}, Upstreams: []string{"mock", "backup"}}}
 	}, nil)
 
-	res := w.probe(t, ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8})
+	res := w.probe(t, llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8})
 	if res.Result != resultConnectError || res.Status != 0 {
 		t.Errorf("probe of a down upstream: %+v, want %s", res, resultConnectError)
 	}
@@ -292,7 +292,7 @@ func TestProbeDoesNotFallBack(t *testing.T) {
 		t.Errorf("fallbacks counted: %v", got)
 	}
 	// The backup itself is probed where it is.
-	if res := w.probe(t, ProbeTarget{Upstream: "backup", Model: "m", Prompt: "hi", MaxTokens: 8}); res.Result != "ok" {
+	if res := w.probe(t, llm.ProbeTarget{Upstream: "backup", Model: "m", Prompt: "hi", MaxTokens: 8}); res.Result != "ok" {
 		t.Errorf("probe of the backup: %+v", res)
 	}
 	// A user request falls back (the route would have, for the probe too).
@@ -315,7 +315,7 @@ func TestProbeBreaker(t *testing.T) {
 		b := &c.Upstreams[0].Breaker
 		b.ConsecutiveFailures, b.CooldownSeconds, b.HalfOpenProbes = 2, 10, 1
 	}, func(o *Options) { o.Now = clock.Now })
-	target := ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
+	target := llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
 	state := func() float64 {
 		return metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"})
 	}
@@ -357,13 +357,13 @@ func TestProbeKeysModeKeepsOutOfLimits(t *testing.T) {
 		c.Teams[0].Concurrency = i64(1)
 	})
 	for i, tc := range []struct {
-		target ProbeTarget
+		target llm.ProbeTarget
 		header string
 		want   string
 	}{
-		{ProbeTarget{Upstream: "mock", Model: "gpt-test", Dialect: llm.DialectOpenAI, Prompt: "hi", MaxTokens: 8},
+		{llm.ProbeTarget{Upstream: "mock", Model: "gpt-test", Dialect: llm.DialectOpenAI, Prompt: "hi", MaxTokens: 8},
 			"Authorization", "Bearer " + upstreamKey},
-		{ProbeTarget{Upstream: "mock", Model: "claude-test", Dialect: llm.DialectAnthropic, Prompt: "hi", MaxTokens: 8},
+		{llm.ProbeTarget{Upstream: "mock", Model: "claude-test", Dialect: llm.DialectAnthropic, Prompt: "hi", MaxTokens: 8},
 			"X-Api-Key", upstreamKey},
 	} {
 		for range 3 {
@@ -403,7 +403,7 @@ func TestProbeTimeoutAndCancel(t *testing.T) {
 	w := newProbeWorld(t, mockllm.Options{OutputTokens: 3}, func(c *config.Config) {
 		c.Upstreams[0].Breaker.ConsecutiveFailures = 1
 	}, nil)
-	target := ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
+	target := llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
 	if err := w.mock.Inject("hang=0", 2); err != nil {
 		t.Fatal(err)
 	}
@@ -412,8 +412,8 @@ func TestProbeTimeoutAndCancel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	res, err := w.tg.gw.Probe(ctx, target)
 	cancel()
-	if err != nil || res.Result != ProbeTimeout {
-		t.Errorf("probe of a hanging upstream with a timeout: %+v %v, want %s", res, err, ProbeTimeout)
+	if err != nil || res.Result != llm.ProbeTimeout {
+		t.Errorf("probe of a hanging upstream with a timeout: %+v %v, want %s", res, err, llm.ProbeTimeout)
 	}
 	if n := w.mock.Stats().Injected; n != 1 {
 		t.Fatalf("the timed-out probe took %d of the scripted hangs, want 1", n)
@@ -429,8 +429,8 @@ func TestProbeTimeoutAndCancel(t *testing.T) {
 		cancel()
 	}()
 	res, err = w.tg.gw.Probe(ctx, target)
-	if err != nil || res.Result != ProbeCanceled {
-		t.Errorf("cancelled probe: %+v %v, want %s", res, err, ProbeCanceled)
+	if err != nil || res.Result != llm.ProbeCanceled {
+		t.Errorf("cancelled probe: %+v %v, want %s", res, err, llm.ProbeCanceled)
 	}
 	if got := metricValue(t, w.tg, "tollgate_upstream_attempts_total",
 		map[string]string{"upstream": "mock", "result": resultClientGone}); got != 2 {
@@ -450,7 +450,7 @@ func TestProbeBadTarget(t *testing.T) {
 	w := newProbeWorld(t, mockllm.Options{}, func(c *config.Config) {
 		c.Upstreams[0].Dialects = []string{"anthropic"}
 	}, nil)
-	for _, target := range []ProbeTarget{
+	for _, target := range []llm.ProbeTarget{
 		{Upstream: "nope", Model: "m"},
 		{Upstream: "mock", Model: "m", Dialect: llm.DialectOpenAI},
 		{Upstream: "mock"},
@@ -460,7 +460,7 @@ func TestProbeBadTarget(t *testing.T) {
 		}
 	}
 	// DialectNone is the upstream's first dialect.
-	if res := w.probe(t, ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 4}); res.Result != "ok" {
+	if res := w.probe(t, llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 4}); res.Result != "ok" {
 		t.Errorf("probe in the upstream's own dialect: %+v", res)
 	}
 	if reqs := w.mock.Requests(); len(reqs) != 1 || reqs[0].Path != "/v1/messages" {
@@ -505,7 +505,7 @@ func TestProbe429InPassthroughNoVerdict(t *testing.T) {
 			if err := w.mock.Inject("status=429", 5); err != nil {
 				t.Fatal(err)
 			}
-			target := ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
+			target := llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
 			for range 5 {
 				if res := w.probe(t, target); res.Result != resultRateLimited && res.Result != skipBreakerOpen {
 					t.Fatalf("probe: %+v, want rate_limited (or breaker_open)", res)
@@ -524,8 +524,8 @@ func TestProbe429InPassthroughNoVerdict(t *testing.T) {
 // client_error.
 func TestProbeAuthError(t *testing.T) {
 	w := newProbeWorld(t, mockllm.Options{OutputTokens: 3, RequireKey: "sk-needed"}, nil, nil)
-	res := w.probe(t, ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8})
-	if res.Result != ProbeAuthError || res.Status != http.StatusUnauthorized {
-		t.Errorf("probe without the upstream's key: %+v, want %s and 401", res, ProbeAuthError)
+	res := w.probe(t, llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8})
+	if res.Result != llm.ProbeAuthError || res.Status != http.StatusUnauthorized {
+		t.Errorf("probe without the upstream's key: %+v, want %s and 401", res, llm.ProbeAuthError)
 	}
 }
