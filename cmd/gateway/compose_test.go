@@ -433,19 +433,12 @@ func composeEnvNames(v any) []string {
 	return names
 }
 
-// requireHostPath fails when a bind-mounted path is missing. Paths outside
-// deploy/compose belong to the Prometheus and Grafana files: they are
-// required when CI is set, and only logged otherwise, while they are written.
+// requireHostPath fails when a bind-mounted path is missing.
 func requireHostPath(t *testing.T, root, p string) {
 	t.Helper()
-	if _, err := os.Stat(p); err == nil {
-		return
-	}
-	rel, _ := filepath.Rel(root, p)
-	if strings.HasPrefix(rel, filepath.Join("deploy", "compose")) || os.Getenv("CI") != "" {
+	if _, err := os.Stat(p); err != nil {
+		rel, _ := filepath.Rel(root, p)
 		t.Errorf("bind mount source %s does not exist", rel)
-	} else {
-		t.Logf("bind mount source %s does not exist yet (required when CI is set)", rel)
 	}
 }
 
@@ -1058,20 +1051,15 @@ func hostPathOf(mounts []composeMount, root, p string) (string, bool) {
 	return filepath.Join(root, m.source, strings.TrimPrefix(p, m.target)), true
 }
 
-// requireMonitoringFiles fails the test when CI is set and skips it
-// otherwise if a glob matches nothing: the Prometheus and Grafana files are
-// written apart from the compose file.
+// requireMonitoringFiles returns the files glob matches, and fails the
+// test when there are none.
 func requireMonitoringFiles(t *testing.T, glob string) []string {
 	t.Helper()
 	files, err := filepath.Glob(glob)
-	if err == nil && len(files) > 0 {
-		return files
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no file matches %s (%v)", glob, err)
 	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("no file matches %s", glob)
-	}
-	t.Skipf("no file matches %s yet (required when CI is set)", glob)
-	return nil
+	return files
 }
 
 // TestComposeMonitoringFiles checks that the Prometheus and Grafana files
