@@ -107,55 +107,6 @@ func TestBackoffBadInputs(t *testing.T) {
 	}
 }
 
-func TestRetryAfterHint(t *testing.T) {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	cases := []struct {
-		name   string
-		ms, ra string // "" leaves the header out
-		want   time.Duration
-		wantOK bool
-	}{
-		{"none", "", "", 0, false},
-		{"ms integer", "1500", "", 1500 * time.Millisecond, true},
-		{"ms float", "0.5", "", 500 * time.Microsecond, true},
-		{"ms zero", "0", "", 0, true},
-		{"ms wins over seconds", "250", "10", 250 * time.Millisecond, true},
-		{"ms garbage falls back to seconds", "soon", "3", 3 * time.Second, true},
-		{"ms negative falls back", "-5", "2", 2 * time.Second, true},
-		{"ms NaN falls back", "NaN", "2", 2 * time.Second, true},
-		{"ms Inf falls back", "+Inf", "2", 2 * time.Second, true},
-		{"ms garbage alone", "x", "", 0, false},
-		{"seconds integer", "", "7", 7 * time.Second, true},
-		{"seconds float", "", "1.25", 1250 * time.Millisecond, true},
-		{"seconds padded", "", "  4 ", 4 * time.Second, true},
-		{"seconds zero", "", "0", 0, true},
-		{"seconds negative", "", "-1", 0, false},
-		{"seconds NaN", "", "NaN", 0, false},
-		{"seconds Inf", "", "Inf", 0, false},
-		{"seconds huge saturates", "", "1e300", maxHint, true},
-		{"garbage", "", "tomorrow", 0, false},
-		{"date future RFC 1123", "", "Sun, 01 Mar 2026 12:00:30 GMT", 30 * time.Second, true},
-		{"date future RFC 850", "", "Sunday, 01-Mar-26 12:01:00 GMT", time.Minute, true},
-		{"date future ANSI C", "", "Sun Mar  1 12:00:05 2026", 5 * time.Second, true},
-		{"date now", "", "Sun, 01 Mar 2026 12:00:00 GMT", 0, true},
-		{"date past", "", "Sun, 01 Mar 2026 11:00:00 GMT", 0, true},
-		{"date with ms garbage", "bad", "Sun, 01 Mar 2026 12:00:02 GMT", 2 * time.Second, true},
-	}
-	for _, c := range cases {
-		h := http.Header{}
-		if c.ms != "" {
-			h.Set("retry-after-ms", c.ms)
-		}
-		if c.ra != "" {
-			h.Set("retry-after", c.ra)
-		}
-		got, ok := retryAfterHint(h, now)
-		if got != c.want || ok != c.wantOK {
-			t.Errorf("%s: retryAfterHint = %v, %v; want %v, %v", c.name, got, ok, c.want, c.wantOK)
-		}
-	}
-}
-
 func TestRetryWait(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	p := defaultRetryPolicy() // 3 attempts, budget 30s, max 8s
