@@ -482,6 +482,16 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 			tr.firstByte.CompareAndSwap(0, int64(max(g.now().Sub(in), 1)))
 		},
 	}
+	// The HTTP/1 write loop reports the request written from its own
+	// goroutine once it has flushed it, and RoundTrip returns as soon as the
+	// answer's headers are in, which can be before that report: read it
+	// again when the attempt ends, or the exchange loses its overhead and
+	// upstream TTFT. finish, which uses them, runs after the attempts.
+	defer func() {
+		if ex.rec.Timing.UpSent.IsZero() {
+			ex.rec.Timing.UpSent = ex.since(tr.sent.Load())
+		}
+	}()
 	// The path goes upstream as the caller encoded it: decoding it would
 	// turn an escaped "?" or "/" into a different request than the one the
 	// router and the governance saw.
