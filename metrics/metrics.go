@@ -177,7 +177,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		queueWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "upstream_queue_waiting",
 			Help: "Requests waiting now in an upstream's shaping queue."}, []string{"upstream"}),
 		probeRequests: counter("probe_requests_total",
-			"Synthetic probe requests, by result: ok, or why one failed (an attempt result such as rate_limited, overloaded, server_error, connect_error, header_timeout, first_token_timeout, error_event, stream_broken; the upstream's timeout (408, 504, its timeout_seconds); breaker_open, queue_full, queue_timeout when nothing was sent; auth_error when the upstream refused the probe's key (401, 403); probe_timeout when the probe's own timeout_seconds or its round ran out).",
+			"Synthetic probe requests, by result: ok, or why one failed (an attempt result: rate_limited, overloaded, server_error, client_error, connect_error, connection_error, header_timeout, first_token_timeout, idle_timeout, error_event, stream_broken; the upstream's timeout (408, 504, its timeout_seconds); breaker_open, queue_full, queue_timeout when nothing was sent; auth_error when the upstream refused the probe's key (401, 403); probe_timeout when the probe's own timeout_seconds or its round ran out).",
 			"upstream", "model", "result"),
 		probeTTFT: hist("probe_ttft_seconds",
 			"Synthetic probe requests that succeeded: from the request entering the gateway to its first token-bearing event relayed.",

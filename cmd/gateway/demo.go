@@ -34,7 +34,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		"Starts the fake upstream and the gateway on loopback (no keys, no Redis), sends a short\n"+
 			"mixed burst through the gateway (OpenAI and Anthropic, streamed and not), prints TTFT,\n"+
 			"TPOT, ITL and E2E P50/P95/P99 as the gateway measured them, then keeps serving so you\n"+
-			"can point an SDK or curl at it and watch /metrics, until interrupted or -duration.", stderr)
+			"can point an SDK or curl at it and watch /dashboard and /metrics, until interrupted or -duration.", stderr)
 	var mf mockFlags
 	mf.register(fs, 150*time.Millisecond, 10*time.Millisecond, 6*time.Millisecond, 32)
 	listen := fs.String("listen", "127.0.0.1:8080", "gateway address (a free port is used if it is taken)")
@@ -114,7 +114,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "\nDashboard: %s/dashboard\nMetrics:   %s/metrics\n", base, base)
 	fmt.Fprintf(stdout, "Probe:     %d requests to each of mock (demo-gpt) and mock-backup (demo-claude) every %g s, "+
 		"within 5 s from now: tollgate_probe_* in /metrics\n", cfg.Probe.Requests, cfg.Probe.IntervalSeconds)
-	fmt.Fprintf(stdout, "OpenAI:    base_url %s/v1   e.g. curl -s %s/v1/chat/completions -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n", base, base)
+	fmt.Fprintf(stdout, "OpenAI:    base_url %s/v1   e.g. curl -s %s/v1/chat/completions -d '{\"model\":\"demo-gpt\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n", base, base)
 	fmt.Fprintf(stdout, "Anthropic: base_url %s\n", base)
 	if *duration > 0 {
 		fmt.Fprintf(stdout, "serving for %s more (Ctrl-C stops sooner)\n", *duration)
@@ -191,7 +191,9 @@ func sendOne(ctx context.Context, client *http.Client, base string, i int) error
 	stream := i%2 == 0
 	prompt := demoPrompt([]int{40, 400, 1600, 4000}[i/4%4])
 	var url, body string
-	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + demoKeys[i%len(demoKeys)]}}
+	// The team's key alternates with neither the stream flag nor the route
+	// alone, so each team sends both dialects, streamed and not.
+	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + demoKeys[(i+i/2)%len(demoKeys)]}}
 	if i/2%2 == 0 {
 		url = base + "/v1/chat/completions"
 		body = fmt.Sprintf(`{"model":"demo-gpt","stream":%t,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
