@@ -738,8 +738,8 @@ func shouldRetry(p retryPolicy, status int, h http.Header, errType, errCode stri
 	return retryableStatus(p, status, errType, errCode)
 }
 
-// errorFields reads error.type and error.code (a string or a number) from an
-// error body in either dialect.
+// errorFields reads error.type and error.code (a string, JSON escapes
+// decoded, or a number) from an error body in either dialect.
 func errorFields(body []byte) (typ, code string) {
 	obj, ok := jsonscan.Value(body)
 	if !ok {
@@ -755,7 +755,7 @@ func errorFields(body []byte) (typ, code string) {
 			return ""
 		}
 		if s, ok := jsonscan.String(v); ok {
-			return string(s)
+			return string(jsonscan.AppendUnescape(nil, s))
 		}
 		if jsonscan.KindOf(v) == jsonscan.KindNumber {
 			return string(v)

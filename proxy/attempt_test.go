@@ -159,6 +159,10 @@ func TestErrorFields(t *testing.T) {
 		{"truncated", `{"error":{"type":"insufficient_quota"`, "", ""},
 		{"empty", ``, "", ""},
 		{"array body", `[{"error":{"type":"x"}}]`, "", ""},
+		// JSON escapes are decoded: an escaped quota error is still one
+		// (and so never retried).
+		{"escaped", `{"error":{"type":"insufficient\u005fquota","code":"billing_hard_limit_reached\u0021"}}`,
+			"insufficient_quota", "billing_hard_limit_reached!"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
