@@ -173,6 +173,11 @@ func (r *runner) attempt(ctx context.Context, p *promptBody, s *Sample, attempt 
 		if !rateLimited && resp.StatusCode < 500 || attempt > maxRetries {
 			return false, 0
 		}
+		if resp.Header.Get("X-Should-Retry") == "false" {
+			// The server says a retry cannot help (a spent budget:
+			// insufficient_quota), and the official SDKs obey it.
+			return false, 0
+		}
 		wait := retryWait(resp.Header, time.Now(), attempt-1)
 		if wait > r.cfg.Timeout {
 			// A hint longer than a whole attempt is the server saying "not

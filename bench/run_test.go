@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -359,6 +360,36 @@ func TestRetries(t *testing.T) {
 		// A failure gives no latency sample.
 		if all.TTFT.Count != 1 || all.ITL.Count != 3 {
 			t.Errorf("TTFT count %d, ITL count %d; want the success's only", all.TTFT.Count, all.ITL.Count)
+		}
+	})
+	// A spent budget (tollgate's insufficient_quota, OpenAI's own) comes
+	// as a 429 with x-should-retry: false; the SDKs do not retry it, and
+	// neither does bench: retrying would only multiply the refusals.
+	t.Run("429 that says not to retry", func(t *testing.T) {
+		var calls atomic.Int32
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Should-Retry", "false")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, `{"error":{"message":"budget spent","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`)
+		}))
+		defer ts.Close()
+		res, err := bench.Run(runCtx(t), bench.Config{BaseURL: ts.URL, Dialect: llm.DialectOpenAI,
+			Model: "m", Requests: 3, Concurrency: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := res.Summary(bench.ClassAll)
+		if all.Errors.RateLimited != 3 || all.Retries != (bench.Retries{}) {
+			t.Errorf("errors %+v, retries %+v; want 3 refusals and no retry", all.Errors, all.Retries)
+		}
+		if got := calls.Load(); got != 3 {
+			t.Errorf("the server saw %d requests, want 3 (one each)", got)
+		}
+		if s := res.Samples[0]; s.Attempts != 1 || s.ErrorType != "insufficient_quota" {
+			t.Errorf("sample 0: %d attempts, error type %q", s.Attempts, s.ErrorType)
 		}
 	})
 	t.Run("5xx recovered", func(t *testing.T) {
