@@ -284,9 +284,14 @@ type Record struct {
 	Timing Timing
 
 	// Usage as reported by the upstream, or counted from events when
-	// Estimated is true.
-	Usage     Usage
-	Estimated bool
+	// Estimated is true. When the upstream reported no input and the
+	// exchange was billed, Usage.Input is the prompt estimate it was billed
+	// and InputEstimated is true (so tokens and spend agree); a forwarded
+	// answer billed max_tokens for want of usage has Estimated true and
+	// that Output.
+	Usage          Usage
+	Estimated      bool
+	InputEstimated bool
 	// CostMicros is what the exchange was billed, in micro-dollars, priced
 	// by [[models]] (0 when unpriced or not billable).
 	CostMicros int64

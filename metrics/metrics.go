@@ -131,7 +131,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 			"Time the gateway itself adds: arrival to upstream request written, plus each event's read-to-flush time.",
 			overheadBuckets, "route"),
 		tokens: counter("tokens_total",
-			"Tokens by type (input, output, cache_read, cache_write, reasoning); input includes cache_read and cache_write, output includes reasoning; estimated=true when counted from events because the upstream reported no usage.",
+			"Tokens by type (input, output, cache_read, cache_write, reasoning); input includes cache_read and cache_write, output includes reasoning; estimated=true when counted from events (output) or estimated from the prompt (input) because the upstream reported no usage.",
 			"route", "model", "team", "type", "estimated"),
 		requests: counter("requests_total", "Requests by status code sent to the client and outcome.",
 			"route", "model", "team", "code", "outcome"),
@@ -301,9 +301,10 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 
 	u := rec.Usage
 	if u.HasInput {
-		m.addTokens(route, model, team, "input", "false", u.Input)
-		m.addTokens(route, model, team, "cache_read", "false", u.CacheRead)
-		m.addTokens(route, model, team, "cache_write", "false", u.CacheWrite)
+		est := strconv.FormatBool(rec.InputEstimated)
+		m.addTokens(route, model, team, "input", est, u.Input)
+		m.addTokens(route, model, team, "cache_read", est, u.CacheRead)
+		m.addTokens(route, model, team, "cache_write", est, u.CacheWrite)
 	}
 	if u.HasOutput || rec.Estimated {
 		est := strconv.FormatBool(rec.Estimated)

@@ -100,6 +100,9 @@ func logRecord(l *slog.Logger, rec *llm.Record, probe bool) {
 			slog.Int64("cache_read_tokens", rec.Usage.CacheRead),
 			slog.Int64("cache_write_tokens", rec.Usage.CacheWrite),
 		)
+		if rec.InputEstimated {
+			attrs = append(attrs, slog.Bool("input_estimated", true))
+		}
 	}
 	if rec.Usage.HasOutput || rec.Estimated {
 		attrs = append(attrs,

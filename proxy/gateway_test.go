@@ -117,18 +117,21 @@ func TestNoUsageIsEstimated(t *testing.T) {
 	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 9}))
 	defer mock.Close()
 	tg := newTestGateway(t, mock.URL, nil)
-	resp, body := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","stream":true}`,
+	resp, answer := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","stream":true}`,
 		map[string]string{"X-Mock-No-Usage": "1"})
-	if resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
-		t.Fatalf("status %d body %q", resp.StatusCode, body)
+	if resp.StatusCode != 200 || !strings.Contains(string(answer), "[DONE]") {
+		t.Fatalf("status %d body %q", resp.StatusCode, answer)
 	}
 	rec := tg.record(t)
 	if !rec.Estimated || rec.Usage.Output != 9 || rec.Outcome != llm.OutcomeOK {
 		t.Fatalf("record usage %+v estimated %v outcome %s; want 9 estimated output tokens", rec.Usage, rec.Estimated, rec.Outcome)
 	}
-	// No usage at all: the input bucket comes from the body's size.
-	if rec.Usage.HasInput || rec.InputBucket != "0-500" {
-		t.Errorf("input bucket %q (input reported %v); want the estimate's 0-500", rec.InputBucket, rec.Usage.HasInput)
+	// No usage at all: the input is the prompt estimate it was billed, and
+	// the input bucket comes from it.
+	const body = `{"model":"m","stream":true}`
+	if !rec.InputEstimated || rec.Usage.Input != int64(len(body)+3)/4 || rec.InputBucket != "0-500" {
+		t.Errorf("input %d (estimated %v), bucket %q; want the estimate %d and 0-500",
+			rec.Usage.Input, rec.InputEstimated, rec.InputBucket, (len(body)+3)/4)
 	}
 }
 

@@ -361,6 +361,15 @@ func (ex *exchange) settle() {
 	if ok {
 		cost, _ = gv.prices.Cost(ex.rec.Model, u)
 		ex.costMicros = cost
+		// The record carries the tokens billed, flagged where they are
+		// estimates, so the token metrics, /stats and the access log count
+		// what the ledger does.
+		if !ex.rec.Usage.HasInput {
+			ex.rec.Usage.Input, ex.rec.Usage.HasInput, ex.rec.InputEstimated = u.Input, true, true
+		}
+		if ex.rec.Estimated {
+			ex.rec.Usage.Output = u.Output
+		}
 	}
 	if ex.lease != nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), settleTimeout)

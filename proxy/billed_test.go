@@ -1,0 +1,75 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/spend"
+	"github.com/tollgate-llm/tollgate/stats"
+)
+
+// TestEstimatedInputCountedAsBilled: an OpenAI stream whose usage never
+// comes is billed the prompt estimate as its input; tollgate_tokens_total,
+// /stats and the access log must count those same tokens (flagged
+// estimated), or spend and tokens disagree for every such request.
+func TestEstimatedInputCountedAsBilled(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 5}))
+	defer mock.Close()
+	ledger, err := spend.NewLocal(spend.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ledger.Close() }()
+	live := stats.New(nil)
+	tg := newTestGatewayWith(t, mock.URL, func(c *config.Config) {
+		c.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
+	}, func(o *Options) { o.Ledger, o.Stats = ledger, live })
+
+	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("y", 400) + `"}]}`
+	resp, _ := post(t, tg.URL+"/v1/chat/completions", body, map[string]string{"X-Mock-No-Usage": "1"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	rec := tg.record(t)
+	rows, err := ledger.Query(context.Background(), spend.Filter{})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("ledger %+v %v", rows, err)
+	}
+	billed := rows[0].Input
+	if billed <= 0 || rows[0].Output != 5 {
+		t.Fatalf("ledger input %d output %d; want the prompt estimate and 5", billed, rows[0].Output)
+	}
+	if !rec.InputEstimated || !rec.Usage.HasInput || rec.Usage.Input != billed || !rec.Estimated || rec.Usage.Output != 5 {
+		t.Errorf("record usage %+v (input estimated %v, output estimated %v); want the billed input %d, estimated",
+			rec.Usage, rec.InputEstimated, rec.Estimated, billed)
+	}
+	in := metricValue(t, tg, "tollgate_tokens_total", map[string]string{"type": "input", "estimated": "true"})
+	out := metricValue(t, tg, "tollgate_tokens_total", map[string]string{"type": "output", "estimated": "true"})
+	if in != float64(billed) || out != 5 {
+		t.Errorf("tollgate_tokens_total input %v, output %v (estimated); the ledger billed %d and 5", in, out, billed)
+	}
+	var statsIn int64
+	for _, g := range live.Snapshot().Windows[0].Groups {
+		statsIn += g.InputTokens
+	}
+	if statsIn != billed {
+		t.Errorf("/stats input tokens %d; the ledger billed %d", statsIn, billed)
+	}
+	if !strings.Contains(tg.logs.String(), `"input_estimated":true`) {
+		t.Errorf("access log does not say the input was estimated: %s", tg.logs.String())
+	}
+
+	// With the upstream's usage, nothing is estimated.
+	resp, _ = post(t, tg.URL+"/v1/chat/completions", body, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if rec := tg.record(t); rec.InputEstimated || rec.Estimated || !rec.Usage.HasInput {
+		t.Errorf("reported usage taken for an estimate: %+v", rec)
+	}
+}
