@@ -573,6 +573,16 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 						"upstream", up.cfg.Name, "limit_bytes", limit)
 				}
 				ex.usageFromBody()
+				if ex.rec.Dialect != llm.DialectNone && len(ex.captured) < limit && !json.Valid(ex.captured) {
+					// A whole answer on a dialect route that is not JSON
+					// (cut by a proxy, an HTML error page with a 200): the
+					// caller's SDK cannot parse it, so it is no success.
+					ex.rec.Outcome = llm.OutcomeUpstreamError
+					ex.rec.Interruption = llm.InterruptProtocolError
+					ex.rec.ErrorType = "invalid_json"
+					g.log.Warn("upstream answer is not JSON", "request_id", ex.rec.RequestID,
+						"upstream", up.cfg.Name, "bytes", len(ex.captured))
+				}
 			}
 		}
 		return ex.committed(resp.StatusCode)

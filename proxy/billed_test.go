@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/spend"
 	"github.com/tollgate-llm/tollgate/stats"
@@ -71,5 +72,45 @@ func TestEstimatedInputCountedAsBilled(t *testing.T) {
 	}
 	if rec := tg.record(t); rec.InputEstimated || rec.Estimated || !rec.Usage.HasInput {
 		t.Errorf("reported usage taken for an estimate: %+v", rec)
+	}
+}
+
+// TestMalformedAnswerIsAnUpstreamError: a non-streamed 200 on a dialect
+// route whose body is not JSON (cut short by a broken proxy, say) is no
+// success: the caller's SDK cannot parse it. It is relayed as it came, and
+// recorded as an upstream error with a protocol_error interruption, not as
+// ok and goodput met. A whole JSON answer stays ok.
+func TestMalformedAnswerIsAnUpstreamError(t *testing.T) {
+	for _, c := range []struct {
+		name, body string
+		ok         bool
+	}{
+		{"truncated", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hel`, false},
+		{"html", `<html>upstream gateway hiccup</html>`, false},
+		{"whole", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(c.body)}, contentType: "application/json"})
+			defer us.Close()
+			tg := newTestGateway(t, us.URL, func(cf *config.Config) { cf.Upstreams[0].Retry.MaxAttempts = 1 })
+			resp, got := post(t, tg.URL+"/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`, nil)
+			if resp.StatusCode != http.StatusOK || string(got) != c.body {
+				t.Fatalf("caller got %d %q; want the upstream's answer as it came", resp.StatusCode, got)
+			}
+			rec := tg.record(t)
+			if c.ok {
+				if rec.Outcome != llm.OutcomeOK || rec.Interruption != llm.InterruptNone || rec.Usage.Input != 3 {
+					t.Errorf("whole answer: outcome %s, interruption %s, usage %+v", rec.Outcome, rec.Interruption, rec.Usage)
+				}
+				return
+			}
+			if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptProtocolError || rec.Goodput == llm.SLOMet {
+				t.Errorf("outcome %s, interruption %s, goodput %s; want upstream_error, protocol_error, not met",
+					rec.Outcome, rec.Interruption, rec.Goodput)
+			}
+			if rec.AttemptCount != 1 || rec.Attempts[0].Result != resultStreamBroken {
+				t.Errorf("%d attempts, first %+v; want one, %s", rec.AttemptCount, rec.Attempts[0], resultStreamBroken)
+			}
+		})
 	}
 }
