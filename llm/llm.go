@@ -193,8 +193,9 @@ const (
 	InterruptIdleTimeout
 	// InterruptTimeout: the upstream's total timeout ended the stream.
 	InterruptTimeout
-	// InterruptProtocolError: the upstream broke the SSE framing (an event
-	// over the size cap), so the gateway cut the stream.
+	// InterruptProtocolError: the upstream broke its wire format: an event
+	// over the size cap (the gateway cut the stream), or a non-streamed
+	// answer on a dialect route that is not JSON.
 	InterruptProtocolError
 	// InterruptShutdown: the gateway's drain timeout ended the stream.
 	InterruptShutdown

@@ -55,7 +55,7 @@ func TestObserveStreamedRecord(t *testing.T) {
 	}
 	m.Observe(rec, m.Model(rec.Model))
 	want := `
-# HELP tollgate_tokens_total Tokens by type (input, output, cache_read, cache_write, reasoning); input includes cache_read and cache_write, output includes reasoning; estimated=true when counted from events (output) or estimated from the prompt (input) because the upstream reported no usage.
+# HELP tollgate_tokens_total Tokens by type (input, output, cache_read, cache_write, reasoning); input includes cache_read and cache_write, output includes reasoning; estimated=true when the upstream reported no usage: output counted from events (or max_tokens billed for a forwarded answer), input estimated from the prompt.
 # TYPE tollgate_tokens_total counter
 tollgate_tokens_total{estimated="false",model="gpt",route="chat_completions",scene="chat",team="none",type="cache_read"} 100
 tollgate_tokens_total{estimated="false",model="gpt",route="chat_completions",scene="chat",team="none",type="input"} 600

@@ -94,7 +94,7 @@ func TestObserveProbe(t *testing.T) {
 		E2E: 2 * time.Millisecond})
 	m.ObserveProbe("mock", "a", ProbeSample{Result: "breaker_open"})
 	want := `
-# HELP tollgate_probe_requests_total Synthetic probe requests, by result: ok, or why one failed (an attempt result: rate_limited, overloaded, server_error, client_error, connect_error, connection_error, header_timeout, first_token_timeout, idle_timeout, error_event, stream_broken; the upstream's timeout (408, 504, its timeout_seconds); breaker_open, queue_full, queue_timeout when nothing was sent; auth_error when the upstream refused the probe's key (401, 403); probe_timeout when the probe's own timeout_seconds or its round ran out).
+# HELP tollgate_probe_requests_total Synthetic probe requests, by result: ok, or why one failed (an attempt result: rate_limited, overloaded, server_error, client_error, connect_error, connection_error, header_timeout, first_token_timeout, idle_timeout, error_event, stream_broken; the upstream's timeout (408, 504, its timeout_seconds); breaker_open, queue_full, queue_timeout when nothing was sent; auth_error when the upstream refused the probe's key (401, 403); probe_timeout when the probe's own timeout_seconds or its round ran out; internal_error when the gateway failed).
 # TYPE tollgate_probe_requests_total counter
 tollgate_probe_requests_total{env="test",model="a",result="breaker_open",upstream="mock"} 1
 tollgate_probe_requests_total{env="test",model="a",result="ok",upstream="mock"} 2

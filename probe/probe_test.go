@@ -25,12 +25,12 @@ import (
 
 // TestMain fails the package if a test leaves a goroutine behind: Run must
 // end every round's requests before it returns.
-
-var _ Prober = (*proxy.Gateway)(nil)
-
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
+
+// The gateway is the Prober cmd/gateway wires in.
+var _ Prober = (*proxy.Gateway)(nil)
 
 // waitTimeout bounds every wait in these tests; it is a deadlock guard, not
 // a timing assertion.

@@ -573,10 +573,11 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 						"upstream", up.cfg.Name, "limit_bytes", limit)
 				}
 				ex.usageFromBody()
-				if ex.rec.Dialect != llm.DialectNone && len(ex.captured) < limit && !json.Valid(ex.captured) {
-					// A whole answer on a dialect route that is not JSON
-					// (cut by a proxy, an HTML error page with a 200): the
-					// caller's SDK cannot parse it, so it is no success.
+				if resp.StatusCode == http.StatusOK && ex.rec.Dialect != llm.DialectNone &&
+					len(ex.captured) < limit && !json.Valid(ex.captured) {
+					// A whole 200 on a dialect route that is not JSON (cut
+					// by a proxy, an HTML page): the caller's SDK cannot
+					// parse it, so it is no success, and is not billed.
 					ex.rec.Outcome = llm.OutcomeUpstreamError
 					ex.rec.Interruption = llm.InterruptProtocolError
 					ex.rec.ErrorType = "invalid_json"

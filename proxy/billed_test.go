@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -79,28 +80,57 @@ func TestEstimatedInputCountedAsBilled(t *testing.T) {
 // route whose body is not JSON (cut short by a broken proxy, say) is no
 // success: the caller's SDK cannot parse it. It is relayed as it came, and
 // recorded as an upstream error with a protocol_error interruption, not as
-// ok and goodput met. A whole JSON answer stays ok.
+// ok and goodput met, and it is not billed. A whole JSON answer stays ok
+// and billed; other statuses (a redirect, a 204) are not judged by their
+// body.
 func TestMalformedAnswerIsAnUpstreamError(t *testing.T) {
 	for _, c := range []struct {
 		name, body string
-		ok         bool
+		status     int
+		ok, billed bool
 	}{
-		{"truncated", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hel`, false},
-		{"html", `<html>upstream gateway hiccup</html>`, false},
-		{"whole", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`, true},
+		{"truncated", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hel`, 200, false, false},
+		{"html", `<html>upstream gateway hiccup</html>`, 200, false, false},
+		{"empty", ``, 200, false, false},
+		{"whole", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`, 200, true, true},
+		{"redirect", `<html>moved</html>`, http.StatusTemporaryRedirect, true, false},
+		{"no content", ``, http.StatusNoContent, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(c.body)}, contentType: "application/json"})
+			us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(c.body)}, contentType: "application/json", status: c.status})
 			defer us.Close()
-			tg := newTestGateway(t, us.URL, func(cf *config.Config) { cf.Upstreams[0].Retry.MaxAttempts = 1 })
-			resp, got := post(t, tg.URL+"/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`, nil)
-			if resp.StatusCode != http.StatusOK || string(got) != c.body {
+			ledger, err := spend.NewLocal(spend.LocalOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = ledger.Close() }()
+			tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
+				cf.Upstreams[0].Retry.MaxAttempts = 1
+				cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
+			}, func(o *Options) { o.Ledger = ledger })
+			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			req, _ := http.NewRequest(http.MethodPost, tg.URL+"/v1/chat/completions",
+				strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != c.status || string(got) != c.body {
 				t.Fatalf("caller got %d %q; want the upstream's answer as it came", resp.StatusCode, got)
 			}
 			rec := tg.record(t)
+			rows, err := ledger.Query(context.Background(), spend.Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if billed := len(rows) == 1 && rec.CostMicros > 0; billed != c.billed {
+				t.Errorf("billed %v (ledger %+v, record %d µ$), want %v", billed, rows, rec.CostMicros, c.billed)
+			}
 			if c.ok {
-				if rec.Outcome != llm.OutcomeOK || rec.Interruption != llm.InterruptNone || rec.Usage.Input != 3 {
-					t.Errorf("whole answer: outcome %s, interruption %s, usage %+v", rec.Outcome, rec.Interruption, rec.Usage)
+				if rec.Outcome != llm.OutcomeOK || rec.Interruption != llm.InterruptNone || (c.status == 200 && rec.Usage.Input != 3) {
+					t.Errorf("outcome %s, interruption %s, usage %+v; want ok", rec.Outcome, rec.Interruption, rec.Usage)
 				}
 				return
 			}
@@ -112,5 +142,38 @@ func TestMalformedAnswerIsAnUpstreamError(t *testing.T) {
 				t.Errorf("%d attempts, first %+v; want one, %s", rec.AttemptCount, rec.Attempts[0], resultStreamBroken)
 			}
 		})
+	}
+}
+
+// TestForwardedWithoutUsageCountsBilledOutput: a metered forwarded answer
+// without usage is billed max_tokens as its output (never nothing); the
+// record, tollgate_tokens_total and the ledger carry the same tokens,
+// flagged estimated.
+func TestForwardedWithoutUsageCountsBilledOutput(t *testing.T) {
+	us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(`{"id":"resp_1","object":"response","output":[]}`)},
+		contentType: "application/json"})
+	defer us.Close()
+	ledger, err := spend.NewLocal(spend.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ledger.Close() }()
+	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
+		c.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
+	}, func(o *Options) { o.Ledger = ledger })
+	resp, _ := post(t, tg.URL+"/v1/responses", `{"model":"gpt-4o-mini","input":"hi","max_output_tokens":7}`, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	rec := tg.record(t)
+	rows, err := ledger.Query(context.Background(), spend.Filter{})
+	if err != nil || len(rows) != 1 || rows[0].Output != 7 {
+		t.Fatalf("ledger %+v %v; want max_output_tokens 7 billed as output", rows, err)
+	}
+	if !rec.Estimated || rec.Usage.Output != 7 || !rec.InputEstimated || rec.Usage.Input != rows[0].Input {
+		t.Errorf("record usage %+v (estimated %v/%v); want the billed %d in and 7 out", rec.Usage, rec.InputEstimated, rec.Estimated, rows[0].Input)
+	}
+	if out := metricValue(t, tg, "tollgate_tokens_total", map[string]string{"type": "output", "estimated": "true"}); out != 7 {
+		t.Errorf("tollgate_tokens_total output (estimated) %v, want 7", out)
 	}
 }

@@ -324,16 +324,17 @@ func satAdd(a, b int64) int64 {
 func (ex *exchange) billable() (llm.Usage, bool) {
 	rec := &ex.rec
 	if rec.Route == llm.RouteOther && !ex.metered ||
-		rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 400 {
+		rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 300 {
 		// Not a model call, or the upstream did not answer with one: an
 		// upstream error or a caller gone before the answer is not billed.
 		return llm.Usage{}, false
 	}
 	if (rec.Outcome == llm.OutcomeUpstreamError || rec.Outcome == llm.OutcomeUpstreamTimeout) &&
-		rec.Stream && rec.TokenEvents == 0 && !rec.Usage.HasInput && !rec.Usage.HasOutput {
+		rec.TokenEvents == 0 && !rec.Usage.HasInput && !rec.Usage.HasOutput {
 		// A stream the upstream failed before any token and any usage (an
-		// error event, a break, a stall): a 200 carrying what would
-		// otherwise be an error answer, and not billed, as that is not.
+		// error event, a break, a stall), or a non-streamed answer that
+		// broke or is not JSON: a 200 carrying what would otherwise be an
+		// error answer, and not billed, as that is not.
 		return llm.Usage{}, false
 	}
 	u := rec.Usage

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"io"
 	"log/slog"
@@ -147,6 +148,7 @@ func post(t *testing.T, url, body string, hdr map[string]string) (*http.Response
 type rawUpstream struct {
 	pieces      [][]byte
 	contentType string
+	status      int // 200 when 0
 	mu          sync.Mutex
 	lastBody    []byte
 	lastHeader  http.Header
@@ -162,7 +164,7 @@ func (u *rawUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ct = "text/event-stream"
 	}
 	w.Header().Set("Content-Type", ct)
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(cmp.Or(u.status, http.StatusOK))
 	rc := http.NewResponseController(w)
 	for _, p := range u.pieces {
 		if _, err := w.Write(p); err != nil {

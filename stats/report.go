@@ -68,8 +68,9 @@ type Figures struct {
 	Overhead Quantiles `json:"overhead"`
 
 	// InputTokens and OutputTokens are the tokens of the requests that
-	// ended in the span (input as the upstream reported it; output also
-	// when estimated). OutputTokensPerSecond divides the output tokens by
+	// ended in the span, as billed: as the upstream reported them, or
+	// estimated (input from the prompt when the upstream reported none,
+	// output counted from events). OutputTokensPerSecond divides the output tokens by
 	// the span's seconds.
 	InputTokens           int64   `json:"input_tokens"`
 	OutputTokens          int64   `json:"output_tokens"`

@@ -191,9 +191,11 @@ func sendOne(ctx context.Context, client *http.Client, base string, i int) error
 	stream := i%2 == 0
 	prompt := demoPrompt([]int{40, 400, 1600, 4000}[i/4%4])
 	var url, body string
-	// The team's key alternates with neither the stream flag nor the route
-	// alone, so each team sends both dialects, streamed and not.
-	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + demoKeys[(i+i/2)%len(demoKeys)]}}
+	// The team follows neither the stream flag nor the route (bits 0 and
+	// 1 of i) and changes with the prompt size every 16 requests, so over
+	// the default 40 each team sends every dialect, streamed and not, in
+	// every size.
+	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + demoKeys[(i/4+i/16)%len(demoKeys)]}}
 	if i/2%2 == 0 {
 		url = base + "/v1/chat/completions"
 		body = fmt.Sprintf(`{"model":"demo-gpt","stream":%t,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
