@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -76,7 +77,7 @@ func runCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-func msDur(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+func msDur(v float64) time.Duration { return time.Duration(math.Round(v * float64(time.Millisecond))) }
 
 func TestScheduleFigures(t *testing.T) {
 	for _, d := range []llm.Dialect{llm.DialectOpenAI, llm.DialectAnthropic} {

@@ -33,6 +33,12 @@ const (
 	flushTimeout = 10 * time.Second
 	// closeTimeout bounds the final flush of Close.
 	closeTimeout = 5 * time.Second
+	// closeRetryFor is how long Close keeps trying its final flush, every
+	// closeRetryEvery: go-redis refuses to dial for up to a second once a
+	// pool's worth of dials failed, so a replica stopping just after Redis
+	// came back would otherwise spill (or lose) spend Redis could take.
+	closeRetryFor   = 1500 * time.Millisecond
+	closeRetryEvery = 250 * time.Millisecond
 )
 
 // Overflow names the key, team and model of the rows that hold, per day,
@@ -585,7 +591,8 @@ func (r *Redis) flusher() {
 	}
 }
 
-// Close stops the flusher and flushes once more, for at most 5 s (after any
+// Close stops the flusher and flushes once more, trying again for up to
+// 1.5 s while it fails (a client just back from an outage), for at most 5 s (after any
 // Flush in progress). If deltas remain unwritten it writes them to the spill
 // file, when there is one, and logs and returns an error saying how many
 // rows and where they are. Later calls return the first call's result. Adds
@@ -599,7 +606,12 @@ func (r *Redis) Close() error {
 		defer func() { <-r.sem }()
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
+		start := time.Now()
 		err := r.flushLocked(ctx)
+		for err != nil && ctx.Err() == nil && time.Since(start) < closeRetryFor {
+			time.Sleep(closeRetryEvery)
+			err = r.flushLocked(ctx)
+		}
 		r.noteResultLocked(err)
 		var errs []error
 		if err != nil {

@@ -313,7 +313,8 @@ func TestRedisTwoReplicas(t *testing.T) {
 func TestRedisDegraded(t *testing.T) {
 	srv := startRedisServer(t, true)
 	var deg degradedLog
-	r := newRedis(t, srv.Client(t), RedisOptions{OnDegraded: deg.record})
+	c := srv.Client(t)
+	r := newRedis(t, c, RedisOptions{OnDegraded: deg.record})
 	k := Key{Day: "2026-11-30", KeyID: "k"}
 	r.Add(k, Totals{Requests: 1})
 	// A caller giving up says nothing about Redis: no degraded call.
@@ -341,6 +342,14 @@ func TestRedisDegraded(t *testing.T) {
 		t.Fatalf("Pending = %d, want 2", r.Pending())
 	}
 	srv.Start()
+	// go-redis stops dialling after PoolSize (10*GOMAXPROCS) failed dials
+	// and probes once a second: wait, bounded, until the client dials again.
+	for i := 0; c.Ping(context.Background()).Err() != nil; i++ {
+		if i == 100 {
+			t.Fatal("client did not reconnect to the restarted Redis")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	flush(t, r)
 	if ev := deg.get(); !reflect.DeepEqual(ev, []bool{true, false}) {
 		t.Fatalf("OnDegraded calls %v, want [true false]", ev)
@@ -492,5 +501,40 @@ func TestRedisAddWhileFlushingNothing(t *testing.T) {
 	}
 	if n != 200 {
 		t.Errorf("%d requests in Redis, want 200", n)
+	}
+}
+
+// TestRedisCloseJustAfterOutage: a replica stopping right after Redis came
+// back still writes its spend. go-redis refuses to dial for up to a second
+// once a pool's worth of dials failed (here a pool of 1), so Close's final
+// flush tries again within its bound instead of giving the spend up.
+func TestRedisCloseJustAfterOutage(t *testing.T) {
+	srv := startRedisServer(t, true)
+	c := srv.ClientWith(t, redis.Options{PoolSize: 1, MaxRetries: -1})
+	r, err := NewRedis(c, RedisOptions{FlushInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{Day: "2026-11-30", KeyID: "k", Team: "t", Model: "m"}
+	r.Add(k, Totals{Requests: 1, Input: 10})
+	srv.Kill()
+	for range 3 {
+		if err := r.Flush(context.Background()); err == nil {
+			t.Fatal("Flush with Redis down succeeded")
+		}
+	}
+	srv.Start()
+	if err := r.Close(); err != nil {
+		t.Fatalf("Close just after Redis came back: %v", err)
+	}
+	other := srv.Client(t)
+	reader, err := NewRedis(other, RedisOptions{FlushInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reader.Close() }()
+	rows, err := reader.Query(context.Background(), Filter{KeyID: "k"})
+	if err != nil || len(rows) != 1 || rows[0].Requests != 1 || rows[0].Input != 10 {
+		t.Fatalf("Redis holds %+v (%v); want the request written at Close", rows, err)
 	}
 }

@@ -522,6 +522,16 @@ func TestSpendExactAcrossRedisRestart(t *testing.T) {
 		t.Fatalf("no spill file after stopping with Redis down: %v", err)
 	}
 	srv.Start()
+	// go-redis fails dials fast for up to 1 s once PoolSize dials failed:
+	// wait, bounded, until every replica's client reaches Redis again.
+	for _, r := range reps {
+		for i := 0; r.rg.gov.redis.Ping(context.Background()).Err() != nil; i++ {
+			if i == 100 {
+				t.Fatal("a replica's client did not reconnect to the restarted Redis")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	cancelledStream(t, reps[1].url, testKeyB, 900100)
 	again := startReplica(t, spill)
 	if err := again.stop(); err != nil {
@@ -607,6 +617,12 @@ func TestSpendExactAcrossRestart(t *testing.T) {
 		if run == 1 {
 			// Read before stopping: the ledger in memory is the file's
 			// content plus this run.
+			wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := r.rg.gw.Wait(wctx)
+			wcancel()
+			if err != nil {
+				t.Fatal(err)
+			}
 			if err := r.rg.gov.ledger.Flush(context.Background()); err != nil {
 				t.Fatal(err)
 			}
