@@ -31,7 +31,7 @@ type Probe struct {
 	// max_completion_tokens in the OpenAI dialect). At least 1. Default 16.
 	MaxTokens int `toml:"max_tokens"`
 	// TimeoutSeconds bounds one probe request whole; one that runs out is
-	// counted as result "timeout" (and gives the upstream's breaker no
+	// counted as result "probe_timeout" (and gives the upstream's breaker no
 	// verdict, as a caller that gives up does not). Default 60.
 	TimeoutSeconds float64 `toml:"timeout_seconds"`
 	// Prompt is the user message of every probe request. Non-empty.
