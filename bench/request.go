@@ -173,7 +173,7 @@ func (r *runner) attempt(ctx context.Context, p *promptBody, s *Sample, attempt 
 		if !rateLimited && resp.StatusCode < 500 || attempt > maxRetries {
 			return false, 0
 		}
-		if resp.Header.Get("X-Should-Retry") == "false" {
+		if retry, said := retryhint.ShouldRetry(resp.Header); said && !retry {
 			// The server says a retry cannot help (a spent budget:
 			// insufficient_quota), and the official SDKs obey it.
 			return false, 0

@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
+	"github.com/tollgate-llm/tollgate/internal/retryhint"
 	"github.com/tollgate-llm/tollgate/internal/shaper"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/sseparse"
@@ -148,14 +149,12 @@ func (pt *phaseTimer) enter(ph int32, d time.Duration) {
 // firstToken moves a stream whose first token arrived to its idle phase.
 func (pt *phaseTimer) firstToken() { pt.enter(phaseIdle, pt.idle) }
 
-// touch moves the idle deadline after a read. It only stores the new
-// deadline (no lock, no timer reset on every read): the timer, when it fires
-// early, finds the deadline moved and sleeps again for the rest. enter and
-// touch run on the relay's goroutine, so they cannot race each other.
-func (pt *phaseTimer) touch() { pt.touchAt(pt.clock()) }
-
-// touchAt is touch with the time of the read, which the relay has already
-// read from the same clock.
+// touchAt moves the idle deadline after a read, at now, the time of the
+// read (which the relay has already read from the timer's clock). It only
+// stores the new deadline (no lock, no timer reset on every read): the
+// timer, when it fires early, finds the deadline moved and sleeps again for
+// the rest. enter and touchAt run on the relay's goroutine, so they cannot
+// race each other.
 func (pt *phaseTimer) touchAt(now time.Time) {
 	if pt.idle > 0 && pt.phase.Load() == phaseIdle {
 		pt.deadline.Store(now.Add(pt.idle).UnixNano())
@@ -485,13 +484,9 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	// The HTTP/1 write loop reports the request written from its own
 	// goroutine once it has flushed it, and RoundTrip returns as soon as the
 	// answer's headers are in, which can be before that report: read it
-	// again when the attempt ends, or the exchange loses its overhead and
-	// upstream TTFT. finish, which uses them, runs after the attempts.
-	defer func() {
-		if ex.rec.Timing.UpSent.IsZero() {
-			ex.rec.Timing.UpSent = ex.since(tr.sent.Load())
-		}
-	}()
+	// when the attempt ends, or the exchange loses its overhead and upstream
+	// TTFT. finish, which uses them, runs after the attempts.
+	defer func() { ex.rec.Timing.UpSent = ex.since(tr.sent.Load()) }()
 	// The path goes upstream as the caller encoded it: decoding it would
 	// turn an escaped "?" or "/" into a different request than the one the
 	// router and the governance saw.
@@ -532,7 +527,6 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 		pt.enter(phaseHeaders, up.headerTimeout)
 	}
 	resp, err := up.transport.RoundTrip(req)
-	ex.rec.Timing.UpSent = ex.since(tr.sent.Load())
 	ex.rec.Timing.UpFirstByte = ex.since(tr.firstByte.Load())
 	if err != nil {
 		return ex.noResponse(ctx, err)
@@ -740,11 +734,8 @@ func shouldRetry(p retryPolicy, status int, h http.Header, errType, errCode stri
 	if neverRetryable(errType) || neverRetryable(errCode) {
 		return false
 	}
-	switch h.Get("X-Should-Retry") {
-	case "false":
-		return false
-	case "true":
-		return true
+	if retry, said := retryhint.ShouldRetry(h); said {
+		return retry
 	}
 	return retryableStatus(p, status, errType, errCode)
 }

@@ -22,6 +22,9 @@ import (
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
+// touch is touchAt now, on the timer's clock.
+func (pt *phaseTimer) touch() { pt.touchAt(pt.clock()) }
+
 func TestSetModel(t *testing.T) {
 	tests := []struct {
 		name, body, model string

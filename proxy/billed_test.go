@@ -22,11 +22,7 @@ import (
 func TestEstimatedInputCountedAsBilled(t *testing.T) {
 	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 5}))
 	defer mock.Close()
-	ledger, err := spend.NewLocal(spend.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ledger.Close() }()
+	ledger := newLocalLedger(t)
 	live := stats.New(nil)
 	tg := newTestGatewayWith(t, mock.URL, func(c *config.Config) {
 		c.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
@@ -99,11 +95,7 @@ func TestMalformedAnswerIsAnUpstreamError(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(c.body)}, contentType: "application/json", status: c.status})
 			defer us.Close()
-			ledger, err := spend.NewLocal(spend.LocalOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = ledger.Close() }()
+			ledger := newLocalLedger(t)
 			tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
 				cf.Upstreams[0].Retry.MaxAttempts = 1
 				cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
@@ -153,11 +145,7 @@ func TestForwardedWithoutUsageCountsBilledOutput(t *testing.T) {
 	us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(`{"id":"resp_1","object":"response","output":[]}`)},
 		contentType: "application/json"})
 	defer us.Close()
-	ledger, err := spend.NewLocal(spend.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ledger.Close() }()
+	ledger := newLocalLedger(t)
 	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
 		c.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
 	}, func(o *Options) { o.Ledger = ledger })

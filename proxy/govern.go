@@ -320,7 +320,10 @@ func satAdd(a, b int64) int64 {
 // billable returns the usage the exchange is billed for: the upstream's
 // usage when it answered successfully (a cancelled stream is billed for what
 // was relayed before the cut: output counted from events, input from the
-// upstream's usage or else the prompt estimate), nothing otherwise.
+// upstream's usage or else the prompt estimate), nothing otherwise. What it
+// estimates it writes on the record too, flagged (InputEstimated,
+// Estimated), so the token metrics, /stats and the access log count what
+// the ledger does.
 func (ex *exchange) billable() (llm.Usage, bool) {
 	rec := &ex.rec
 	if rec.Route == llm.RouteOther && !ex.metered ||
@@ -329,28 +332,27 @@ func (ex *exchange) billable() (llm.Usage, bool) {
 		// upstream error or a caller gone before the answer is not billed.
 		return llm.Usage{}, false
 	}
+	u := &rec.Usage
 	if (rec.Outcome == llm.OutcomeUpstreamError || rec.Outcome == llm.OutcomeUpstreamTimeout) &&
-		rec.TokenEvents == 0 && !rec.Usage.HasInput && !rec.Usage.HasOutput {
+		rec.TokenEvents == 0 && !u.HasInput && !u.HasOutput {
 		// A stream the upstream failed before any token and any usage (an
 		// error event, a break, a stall), or a non-streamed answer that
 		// broke or is not JSON: a 200 carrying what would otherwise be an
 		// error answer, and not billed, as that is not.
 		return llm.Usage{}, false
 	}
-	u := rec.Usage
-	if !u.HasInput {
-		u.Input = max(ex.promptEstimate, 0)
-		u.HasInput = true
-	}
-	if ex.metered && !rec.Usage.HasInput && !rec.Usage.HasOutput {
+	if ex.metered && !u.HasInput && !u.HasOutput {
 		// A forwarded answer that reports no usage (speech, an
 		// assistants run, usage beyond the capture limit) is billed its
 		// estimate, never nothing.
-		u.Output = max(ex.info.MaxTokens, 0)
-		ex.rec.Estimated = true
+		u.Output, rec.Estimated = max(ex.info.MaxTokens, 0), true
 	}
-	u.HasOutput = true
-	return u, true
+	if !u.HasInput {
+		u.Input, u.HasInput, rec.InputEstimated = max(ex.promptEstimate, 0), true, true
+	}
+	billed := *u
+	billed.HasOutput = true
+	return billed, true
 }
 
 // settle bills a finished exchange: it settles its lease with the real usage
@@ -362,15 +364,6 @@ func (ex *exchange) settle() {
 	if ok {
 		cost, _ = gv.prices.Cost(ex.rec.Model, u)
 		ex.costMicros = cost
-		// The record carries the tokens billed, flagged where they are
-		// estimates, so the token metrics, /stats and the access log count
-		// what the ledger does.
-		if !ex.rec.Usage.HasInput {
-			ex.rec.Usage.Input, ex.rec.Usage.HasInput, ex.rec.InputEstimated = u.Input, true, true
-		}
-		if ex.rec.Estimated {
-			ex.rec.Usage.Output = u.Output
-		}
 	}
 	if ex.lease != nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), settleTimeout)

@@ -92,12 +92,7 @@ func newGovWorld(t *testing.T, mo mockllm.Options, frozen bool, edit func(*confi
 	}
 	w.limiter = ratelimit.NewLocal(ratelimit.LocalOptions{Now: now})
 	t.Cleanup(func() { _ = w.limiter.Close() })
-	var err error
-	w.ledger, err = spend.NewLocal(spend.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.ledger.Close() })
+	w.ledger = newLocalLedger(t)
 	w.tg = newTestGatewayWith(t, up.URL, func(c *config.Config) {
 		c.Auth.Mode = "keys"
 		c.Upstreams[0].APIKeyEnv = "UPSTREAM_KEY"
@@ -716,11 +711,7 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 	t.Cleanup(up.Close)
 	lim := ratelimit.NewLocal(ratelimit.LocalOptions{})
 	t.Cleanup(func() { _ = lim.Close() })
-	ledger, err := spend.NewLocal(spend.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ledger.Close() })
+	ledger := newLocalLedger(t)
 	tg := newTestGatewayWith(t, up.URL, func(c *config.Config) {
 		c.Auth.Mode = "keys"
 		c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", upstreamKey

@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/spend"
 )
 
 func TestMain(m *testing.M) {
@@ -178,6 +179,17 @@ func (u *rawUpstream) request() ([]byte, http.Header) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.lastBody, u.lastHeader
+}
+
+// newLocalLedger returns an in-memory spend ledger closed in t.Cleanup.
+func newLocalLedger(t testing.TB) *spend.Local {
+	t.Helper()
+	l, err := spend.NewLocal(spend.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
 }
 
 // bareGateway builds a Gateway (no server, no access log) in front of

@@ -1038,11 +1038,7 @@ func TestHoldStreamFailedBeforeTokenNotBilled(t *testing.T) {
 			m := mockllm.New(mockllm.Options{OutputTokens: 4})
 			us := httptest.NewServer(m)
 			defer us.Close()
-			ledger, err := spend.NewLocal(spend.LocalOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = ledger.Close() }()
+			ledger := newLocalLedger(t)
 			tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
 				cf.Upstreams[0].Retry.MaxAttempts = 1
 				cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}

@@ -64,11 +64,7 @@ func newProbeWorld(t *testing.T, mo mockllm.Options, edit func(*config.Config), 
 	w := &probeWorld{mock: mockllm.New(mo), stats: stats.New(nil)}
 	up := httptest.NewServer(w.mock)
 	t.Cleanup(up.Close)
-	var err error
-	if w.ledger, err = spend.NewLocal(spend.LocalOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.ledger.Close() })
+	w.ledger = newLocalLedger(t)
 	w.tg = newTestGatewayWith(t, up.URL, edit, func(o *Options) {
 		o.Stats, o.Ledger = w.stats, w.ledger
 		if opts != nil {

@@ -92,11 +92,7 @@ func newResWorld(t *testing.T, s resSetup) *resWorld {
 		w.clock = newFakeClock()
 	}
 	if s.ledger {
-		l, err := spend.NewLocal(spend.LocalOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
+		l := newLocalLedger(t)
 		w.ledger = l
 	}
 	w.tg = newTestGatewayWith(t, urls[s.upstreams[0]], func(c *config.Config) {

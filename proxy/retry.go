@@ -6,12 +6,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/retryhint"
 )
 
 // retryPolicy is the per-upstream retry schedule (issue 4, item 1). The zero
-// value never retries; defaultRetryPolicy gives the documented defaults.
+// value never retries; policyFrom builds it from an [upstreams.retry] table.
 type retryPolicy struct {
 	// maxAttempts counts the first attempt too: 3 means at most 2 retries.
 	maxAttempts int
@@ -25,11 +24,6 @@ type retryPolicy struct {
 	// statuses are the upstream HTTP statuses worth another attempt.
 	statuses map[int]bool
 }
-
-// defaultRetryPolicy is the policy of an [upstreams.retry] table left to
-// its defaults (config.DefaultUpstream, where they are chosen and
-// documented).
-func defaultRetryPolicy() retryPolicy { return policyFrom(config.DefaultUpstream().Retry) }
 
 // backoffCap returns min(max, base·multiplier^retry). The product is taken in
 // float64, where a huge retry count saturates to +Inf instead of wrapping
@@ -76,25 +70,12 @@ func (p retryPolicy) backoff(retry int, rnd func() float64) time.Duration {
 	return d
 }
 
-// maxHint is what an overlong hint saturates to (see waitWithin).
-const maxHint = retryhint.Max
-
-// retryAfterHint reads the upstream's wait hint as the official SDKs do
-// (retryhint.Parse, shared with bench).
-var retryAfterHint = retryhint.Parse
-
-// wait is waitWithin with the whole of p.maxWait remaining. It is exact for
-// the first retry only; callers that have already waited should call
-// waitWithin with what is left.
-func (p retryPolicy) wait(retry int, h http.Header, now time.Time, rnd func() float64) (time.Duration, bool) {
-	return p.waitWithin(retry, h, now, p.maxWait, rnd)
-}
-
 // waitWithin returns how long to wait before the retry that follows retry
 // earlier retries, and ok=false when the request must not be retried:
 //
 //   - the attempts are spent (retry+1 attempts made ≥ maxAttempts);
-//   - the upstream's hint (retryAfterHint) is longer than remaining;
+//   - the upstream's hint (retryhint.Parse, as the SDKs read it) is longer
+//     than remaining (an overlong one saturates to retryhint.Max);
 //   - without a hint, the backoff is longer than remaining.
 //
 // A hint is honoured exactly, even above p.max, and is not jittered. The
@@ -111,7 +92,7 @@ func (p retryPolicy) waitWithin(retry int, h http.Header, now time.Time, remaini
 	if retry+1 >= p.maxAttempts || remaining < 0 {
 		return 0, false
 	}
-	if d, ok := retryAfterHint(h, now); ok {
+	if d, ok := retryhint.Parse(h, now); ok {
 		return d, d <= remaining
 	}
 	d := p.backoff(retry, rnd)

@@ -7,10 +7,24 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/internal/retryhint"
 )
 
 // retryJustBelowOne is the largest float64 below 1, the top of rnd's range.
 var retryJustBelowOne = math.Nextafter(1, 0)
+
+// defaultRetryPolicy is the policy of an [upstreams.retry] table left to
+// its defaults (config.DefaultUpstream, where they are chosen and
+// documented).
+func defaultRetryPolicy() retryPolicy { return policyFrom(config.DefaultUpstream().Retry) }
+
+// wait is waitWithin with the whole of p.maxWait remaining: exact for the
+// first retry only.
+func (p retryPolicy) wait(retry int, h http.Header, now time.Time, rnd func() float64) (time.Duration, bool) {
+	return p.waitWithin(retry, h, now, p.maxWait, rnd)
+}
 
 func retryConstRnd(v float64) func() float64 { return func() float64 { return v } }
 
@@ -134,7 +148,7 @@ func TestRetryWait(t *testing.T) {
 		{"hint equal to budget", 0, hdr("Retry-After", "30"), 30 * time.Second, 30 * time.Second, true},
 		{"hint above budget: no retry", 0, hdr("Retry-After", "31"), 30 * time.Second, 31 * time.Second, false},
 		{"hint ms above budget: no retry", 0, hdr("Retry-After-Ms", "30001"), 30 * time.Second, 30001 * time.Millisecond, false},
-		{"saturated hint: no retry", 0, hdr("Retry-After", "1e300"), 30 * time.Second, maxHint, false},
+		{"saturated hint: no retry", 0, hdr("Retry-After", "1e300"), 30 * time.Second, retryhint.Max, false},
 		{"hint above what is left", 1, hdr("Retry-After", "2"), time.Second, 2 * time.Second, false},
 		{"backoff above what is left", 1, hdr(), 100 * time.Millisecond, 250 * time.Millisecond, false},
 		{"nothing left", 0, hdr(), -time.Second, 0, false},

@@ -513,11 +513,7 @@ func TestReview2ErrorEventOnlyStreamNotBilled(t *testing.T) {
 			t.Run(c.name+"/max_attempts="+strconv.Itoa(attempts), func(t *testing.T) {
 				us := httptest.NewServer(&rawUpstream{pieces: c.pieces})
 				defer us.Close()
-				ledger, err := spend.NewLocal(spend.LocalOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = ledger.Close() }()
+				ledger := newLocalLedger(t)
 				tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
 					cf.Upstreams[0].Retry.MaxAttempts = attempts
 					cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}

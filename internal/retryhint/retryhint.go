@@ -1,4 +1,5 @@
-// Package retryhint reads the wait an HTTP error answer asks for, the way
+// Package retryhint reads the wait an HTTP error answer asks for, and
+// whether it asks to be retried at all (x-should-retry), the way
 // the official OpenAI and Anthropic SDKs do (wire.md 1.9, 2.9). The gateway's
 // retries (proxy) and the load generator's (bench) both use it.
 package retryhint
@@ -40,6 +41,19 @@ func Parse(h http.Header, now time.Time) (time.Duration, bool) {
 		return d, true
 	}
 	return 0, true
+}
+
+// ShouldRetry reads x-should-retry, which OpenAI and Anthropic send and
+// their SDKs obey: said is false unless it is exactly "true" or "false",
+// and retry is what it says.
+func ShouldRetry(h http.Header) (retry, said bool) {
+	switch h.Get("X-Should-Retry") {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
 }
 
 // units parses a non-negative finite decimal number of units.

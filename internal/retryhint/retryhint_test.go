@@ -60,6 +60,24 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestShouldRetry(t *testing.T) {
+	for _, c := range []struct {
+		value       string // "" leaves the header out
+		retry, said bool
+	}{
+		{"", false, false}, {"true", true, true}, {"false", false, true},
+		{"TRUE", false, false}, {"yes", false, false}, {" true", false, false},
+	} {
+		h := http.Header{}
+		if c.value != "" {
+			h.Set("x-should-retry", c.value)
+		}
+		if retry, said := ShouldRetry(h); retry != c.retry || said != c.said {
+			t.Errorf("x-should-retry %q: ShouldRetry = %v, %v; want %v, %v", c.value, retry, said, c.retry, c.said)
+		}
+	}
+}
+
 // FuzzParse: whatever the two headers hold, Parse returns a wait that is
 // never negative, none without a hint, and the same wait for a valid
 // retry-after-ms whatever Retry-After says; a date hint is the date's
