@@ -187,16 +187,24 @@ func sendBurst(ctx context.Context, base string, n, c int, before func(i int)) i
 	return failures
 }
 
+// demoSizes are the burst's prompt sizes, in words.
+var demoSizes = []int{40, 400, 1600, 4000}
+
+// demoShape says what request i of the burst is: its key, API, stream flag
+// and prompt size. Stream flag and API are bits 0 and 1 of i, the size
+// changes every 4 requests, and the team follows neither bit and changes
+// with the size every 16 requests, so in every 32 each team sends every
+// API, streamed and not, in every size.
+func demoShape(i int) (key string, chat, stream bool, size int) {
+	return demoKeys[(i/4+i/16)%len(demoKeys)], i/2%2 == 0, i%2 == 0, demoSizes[i/4%len(demoSizes)]
+}
+
 func sendOne(ctx context.Context, client *http.Client, base string, i int) error {
-	stream := i%2 == 0
-	prompt := demoPrompt([]int{40, 400, 1600, 4000}[i/4%4])
+	key, chat, stream, size := demoShape(i)
+	prompt := demoPrompt(size)
 	var url, body string
-	// The team follows neither the stream flag nor the route (bits 0 and
-	// 1 of i) and changes with the prompt size every 16 requests, so over
-	// the default 40 each team sends every dialect, streamed and not, in
-	// every size.
-	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + demoKeys[(i/4+i/16)%len(demoKeys)]}}
-	if i/2%2 == 0 {
+	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + key}}
+	if chat {
 		url = base + "/v1/chat/completions"
 		body = fmt.Sprintf(`{"model":"demo-gpt","stream":%t,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
 	} else {

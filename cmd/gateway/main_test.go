@@ -153,6 +153,32 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 }
 
+// TestDemoShape: in every 32 requests of the burst, each team sends every
+// API, streamed and not, in every prompt size, so every team has figures of
+// every kind on the dashboard.
+func TestDemoShape(t *testing.T) {
+	type combo struct {
+		chat, stream bool
+		size         int
+	}
+	seen := map[string]map[combo]int{}
+	for i := range 32 {
+		key, chat, stream, size := demoShape(i)
+		if seen[key] == nil {
+			seen[key] = map[combo]int{}
+		}
+		seen[key][combo{chat, stream, size}]++
+	}
+	if len(seen) != len(demoKeys) {
+		t.Fatalf("keys used: %d, want %d", len(seen), len(demoKeys))
+	}
+	for key, combos := range seen {
+		if want := 2 * 2 * len(demoSizes); len(combos) != want {
+			t.Errorf("%s sends %d of the %d API × stream × size combinations: %v", key, len(combos), want, combos)
+		}
+	}
+}
+
 func TestDemo(t *testing.T) {
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
