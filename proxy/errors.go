@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/ratelimit"
 )
 
 // apiError is an error the gateway itself answers with, in the caller's
@@ -130,4 +133,102 @@ func writeError(w http.ResponseWriter, d llm.Dialect, requestID string, e *apiEr
 	w.WriteHeader(e.Status)
 	n, _ := w.Write(b)
 	return n
+}
+
+var limitNames = [...]string{
+	ratelimit.KindRPM:          "requests per minute (RPM)",
+	ratelimit.KindTPM:          "tokens per minute (TPM)",
+	ratelimit.KindConcurrency:  "concurrent requests",
+	ratelimit.KindTokensPerDay: "tokens per day",
+	ratelimit.KindCostPerDay:   "cost per day",
+	ratelimit.KindCostPerMonth: "cost per month",
+}
+
+// errRateLimited phrases a refusal. A rate or concurrency limit is a
+// rate_limit_exceeded the caller should retry after RetryAfter; a spent
+// budget is not a rate limit and says when it renews.
+func errRateLimited(dec ratelimit.Decision, who string, now time.Time) *apiError {
+	st := dec.Refused
+	name := "limit"
+	if int(st.Kind) < len(limitNames) {
+		name = limitNames[st.Kind]
+	}
+	if st.Kind.Budget() {
+		var used, limit string
+		if st.Kind == ratelimit.KindTokensPerDay {
+			used, limit = strconv.FormatInt(st.Used, 10), strconv.FormatInt(st.Limit, 10)
+		} else {
+			used, limit = usd(st.Used), usd(st.Limit)
+		}
+		window := "day"
+		if st.Kind == ratelimit.KindCostPerMonth {
+			window = "month"
+		}
+		// Windows end on whole seconds (UTC midnights); rounding hides the
+		// microseconds between the limiter's clock and this one.
+		renews := now.Add(dec.RetryAfter).UTC().Round(time.Second).Format(time.RFC3339)
+		return &apiError{Status: http.StatusTooManyRequests, Kind: "insufficient_quota", Code: "insufficient_quota",
+			AnthropicKind: "rate_limit_error",
+			Msg: "Budget spent for " + who + " on " + name + ": Limit " + limit + ", Used " + used +
+				". This is a budget, not a rate limit: retrying will not succeed before it renews with the next UTC " +
+				window + " at " + renews + "."}
+	}
+	kind := "requests"
+	if st.Kind == ratelimit.KindTPM {
+		kind = "tokens"
+	}
+	msg := "Rate limit reached for " + who + " on " + name + ": Limit " + strconv.FormatInt(st.Limit, 10) +
+		", Used " + strconv.FormatInt(st.Used, 10) + ". Please try again in " + dec.RetryAfter.Round(time.Millisecond).String() + "."
+	return &apiError{Status: http.StatusTooManyRequests, Kind: kind, Code: "rate_limit_exceeded",
+		AnthropicKind: "rate_limit_error", Msg: msg}
+}
+
+// usd renders micro-dollars as dollars with cents ("$12.50"), or with
+// micro-dollar precision when cents would hide it.
+func usd(micros int64) string {
+	s := strconv.FormatFloat(float64(micros)/1e6, 'f', 6, 64)
+	s = strings.TrimRight(s, "0")
+	if i := strings.IndexByte(s, '.'); i >= 0 && len(s)-i-1 < 2 {
+		s += strings.Repeat("0", 2-(len(s)-i-1))
+	}
+	return "$" + s
+}
+
+func errModelNotAllowed(team, model string) *apiError {
+	return &apiError{Status: http.StatusForbidden, Kind: "invalid_request_error", Code: "model_not_allowed",
+		AnthropicKind: "permission_error", Param: "model",
+		Msg: "team " + strconv.Quote(team) + " may not use model " + strconv.Quote(model)}
+}
+
+func errUnmetered(path, why string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "unmetered_request",
+		AnthropicKind: "invalid_request_error",
+		Msg:           "this gateway meters every request of a governed key, and cannot meter this one on " + path + ": " + why}
+}
+
+func errNotWithGatewayKeys(method, path string) *apiError {
+	return &apiError{Status: http.StatusForbidden, Kind: "invalid_request_error", Code: "not_available",
+		AnthropicKind: "permission_error",
+		Msg: method + " " + path + " is not available with this gateway's keys: it would reach resources shared by " +
+			"every key of the upstream account (only model requests, GET /v1/models and count_tokens are)"}
+}
+
+func errCaseVariant(key, field string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "ambiguous_field",
+		AnthropicKind: "invalid_request_error", Param: field,
+		Msg: "field " + strconv.Quote(key) + " differs from " + strconv.Quote(field) +
+			" only in case; the gateway cannot tell which one the upstream reads"}
+}
+
+func errUnpricedModel(who, model string) *apiError {
+	return &apiError{Status: http.StatusForbidden, Kind: "invalid_request_error", Code: "model_not_priced",
+		AnthropicKind: "permission_error", Param: "model",
+		Msg: who + " has a cost budget, and model " + strconv.Quote(model) +
+			" has no price in this gateway's [[models]]; its cost could not be counted"}
+}
+
+func errLimiterUnavailable() *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "rate_limiter_unavailable",
+		AnthropicKind: "api_error",
+		Msg:           "the gateway cannot check rate limits right now (on_redis_error = \"deny\"); retry shortly"}
 }
