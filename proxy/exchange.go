@@ -1,28 +1,17 @@
 package proxy
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"io"
-	"mime"
 	"net/http"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/ratelimit"
-	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
 // statusClientClosed is the status recorded (never sent) for a caller that
 // went away before the answer, after nginx's 499.
 const statusClientClosed = 499
-
-// errorCaptureLimit bounds the copy of an upstream error body kept to read
-// its error type.
-const errorCaptureLimit = 64 << 10
 
 // exchange is one request's state on its way through the gateway.
 type exchange struct {
@@ -57,8 +46,6 @@ type exchange struct {
 	// callerKeyUp: the caller's own key went upstream (passthrough), so a
 	// 429 describes the caller's account, not the upstream's health.
 	callerKeyUp bool
-	// firstTokenCut: the first-token timer ended a committed stream.
-	firstTokenCut bool
 
 	// Governance: the caller's [[keys]] entry (nil if none), its lease when
 	// a limiter admitted it, the limiter's RPM/TPM states for the
@@ -75,32 +62,25 @@ type exchange struct {
 
 // dialectHandler serves POST /v1/chat/completions and POST /v1/messages.
 func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		g.open.Add(1)
-		defer g.open.Add(-1)
-		ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
-		ex.rec.Timing.In = g.now()
-		ex.rec.Route, ex.rec.Dialect = route, d
-		ex.rec.RequestID = requestIDFrom(r.Context())
-		inflight := g.metrics.Inflight(route)
-		inflight.Inc()
-		defer inflight.Dec()
-		defer ex.finish()
-		defer ex.abortOnPanic()
-		ex.serve()
-	}
+	return func(w http.ResponseWriter, r *http.Request) { g.handle(w, r, route, d) }
 }
 
 // forwardHandler serves every other /v1/* path: the request goes to the
-// upstream unchanged and only its end-to-end latency is measured.
+// upstream unchanged and only its end-to-end latency is measured (a model
+// call there is metered too).
 func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
+	g.handle(w, r, llm.RouteOther, llm.DialectNone)
+}
+
+// handle runs one exchange, t_in to finish.
+func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect) {
 	g.open.Add(1)
 	defer g.open.Add(-1)
 	ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
 	ex.rec.Timing.In = g.now()
-	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
+	ex.rec.Route, ex.rec.Dialect = route, d
 	ex.rec.RequestID = requestIDFrom(r.Context())
-	inflight := g.metrics.Inflight(llm.RouteOther)
+	inflight := g.metrics.Inflight(route)
 	inflight.Inc()
 	defer inflight.Dec()
 	defer ex.finish()
@@ -124,52 +104,8 @@ func (ex *exchange) abortOnPanic() {
 	panic(p)
 }
 
-// fail answers the caller with e and records the outcome.
-func (ex *exchange) fail(e *apiError, o llm.Outcome) {
-	ex.rec.Outcome = o
-	ex.rec.Status = e.Status
-	d := ex.rec.Dialect
-	if d == llm.DialectNone {
-		d = guessDialect(ex.r)
-	}
-	ex.headersSent = true
-	ex.rec.BytesOut += int64(writeError(ex.w, d, ex.rec.RequestID, e))
-	ex.rec.Timing.End = ex.g.now()
-}
-
-// ErrShutdown is the cause a server gives the requests' base context when it
-// cancels open exchanges at the end of its drain timeout, so they are
-// recorded as cut by the gateway, not by their callers.
-var ErrShutdown = errors.New("proxy: gateway shutting down")
-
-// cancelledBy tells who ended an exchange whose caller's context is done or
-// whose caller could not be written to.
-func (ex *exchange) cancelledBy() (llm.Outcome, llm.Interruption) {
-	if errors.Is(context.Cause(ex.r.Context()), ErrShutdown) {
-		return llm.OutcomeShutdown, llm.InterruptShutdown
-	}
-	return llm.OutcomeClientCancel, llm.InterruptClientCancel
-}
-
-// clientGone records that the caller left (or the gateway cancelled the
-// exchange) before an answer was sent.
-//
-// When the gateway cut it (the drain timeout ran out) and nothing was sent
-// yet, the caller is still there: it gets a 503 in its dialect with
-// Retry-After, not an empty answer that an SDK could take for a whole one
-// (a request waiting to retry meets this more often than any other).
-func (ex *exchange) clientGone() {
-	o, _ := ex.cancelledBy()
-	if o == llm.OutcomeShutdown && !ex.headersSent {
-		setRetryAfter(ex.w.Header(), time.Second)
-		ex.fail(errShuttingDown(), llm.OutcomeShutdown)
-		return
-	}
-	ex.rec.Outcome = o
-	ex.rec.Status = statusClientClosed
-	ex.rec.Timing.End = ex.g.now()
-}
-
+// serve takes the request along its path: the caller's key and identity,
+// the body and what it asks for, admission, then the round trip upstream.
 func (ex *exchange) serve() {
 	g, r := ex.g, ex.r
 	cfg := g.cfg
@@ -237,110 +173,4 @@ func (ex *exchange) serve() {
 	// In mode "keys" the caller's key is the gateway's, never the
 	// upstream's: the upstream's own key replaces it.
 	ex.roundTrip(body, hasKey && !g.gov.keysMode)
-}
-
-// readBody reads the whole request body, at most limit bytes. The body is
-// read before the upstream request starts: streaming the inbound body into
-// the outbound request truncates streams under load (golang/go#40747,
-// DESIGN 1), and the dialect handler needs the bytes anyway.
-func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
-	if r.ContentLength > limit {
-		return nil, errTooLarge(limit)
-	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
-	}
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, errBadRequest("could not read the request body", "")
-	}
-	if int64(buf.Len()) > limit {
-		return nil, errTooLarge(limit)
-	}
-	return buf.Bytes(), nil
-}
-
-// targets returns the upstreams a request for model goes to, in order.
-// Another /v1/* path that no upstream of its guessed dialect serves goes to
-// the first upstream.
-func (ex *exchange) targets(model string) []target {
-	rt := ex.g.routing
-	t := rt.targets(ex.routeDialect(), model)
-	if len(t) == 0 && ex.rec.Dialect == llm.DialectNone {
-		t = rt.fallback[llm.DialectNone]
-	}
-	return t
-}
-
-// routeDialect is the dialect that picks a request's upstreams: its own, or
-// for another /v1/* path the one its path and headers suggest.
-func (ex *exchange) routeDialect() llm.Dialect {
-	if ex.rec.Dialect != llm.DialectNone {
-		return ex.rec.Dialect
-	}
-	return guessDialect(ex.r)
-}
-
-func (ex *exchange) since(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return ex.rec.Timing.In.Add(time.Duration(ns))
-}
-
-// setUpstreamKey puts the upstream's own key in the header its API expects.
-func setUpstreamKey(h http.Header, d llm.Dialect, r *http.Request, key string) {
-	if d == llm.DialectNone {
-		d = guessDialect(r)
-	}
-	if d == llm.DialectAnthropic {
-		h.Set("X-Api-Key", key)
-		return
-	}
-	h.Set("Authorization", "Bearer "+key)
-}
-
-// isEventStream reports whether a Content-Type is text/event-stream,
-// parameters allowed.
-func isEventStream(ct string) bool {
-	if ct == "" {
-		return false
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream")
-	}
-	return mt == "text/event-stream"
-}
-
-// usageFromBody reads the usage of a non-streamed answer from the bounded
-// copy of its body.
-func (ex *exchange) usageFromBody() {
-	var u llm.Usage
-	var ok bool
-	switch ex.rec.Dialect {
-	case llm.DialectOpenAI:
-		u, ok = sseparse.UsageFromOpenAIBody(ex.captured)
-	case llm.DialectAnthropic:
-		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
-	default: // a metered forwarded answer: prompt_tokens or input_tokens
-		if u, ok = sseparse.UsageFromOpenAIBody(ex.captured); !ok {
-			u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
-		}
-	}
-	if ok {
-		ex.rec.Usage = u
-	}
-}
-
-// upstreamRequestID returns the upstream's id for the exchange, if it sent a
-// plain one: OpenAI's x-request-id or Anthropic's request-id.
-func upstreamRequestID(h http.Header) string {
-	for _, k := range []string{"X-Request-Id", "Request-Id"} {
-		if v := h.Get(k); v != "" && validRequestID(v) {
-			return v
-		}
-	}
-	return ""
 }

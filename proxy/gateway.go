@@ -1,7 +1,7 @@
 // Package proxy is tollgate's request path: the router and its middleware,
 // the OpenAI and Anthropic dialect handlers, the upstream client and the
 // relay that forwards every SSE event the moment it is complete while a tee'd
-// parser timestamps its tokens (DESIGN 1).
+// parser timestamps its tokens.
 package proxy
 
 import (
@@ -140,7 +140,7 @@ func New(opts Options) (*Gateway, error) {
 
 // newTransport sizes a transport for one upstream. http.DefaultTransport
 // keeps two idle connections per host, which under load makes a proxy
-// reconnect constantly (DESIGN 1, traps); there is no overall client timeout,
+// reconnect constantly; there is no overall client timeout,
 // since it would cap the length of a stream.
 func newTransport(u *config.Upstream) *http.Transport {
 	return &http.Transport{

@@ -21,35 +21,20 @@ const ProbeHeader = "X-Tollgate-Probe"
 // probeUserAgent is the User-Agent of probe requests.
 const probeUserAgent = "tollgate-probe"
 
-// anthropicVersion is the anthropic-version a probe sends (wire.md 2.1).
+// anthropicVersion is the anthropic-version a probe sends, the version the Anthropic SDKs send.
 const anthropicVersion = "2023-06-01"
 
 // errBadProbeTarget is returned for a target the configuration does not
 // allow (config.Validate refuses them in [[probe.targets]]).
 var errBadProbeTarget = errors.New("proxy: probe target is not a configured upstream serving its dialect")
 
-// Probe sends one synthetic probe request through the gateway's own path,
-// in process: the request body is built as a caller's would be and goes
-// through the same exchange code (include_usage, the upstream's transport,
-// shaping queue, breaker ticket, phase timeouts, the relay with its tee'd
-// SSE parser and timing) to t.Upstream alone, in one attempt: no retry and
-// no fallback, so that the result is that upstream's own health. The answer
-// is read and discarded as a caller would.
-//
-// The attempt is a real one: the breaker sees its verdict (an open circuit
-// gives result breaker_open without a request), the retry budget counts it,
-// and tollgate_upstream_attempts_total and the other upstream-level series
-// count it. It is kept out of every user figure: no identification (no
-// caller key is needed in any auth mode; the upstream's own api_key_env key
-// is sent when it has one), no limiter, no spend, not in
-// tollgate_requests_total, the latency histograms, goodput, cost, inflight,
-// /stats or Options.OnRecord. Its access-log line carries "probe": true, and
-// the upstream request carries ProbeHeader.
-//
-// ctx bounds the request: when it runs out the result is llm.ProbeTimeout (and
-// the breaker gets no verdict, as from a caller that gives up); when it is
-// cancelled, llm.ProbeCanceled. The error is for a target that is not a
-// configured upstream serving its dialect.
+// Probe sends one synthetic probe request to t.Upstream through the
+// gateway's own exchange code, in process, in one attempt (no retry, no
+// fallback), so that the result is that upstream's own health; it is kept out
+// of every user figure (see ARCHITECTURE.md). ctx bounds it: run out, the
+// result is llm.ProbeTimeout (no breaker verdict); cancelled,
+// llm.ProbeCanceled. The error is for a target that is not a configured
+// upstream serving its dialect.
 func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult, error) {
 	var up *upstream
 	for _, u := range g.upstreams {
@@ -166,9 +151,6 @@ func (ex *exchange) probeResult(ctx context.Context, panicked bool) llm.ProbeRes
 // nothing else: a probe is kept out of the user figures and the sinks.
 func (ex *exchange) finishProbe() {
 	g, rec := ex.g, &ex.rec
-	if rec.Timing.End.IsZero() {
-		rec.Timing.End = g.now()
-	}
 	if rec.Status == 0 {
 		rec.Status = statusClientClosed
 	}

@@ -4,11 +4,35 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"strings"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
+
+// readBody reads the whole request body, at most limit bytes. The body is
+// read before the upstream request starts: streaming the inbound body into
+// the outbound request truncates streams under load (golang/go#40747),
+// and the dialect handler needs the bytes anyway.
+func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+	if r.ContentLength > limit {
+		return nil, errTooLarge(limit)
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, errBadRequest("could not read the request body", "")
+	}
+	if int64(buf.Len()) > limit {
+		return nil, errTooLarge(limit)
+	}
+	return buf.Bytes(), nil
+}
 
 // requestInfo is what the gateway reads from a dialect request body.
 type requestInfo struct {
@@ -102,73 +126,6 @@ func quoteField(f string) string {
 		return "a field"
 	}
 	return "\"" + f + "\""
-}
-
-// includeUsageMember is what the gateway adds to an OpenAI streaming request
-// so the upstream reports usage (DESIGN 3.3).
-const includeUsageMember = `"include_usage":true`
-
-// addIncludeUsage returns body with stream_options.include_usage set to true,
-// editing the bytes minimally: every other byte stays as the caller sent it.
-// ok is false when the body cannot be edited safely (then it goes upstream
-// unchanged and the stream's tokens are counted from its events).
-func addIncludeUsage(body []byte) (out []byte, ok bool) {
-	obj, ok := jsonscan.Value(body)
-	if !ok || jsonscan.KindOf(obj) != jsonscan.KindObject {
-		return body, false
-	}
-	var opts []byte
-	members := 0
-	top := jsonscan.Object(obj)
-	for top.Next() {
-		members++
-		if top.KeyIs("stream_options") {
-			opts = top.Value() // the last one wins, as in encoding/json
-		}
-	}
-	if top.Err() != nil {
-		return body, false
-	}
-	// offset of a sub-slice of body within body.
-	offset := func(s []byte) int { return cap(body) - cap(s) }
-	splice := func(at, cut int, insert string) []byte {
-		out := make([]byte, 0, len(body)+len(insert))
-		out = append(out, body[:at]...)
-		out = append(out, insert...)
-		return append(out, body[at+cut:]...)
-	}
-	switch jsonscan.KindOf(opts) {
-	case jsonscan.KindInvalid: // no stream_options: add one before the closing brace
-		sep := ","
-		if members == 0 {
-			sep = ""
-		}
-		return splice(offset(obj)+len(obj)-1, 0, sep+`"stream_options":{`+includeUsageMember+`}`), true
-	case jsonscan.KindNull:
-		return splice(offset(opts), len(opts), "{"+includeUsageMember+"}"), true
-	case jsonscan.KindObject:
-		var cur []byte
-		n := 0
-		it := jsonscan.Object(opts)
-		for it.Next() {
-			n++
-			if it.KeyIs("include_usage") {
-				cur = it.Value()
-			}
-		}
-		if it.Err() != nil {
-			return body, false
-		}
-		if cur != nil {
-			return splice(offset(cur), len(cur), "true"), true
-		}
-		sep := ","
-		if n == 0 {
-			sep = ""
-		}
-		return splice(offset(opts)+1, 0, includeUsageMember+sep), true
-	}
-	return body, false
 }
 
 // forwardedFields are what the gateway reads from a POST to another /v1/*

@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/internal/retryhint"
+	"github.com/tollgate-llm/tollgate/llm"
 )
 
-// retryPolicy is the per-upstream retry schedule (issue 4, item 1). The zero
+// retryPolicy is the per-upstream retry schedule. The zero
 // value never retries; policyFrom builds it from an [upstreams.retry] table.
 type retryPolicy struct {
 	// maxAttempts counts the first attempt too: 3 means at most 2 retries.
@@ -78,13 +79,10 @@ func (p retryPolicy) backoff(retry int, rnd func() float64) time.Duration {
 //     than remaining (an overlong one saturates to retryhint.Max);
 //   - without a hint, the backoff is longer than remaining.
 //
-// A hint is honoured exactly, even above p.max, and is not jittered. The
-// upstream says earlier attempts will fail (wire.md 2.8), so clamping it to
-// max, as newer openai-go does, buys a retry that is sure to fail and burns
-// the upstream's rate limit and our retry budget; p.max shapes only our own
-// schedule. A hint that does not fit the remaining budget means the caller is
-// better served by the error now: the gateway should relay it with the hint
-// so the client's SDK can decide (the SDKs honour hints up to 60–120 s).
+// A hint is honoured exactly, even above p.max, and is not jittered: the
+// upstream says earlier attempts will fail, and p.max shapes only our own
+// schedule. A hint that does not fit is better served by relaying the error
+// with it, so the caller's SDK can decide.
 func (p retryPolicy) waitWithin(retry int, h http.Header, now time.Time, remaining time.Duration, rnd func() float64) (time.Duration, bool) {
 	if retry < 0 {
 		retry = 0
@@ -104,7 +102,7 @@ func (p retryPolicy) waitWithin(retry int, h http.Header, now time.Time, remaini
 // retrying cannot fix. errorType and errorCode are error.type and error.code
 // from the body ("" when absent); both are checked against every kind because
 // OpenAI puts insufficient_quota in either field, depending on the era, and
-// puts the newer billing codes under type insufficient_quota (wire.md 1.7).
+// puts the newer billing codes under type insufficient_quota.
 func retryableStatus(p retryPolicy, status int, errorType, errorCode string) bool {
 	if !p.statuses[status] {
 		return false
@@ -113,9 +111,8 @@ func retryableStatus(p retryPolicy, status int, errorType, errorCode string) boo
 }
 
 // neverRetryable lists error types and codes that no retry can fix: quota and
-// billing exhaustion (OpenAI, wire.md 1.7) and Anthropic's client-side errors
-// (wire.md 2.7). A switch rather than a map keeps the check allocation-free
-// and read-only.
+// billing exhaustion (OpenAI) and Anthropic's client-side errors. A switch
+// rather than a map keeps the check allocation-free and read-only.
 func neverRetryable(s string) bool {
 	switch s {
 	case "insufficient_quota",
@@ -136,21 +133,11 @@ func neverRetryable(s string) bool {
 const budgetBuckets = 10
 
 // retryBudget caps retries to an upstream at a share of its requests plus a
-// floor (issue 4, item 2), so an outage multiplies load by at most about
-// 1+ratio instead of by maxAttempts. The semantics follow Finagle's
-// RetryBudget: each original request (not each retry) deposits ratio of a
-// retry, and floor·window retries are always available, so a quiet upstream
-// still gets its few retries.
-//
-// A retry is allowed when, over the sliding window,
-//
-//	retries < ratio × requests + floorPerSecond × window seconds
-//
-// and taking it counts it. The window is budgetBuckets slices of window /
-// budgetBuckets; the sums cover the current slice and the budgetBuckets-1
-// before it, so an event leaves the window between window−slice and window
-// after it happened. Memory is constant whatever the rate. It is safe for
-// concurrent use.
+// floor, so an outage multiplies load by at most about 1+ratio instead of by
+// maxAttempts (Finagle's RetryBudget): a retry is allowed while, over the
+// sliding window, retries < ratio × requests + floorPerSecond × window
+// seconds, and taking it counts it. The window is budgetBuckets slices, so
+// memory is constant whatever the rate. It is safe for concurrent use.
 type retryBudget struct {
 	now   func() time.Time
 	start time.Time
@@ -241,4 +228,52 @@ func (b *retryBudget) tryRetry() bool {
 	}
 	k.retries++
 	return true
+}
+
+// shouldRetry decides on an upstream error answer: the upstream's
+// x-should-retry (sent by OpenAI and Anthropic, and honoured by their SDKs)
+// wins when it says false, and may add a status the policy leaves out when
+// it says true; errors no retry can fix are never retried.
+func shouldRetry(p retryPolicy, status int, h http.Header, errType, errCode string) bool {
+	if neverRetryable(errType) || neverRetryable(errCode) {
+		return false
+	}
+	if retry, said := retryhint.ShouldRetry(h); said {
+		return retry
+	}
+	return retryableStatus(p, status, errType, errCode)
+}
+
+// repeatable reports whether a failed attempt may be sent again. The dialect
+// routes and GET/HEAD always may. Other model calls may create things
+// (fine-tuning jobs, images, stored responses), so they are sent again only
+// when the upstream surely did not act on them: connection refused, 429,
+// 503 or 529.
+func (ex *exchange) repeatable(res attemptResult) bool {
+	if ex.rec.Dialect != llm.DialectNone || ex.r.Method == http.MethodGet || ex.r.Method == http.MethodHead {
+		return true
+	}
+	switch res.result {
+	case resultConnectError, resultRateLimited, resultOverloaded:
+		return true
+	}
+	return res.status == http.StatusServiceUnavailable
+}
+
+// retryVeto says why the retry after attempt n on up will not be taken, ""
+// when it will; fits says its wait fits the retry policy. It is decided
+// before the wait: a retry that will not be taken must not make the caller
+// wait for it.
+func (up *upstream) retryVeto(n int, fits bool) string {
+	switch {
+	case !fits && n+1 >= up.policy.maxAttempts:
+		return skipAttempts
+	case !fits:
+		return skipWaitTooLong
+	case up.breaker != nil && up.breaker.state() == breakerOpen:
+		return skipBreakerOpen
+	case !up.budget.tryRetry():
+		return skipBudget
+	}
+	return ""
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // upstream is a configured upstream with its transport and the state the
-// resilience rules keep for it (issue 4): retry policy and budget, circuit
+// resilience rules keep for it: retry policy and budget, circuit
 // breaker, shaping queue and phase timeouts.
 type upstream struct {
 	cfg       *config.Upstream

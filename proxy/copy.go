@@ -1,0 +1,107 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/sseparse"
+)
+
+// errorCaptureLimit bounds the copy of an upstream error body kept to read
+// its error type.
+const errorCaptureLimit = 64 << 10
+
+// copyAnswer relays an answer that is not an event stream on a dialect
+// route: a non-streamed answer, or any answer on a forwarded path. A
+// non-streamed answer's usage is read from a bounded copy of its body.
+func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attemptResult {
+	g := ex.g
+	s := stop{stage: stageBody, ctx: ctx}
+	if isEventStream(resp.Header.Get("Content-Type")) { // a stream on a forwarded path
+		ex.sseHeaders()
+		s.err, s.writeErr = ex.copyBody(resp.Body, 0, true)
+		e := ex.classify(s)
+		ex.record(e)
+		return ex.result(e, resp.StatusCode, true)
+	}
+	ex.rec.Stream = false // answered in one piece, whatever was asked
+	metered := ex.rec.Dialect != llm.DialectNone || ex.metered
+	limit := 0
+	if metered {
+		limit = g.cfg.Server.MaxEventBytes
+	}
+	s.err, s.writeErr = ex.copyBody(resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
+	s.notJSON = resp.StatusCode == http.StatusOK && ex.rec.Dialect != llm.DialectNone &&
+		len(ex.captured) < limit && !json.Valid(ex.captured)
+	e := ex.classify(s)
+	if metered && (e.outcome == llm.OutcomeOK || e.errType == "invalid_json") {
+		if len(ex.captured) >= limit {
+			g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
+				"upstream", ex.up.cfg.Name, "limit_bytes", limit)
+		}
+		ex.usageFromBody()
+	}
+	ex.record(e)
+	return ex.result(e, resp.StatusCode, true)
+}
+
+// copyBody copies a body that is not relayed event by event: non-streamed
+// answers, upstream errors and forwarded paths. It keeps up to capture bytes
+// in ex.captured (for usage or the error type); a larger body is still
+// copied whole. flush sends every read on at once (streams on forwarded
+// paths). It returns the upstream's read error and the caller's write error.
+func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, writeErr error) {
+	g := ex.g
+	bp := g.bufPool.Get().(*[]byte)
+	defer g.bufPool.Put(bp)
+	buf := *bp
+	rc := http.NewResponseController(ex.w)
+	ex.writeHeader(ex.rec.Status)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if capture > 0 && len(ex.captured) < capture {
+				ex.captured = append(ex.captured, buf[:min(n, capture-len(ex.captured))]...)
+			}
+			if writeErr = ex.write(buf[:n]); writeErr == nil && flush {
+				writeErr = rc.Flush()
+			}
+			if writeErr != nil {
+				break
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				readErr = err
+			}
+			break
+		}
+	}
+	if (readErr != nil || writeErr != nil) && ex.captured != nil && capture > len(ex.captured) {
+		ex.captured = nil // a partial body has no usable usage
+	}
+	return readErr, writeErr
+}
+
+// usageFromBody reads the usage of a non-streamed answer from the bounded
+// copy of its body.
+func (ex *exchange) usageFromBody() {
+	var u llm.Usage
+	var ok bool
+	switch ex.rec.Dialect {
+	case llm.DialectOpenAI:
+		u, ok = sseparse.UsageFromOpenAIBody(ex.captured)
+	case llm.DialectAnthropic:
+		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+	default: // a metered forwarded answer: prompt_tokens or input_tokens
+		if u, ok = sseparse.UsageFromOpenAIBody(ex.captured); !ok {
+			u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+		}
+	}
+	if ok {
+		ex.rec.Usage = u
+	}
+}

@@ -1,0 +1,185 @@
+package proxy
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// failure is an attempt that failed before anything was sent to the caller:
+// what the caller gets if no other attempt follows.
+type failure struct {
+	status int
+	// header and body are the upstream's answer (body bounded by
+	// errorCaptureLimit, or the events held back from a stream); header is
+	// nil when the upstream sent none, and apiErr is the gateway's answer.
+	header    http.Header
+	body      []byte
+	stream    bool
+	apiErr    *apiError
+	outcome   llm.Outcome
+	interrupt llm.Interruption
+	errType   string
+	upReqID   string
+	// usage is what a held stream reported before it failed.
+	usage llm.Usage
+}
+
+// relayFailure sends the caller the failure of the last attempt when no
+// other attempt follows: the upstream's error answer as it came, the opening
+// of a stream the upstream broke (ended by an error event in the caller's
+// dialect), or the gateway's own error.
+func (ex *exchange) relayFailure(f *failure) {
+	rec := &ex.rec
+	if f.header == nil {
+		ex.fail(f.apiErr, f.outcome)
+		return
+	}
+	rec.UpstreamRequestID = f.upReqID
+	rec.Status = f.status
+	rec.Outcome, rec.Interruption = f.outcome, f.interrupt
+	if f.usage.HasInput || f.usage.HasOutput {
+		rec.Usage = f.usage
+	}
+	if f.errType != "" {
+		rec.ErrorType = f.errType
+	}
+	ex.prepareHeaders(f.header)
+	if f.stream {
+		ex.sseHeaders()
+	}
+	ex.writeHeader(f.status)
+	err := ex.write(f.body)
+	if err == nil && f.stream && f.interrupt != llm.InterruptUpstreamErrorEvent && ex.g.cfg.Server.StreamErrorEvents {
+		err = ex.write(streamErrorEvent(rec.Dialect, rec.Interruption))
+	}
+	if err == nil {
+		_ = http.NewResponseController(ex.w).Flush()
+	}
+}
+
+// writeHeader sends the answer's status: from here on an error can no
+// longer be reported as a status.
+func (ex *exchange) writeHeader(status int) {
+	ex.headersSent = true
+	ex.w.WriteHeader(status)
+}
+
+// gatewayError is the gateway's own answer for an attempt that got no
+// response and ended with outcome o.
+func gatewayError(o llm.Outcome) *apiError {
+	switch o {
+	case llm.OutcomeUpstreamTimeout:
+		return errUpstreamTimeout()
+	case llm.OutcomeUpstreamUnreachable:
+		return errUpstreamUnreachable()
+	}
+	return errUpstreamFailed()
+}
+
+// fail answers the caller with e and records the outcome.
+func (ex *exchange) fail(e *apiError, o llm.Outcome) {
+	ex.rec.Outcome = o
+	ex.rec.Status = e.Status
+	d := ex.rec.Dialect
+	if d == llm.DialectNone {
+		d = guessDialect(ex.r)
+	}
+	ex.headersSent = true
+	ex.rec.BytesOut += int64(writeError(ex.w, d, ex.rec.RequestID, e))
+}
+
+// clientGone records that the caller left (or the gateway cancelled the
+// exchange) before an answer was sent.
+//
+// When the gateway cut it (the drain timeout ran out) and nothing was sent
+// yet, the caller is still there: it gets a 503 in its dialect with
+// Retry-After, not an empty answer that an SDK could take for a whole one
+// (a request waiting to retry meets this more often than any other).
+func (ex *exchange) clientGone() {
+	o, _ := ex.cancelledBy()
+	if o == llm.OutcomeShutdown && !ex.headersSent {
+		setRetryAfter(ex.w.Header(), time.Second)
+		ex.fail(errShuttingDown(), llm.OutcomeShutdown)
+		return
+	}
+	ex.rec.Outcome = o
+	ex.rec.Status = statusClientClosed
+}
+
+// allUnavailable answers a request whose every upstream was skipped (open
+// breaker, full or timed-out queue, a caller's key that may not go there):
+// 503 with Retry-After, the shortest wait until one of the skipped breakers
+// lets probes through (at least 1 s).
+func (ex *exchange) allUnavailable(wait time.Duration) {
+	if wait < time.Second {
+		wait = time.Second
+	}
+	setRetryAfter(ex.w.Header(), wait)
+	ex.fail(&apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "upstream_unavailable",
+		AnthropicKind: "overloaded_error",
+		Msg: "every upstream for this request is unavailable (circuit open or queue full); retry after " +
+			strconv.FormatInt(int64((wait+time.Second-1)/time.Second), 10) + " s"}, llm.OutcomeUpstreamUnreachable)
+}
+
+// prepareHeaders copies the upstream's response headers for the caller,
+// with the caller's own rate-limit headers in place of the upstream
+// account's.
+func (ex *exchange) prepareHeaders(upH http.Header) {
+	g := ex.g
+	h := ex.w.Header()
+	copyResponseHeaders(h, upH)
+	if g.gov.keysMode || len(ex.rlStates) > 0 {
+		// The upstream's rate-limit headers describe the gateway's upstream
+		// account, not the caller: a governed caller sees only its own
+		// limits, never a mix of both.
+		deleteUpstreamAccountHeaders(h, g.gov.keysMode)
+	}
+	if len(ex.rlStates) > 0 {
+		setRateLimitHeaders(h, ex.rec.Dialect, ex.rlStates, g.now())
+	}
+}
+
+// sseHeaders marks a relayed event stream as not to be buffered.
+func (ex *exchange) sseHeaders() {
+	h := ex.w.Header()
+	h.Set("X-Accel-Buffering", "no")
+	if h.Get("Cache-Control") == "" {
+		h.Set("Cache-Control", "no-cache")
+	}
+}
+
+// streamErrorEvent is the error event that ends a stream the upstream broke
+// after bytes were sent, in the caller's dialect: OpenAI
+// SDKs raise on a data payload with a top-level "error" object, Anthropic
+// SDKs on `event: error`.
+func streamErrorEvent(d llm.Dialect, why llm.Interruption) []byte {
+	timeout := why == llm.InterruptIdleTimeout || why == llm.InterruptTimeout
+	switch {
+	case d == llm.DialectAnthropic && timeout:
+		return anthropicTimeoutEvent
+	case d == llm.DialectAnthropic:
+		return anthropicBrokenEvent
+	case timeout:
+		return openAITimeoutEvent
+	}
+	return openAIBrokenEvent
+}
+
+var (
+	openAIBrokenEvent    = []byte(`data: {"error":{"message":"the upstream stream ended before it was complete; the answer is cut","type":"server_error","param":null,"code":"upstream_stream_broken"}}` + "\n\n")
+	openAITimeoutEvent   = []byte(`data: {"error":{"message":"the upstream stream timed out before it was complete; the answer is cut","type":"server_error","param":null,"code":"upstream_timeout"}}` + "\n\n")
+	anthropicBrokenEvent = []byte("event: error\n" +
+		`data: {"type":"error","error":{"type":"api_error","message":"the upstream stream ended before it was complete; the answer is cut"}}` + "\n\n")
+	anthropicTimeoutEvent = []byte("event: error\n" +
+		`data: {"type":"error","error":{"type":"timeout_error","message":"the upstream stream timed out before it was complete; the answer is cut"}}` + "\n\n")
+)
+
+// write sends p to the client and counts it.
+func (ex *exchange) write(p []byte) error {
+	n, err := ex.w.Write(p)
+	ex.rec.BytesOut += int64(n)
+	return err
+}

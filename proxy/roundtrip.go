@@ -1,0 +1,268 @@
+package proxy
+
+import (
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/shaper"
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// targets returns the upstreams a request for model goes to, in order.
+// Another /v1/* path that no upstream of its guessed dialect serves goes to
+// the first upstream.
+func (ex *exchange) targets(model string) []target {
+	rt := ex.g.routing
+	t := rt.targets(ex.routeDialect(), model)
+	if len(t) == 0 && ex.rec.Dialect == llm.DialectNone {
+		t = rt.fallback[llm.DialectNone]
+	}
+	return t
+}
+
+// routeDialect is the dialect that picks a request's upstreams: its own, or
+// for another /v1/* path the one its path and headers suggest.
+func (ex *exchange) routeDialect() llm.Dialect {
+	if ex.rec.Dialect != llm.DialectNone {
+		return ex.rec.Dialect
+	}
+	return guessDialect(ex.r)
+}
+
+// roundTrip sends the request to its route's upstreams and relays the
+// answer: each upstream gets up to its retry policy's attempts, with backoff
+// or the upstream's Retry-After between them; then the next upstream, while
+// nothing has been sent to the caller. callerKeyUp says whether the
+// caller's key goes upstream; when it does not, each upstream's own key (if
+// any) is sent instead.
+func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
+	ex.callerKeyUp = callerKeyUp
+	targets := ex.targets(ex.rec.Model)
+	if ex.probe != nil {
+		targets = ex.probe
+	}
+	if len(targets) == 0 {
+		ex.fail(errNoUpstream(ex.rec.Dialect), llm.OutcomeBadRequest)
+		return
+	}
+	r := ex.r
+	rt := &route{targets: targets, body: body,
+		// Other /v1/* paths are retried only when the request is idempotent
+		// or a model call; a file upload retried could be stored twice. A
+		// probe is one attempt: it must see its upstream's raw health.
+		retryOK: ex.probe == nil && (ex.rec.Dialect != llm.DialectNone || ex.metered ||
+			r.Method == http.MethodGet || r.Method == http.MethodHead)}
+	for ti := range targets {
+		if ex.tryUpstream(rt, ti) {
+			return
+		}
+	}
+	switch {
+	case rt.held != nil:
+		ex.relayFailure(rt.held)
+		if rt.tried != nil {
+			ex.reportRetryWait(rt.tried)
+		}
+	case !rt.sent:
+		ex.allUnavailable(rt.openFor)
+	}
+}
+
+// route is one request's way through its targets.
+type route struct {
+	targets []target
+	body    []byte
+	retryOK bool
+	// held is the last failed attempt's failure, relayed if nothing better
+	// follows.
+	held       *failure
+	firstStart time.Time
+	// tried is the last upstream attempted and its result; skipped the last
+	// one passed over and why: a fallback is counted from the former when
+	// there is one.
+	tried, skipped    *upstream
+	triedResult, skip string
+	sent              bool
+	openFor           time.Duration // shortest wait until a skipped breaker half-opens
+}
+
+// eligible reports whether target t may get the request. A caller's own
+// key goes only where the route sends it first (or to upstreams that
+// accept it): a key for one provider must not reach another's endpoint.
+func (rt *route) eligible(t target, callerKeyUp bool) bool {
+	return !callerKeyUp || t.up.origin == rt.targets[0].up.origin || t.up.cfg.CallerKeysOnFallback
+}
+
+// hasNext reports whether an eligible target follows targets[ti].
+func (rt *route) hasNext(ti int, callerKeyUp bool) bool {
+	for _, t := range rt.targets[ti+1:] {
+		if rt.eligible(t, callerKeyUp) {
+			return true
+		}
+	}
+	return false
+}
+
+// tryUpstream makes the attempts on rt.targets[ti] that its retry policy,
+// breaker, shaping queue and retry budget allow. done says the exchange is
+// over (answered, or its caller gone); otherwise the next target follows.
+func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
+	g, t := ex.g, rt.targets[ti]
+	up := t.up
+	if !rt.eligible(t, ex.callerKeyUp) {
+		ex.skip(up, skipKeyScope)
+		return false
+	}
+	var waited time.Duration // between attempts on this upstream
+	for n := 0; ; n++ {
+		tk, ok, gone := ex.takeSlot(rt, up)
+		if !ok {
+			return gone
+		}
+		if n == 0 {
+			ex.countMove(rt, up)
+		}
+		mayRetry := rt.retryOK && (n+1 < up.policy.maxAttempts || rt.hasNext(ti, ex.callerKeyUp))
+		start := g.now()
+		ex.rec.Retrying = start.Sub(rt.firstStart)
+		res := ex.attemptWith(t, tk, rt.body, mayRetry)
+		rt.sent = true
+		ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Status: res.status, Result: res.result,
+			Duration: g.now().Sub(start)})
+		g.metrics.UpstreamAttempt(up.cfg.Name, res.result)
+		if res.done {
+			ex.reportRetryWait(up)
+			return true
+		}
+		rt.held = res.fail
+		if !res.retryable || !rt.retryOK || !ex.repeatable(res) {
+			ex.relayFailure(rt.held)
+			ex.reportRetryWait(up)
+			return true
+		}
+		rt.tried, rt.triedResult = up, res.result
+		wait, fits := up.policy.waitWithin(n, rt.held.header, g.now(), up.policy.maxWait-waited, jitter)
+		if why := up.retryVeto(n, fits); why != "" {
+			g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
+			return false
+		}
+		g.metrics.UpstreamRetry(up.cfg.Name, res.result)
+		if !ex.sleep(wait) {
+			ex.clientGone()
+			return true
+		}
+		waited += wait
+		ex.rec.RetryWait += wait
+	}
+}
+
+// takeSlot asks up's breaker for a ticket and its shaping queue for a slot.
+// Without them up is skipped (ok false); gone says the caller left while it
+// queued, which ends the exchange.
+func (ex *exchange) takeSlot(rt *route, up *upstream) (tk ticket, ok, gone bool) {
+	g, r := ex.g, ex.r
+	tk, ok = up.allow()
+	if !ok {
+		ex.skip(up, skipBreakerOpen)
+		rt.skipped, rt.skip = up, skipBreakerOpen
+		if d := up.retryIn(); d > 0 && (rt.openFor == 0 || d < rt.openFor) {
+			rt.openFor = d
+		}
+		return tk, false, false
+	}
+	if rt.firstStart.IsZero() {
+		rt.firstStart = g.now()
+	}
+	qw, err := up.shaper.Acquire(r.Context())
+	if qw > 0 {
+		ex.rec.QueueWait += qw
+		g.metrics.QueueWait(up.cfg.Name, qw)
+	}
+	if err != nil {
+		tk.release()
+		if r.Context().Err() != nil {
+			ex.clientGone()
+			return tk, false, true
+		}
+		why := skipQueueFull
+		if errors.Is(err, shaper.ErrQueueTimeout) {
+			why = skipQueueTimeout
+		}
+		ex.skip(up, why)
+		rt.skipped, rt.skip = up, why
+		return tk, false, false
+	}
+	return tk, true, false
+}
+
+// countMove counts a first request to up: in its retry budget (its own
+// retries are charged before their wait), and as a retry taken as a
+// fallback when an attempt on another upstream failed, or as a fallback
+// from an upstream skipped.
+func (ex *exchange) countMove(rt *route, up *upstream) {
+	g := ex.g
+	up.budget.recordRequest()
+	switch {
+	case rt.tried != nil:
+		g.metrics.UpstreamRetry(rt.tried.cfg.Name, rt.triedResult)
+		g.metrics.UpstreamFallback(rt.tried.cfg.Name, up.cfg.Name, rt.triedResult)
+	case rt.skipped != nil:
+		g.metrics.UpstreamFallback(rt.skipped.cfg.Name, up.cfg.Name, rt.skip)
+	}
+}
+
+// attemptWith runs one attempt with breaker ticket tk and a shaping slot,
+// and gives the breaker its verdict (a panic counts as a failure). A caller
+// that gave up gives none: a caller that leaves a hanging upstream must not
+// close its breaker (nor, closed, reset its count of failures). A stream
+// reported healthy at its first token that failed later counts that
+// failure too.
+func (ex *exchange) attemptWith(t target, tk ticket, body []byte, mayRetry bool) (res attemptResult) {
+	up := t.up
+	ex.tk, ex.tkEarly = &tk, false
+	defer up.shaper.Release()
+	defer func() {
+		early := ex.tkEarly
+		ex.tk = nil
+		if res.result == resultClientGone {
+			tk.release()
+			return
+		}
+		tk.done(res.healthy)
+		if early && !res.healthy && up.breaker != nil {
+			up.breaker.observe(false)
+		}
+	}()
+	return ex.attempt(t, body, ex.callerKeyUp, mayRetry)
+}
+
+// reportRetryWait reports the request's retry waits, once, under the
+// upstream that answered it.
+func (ex *exchange) reportRetryWait(up *upstream) {
+	if ex.rec.RetryWait > 0 {
+		ex.g.metrics.RetryWait(up.cfg.Name, ex.rec.RetryWait)
+	}
+}
+
+// skip records an upstream passed over without an attempt.
+func (ex *exchange) skip(up *upstream, why string) {
+	ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Result: why})
+	ex.g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
+}
+
+// sleep waits d on a timer against the caller's context; false when the
+// caller left first.
+func (ex *exchange) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return ex.r.Context().Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ex.r.Context().Done():
+		return false
+	}
+}
