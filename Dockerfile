@@ -12,7 +12,7 @@
 # `gateway mock-upstream` and `gateway bench` (the compose demo profile).
 #
 # It builds with the classic builder as well as BuildKit (no RUN --mount),
-# and cmd/gateway/compose_test.go checks this file and runs its go build
+# and deploy/dockerfile_test.go checks this file and runs its go build
 # command on the host with the same flags.
 
 # The Go toolchain: 1.26, the minor version of go.mod's go directive.

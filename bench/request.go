@@ -18,13 +18,13 @@ import (
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
-// anthropicVersion is the API version every Anthropic SDK sends (wire.md 2.1).
+// anthropicVersion is the anthropic-version header every Anthropic SDK sends.
 const anthropicVersion = "2023-06-01"
 
 // maxRetries is how many times a 429 or 5xx answer is retried.
 const maxRetries = 3
 
-// Backoff without a server hint follows the official SDKs (wire.md 1.9):
+// Backoff without a server hint follows the official OpenAI SDKs:
 // min(0.5 s · 2^n, 8 s), less up to 25 % jitter.
 const (
 	backoffBase = 500 * time.Millisecond
@@ -40,7 +40,8 @@ const errBodyCap = 64 << 10
 var errAttemptTimeout = errors.New("bench: request timeout")
 
 // openAIRequest is the Chat Completions body. It asks for streamed usage so
-// that TPOT divides by the server's token count (DESIGN 3.3), and sets
+// that TPOT divides by the server's token count (OpenAI streams usage only
+// when stream_options.include_usage is set), and sets
 // max_completion_tokens as vLLM's benchmark client does.
 type openAIRequest struct {
 	Model               string        `json:"model"`
@@ -299,9 +300,8 @@ func (r *runner) setHeaders(h http.Header) {
 
 // retryWait returns how long to wait before the retry that follows retry
 // earlier ones: the server's hint when it gave one (retry-after-ms, then
-// Retry-After in seconds or as a date, the order the official SDKs read them,
-// wire.md 1.9), else the SDKs' backoff. A hint that does not parse is
-// ignored.
+// Retry-After in seconds or as a date, the order the official SDKs read
+// them), else the SDKs' backoff. A hint that does not parse is ignored.
 func retryWait(h http.Header, now time.Time, retry int) time.Duration {
 	if d, ok := retryhint.Parse(h, now); ok {
 		return d

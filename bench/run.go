@@ -1,7 +1,7 @@
 // Package bench is tollgate's load generator: it streams requests to an
 // OpenAI- or Anthropic-compatible endpoint (a tollgate gateway or any other)
 // and measures, on the client side, the figures the gateway exports, by the
-// definitions of DESIGN 3.2:
+// gateway's own definitions:
 //
 //   - TTFT: the first token-bearing event read − the request's start (just
 //     before the POST, as vLLM's `st`). Token-bearing is decided by the

@@ -126,7 +126,7 @@ type Upstream struct {
 	// Default 256.
 	MaxIdleConns int `toml:"max_idle_conns"`
 
-	// Timeouts by phase (issue 4). TimeoutSeconds bounds one attempt whole;
+	// Timeouts by phase. TimeoutSeconds bounds one attempt whole;
 	// ConnectTimeoutSeconds the dial (and TLS handshake).
 
 	// HeaderTimeoutSeconds bounds the wait from the attempt's start (dial,
@@ -145,7 +145,7 @@ type Upstream struct {
 	// its first token. 0 turns it off. Default 300.
 	IdleTimeoutSeconds float64 `toml:"idle_timeout_seconds"`
 
-	// Shaping (issue 4): smooth bursts instead of provoking upstream 429s.
+	// Shaping: smooth bursts instead of provoking upstream 429s.
 
 	// MaxConcurrent caps the attempts open to this upstream at once (a
 	// stream holds its slot until it ends). 0 means no cap. Default 0.

@@ -1,7 +1,7 @@
 package config
 
-// This file holds the governance schema (DESIGN 4): gateway keys, teams,
-// their limits, model prices, the spend ledger, Redis and the admin API.
+// This file holds the governance schema: gateway keys, teams, their limits,
+// model prices, the spend ledger, Redis and the admin API.
 
 // Limits are the optional limits of a [[teams]] or [[keys]] table. A key left
 // out (nil) means no limit; a key written out must be > 0 (a limit of 0 would

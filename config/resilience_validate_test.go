@@ -5,8 +5,9 @@ import (
 	"testing"
 )
 
-// resilienceCases extends TestBadConfigs with the keys of issue 4: phase
-// timeouts, shaping, [upstreams.retry], [upstreams.breaker] and [[routes]].
+// resilienceCases extends TestBadConfigs with the upstream resilience keys:
+// phase timeouts, shaping, [upstreams.retry], [upstreams.breaker] and
+// [[routes]].
 var resilienceCases = []struct {
 	name string
 	doc  string

@@ -26,7 +26,7 @@ var (
 	labelNameRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
 )
 
-// ownLabels are the label names tollgate's own series carry (DESIGN 3.4),
+// ownLabels are the label names tollgate's own series carry (see metrics),
 // plus "le" and "quantile", which Prometheus gives histogram and summary
 // series. A constant label with one of these names would clash with them.
 var ownLabels = []string{

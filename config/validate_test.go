@@ -252,17 +252,6 @@ func TestValidateAcceptsEdges(t *testing.T) {
 	}
 }
 
-func TestEditDistance(t *testing.T) {
-	for _, tc := range []struct {
-		a, b string
-		want int
-	}{{"", "", 0}, {"abc", "", 3}, {"base_ur", "base_url", 1}, {"kitten", "sitting", 3}, {"lvl", "level", 2}} {
-		if got := editDistance(tc.a, tc.b); got != tc.want {
-			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.a, tc.b, got, tc.want)
-		}
-	}
-}
-
 func ExampleConfig_Validate() {
 	c := DemoConfig("http://127.0.0.1:9000")
 	c.Upstreams[0].Dialects = []string{"openai", "gemini"}

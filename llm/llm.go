@@ -85,7 +85,7 @@ type Usage struct {
 	HasOutput bool
 }
 
-// Outcome is the closed set of ways an exchange ends (DESIGN 3.2).
+// Outcome is the closed set of ways an exchange ends.
 type Outcome uint8
 
 const (
@@ -249,7 +249,7 @@ func (s SLO) String() string {
 	return "met"
 }
 
-// Timing holds the moments of one exchange (DESIGN 3.1), taken from the
+// Timing holds the moments of one exchange, taken from the
 // monotonic clock. A zero time means the moment did not happen.
 type Timing struct {
 	In            time.Time // handler starts

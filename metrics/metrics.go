@@ -1,11 +1,10 @@
-// Package metrics owns tollgate's Prometheus collectors (DESIGN 3.4). Every
-// collector is registered on a registry the caller injects; label values come
-// from closed sets so that no caller input can grow the series count without
-// bound.
+// Package metrics owns tollgate's Prometheus collectors. Every collector is
+// registered on a registry the caller injects; label values come from closed
+// sets so that no caller input can grow the series count without bound.
 //
 // Besides the request figures, the tollgate_upstream_* families follow each
 // [[upstreams]] entry through retries, fallbacks, its circuit breaker and
-// its shaping queue (issue 4); their upstream label is a configured name.
+// its shaping queue; their upstream label is a configured name.
 // The tollgate_probe_* families hold the synthetic probe's results per
 // configured target (upstream and model), apart from every user figure.
 package metrics
@@ -61,7 +60,7 @@ type Metrics struct {
 	rejections   *prometheus.CounterVec
 	degraded     *prometheus.GaugeVec
 
-	// Upstream resilience (issue 4).
+	// Upstream resilience: retries, fallbacks, the circuit breaker.
 	attempts           *prometheus.CounterVec
 	retries            *prometheus.CounterVec
 	retriesSkipped     *prometheus.CounterVec

@@ -11,7 +11,7 @@ import (
 // anthropicMalformed is the broken event of the malformed= fault: JSON cut off.
 const anthropicMalformed = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":\n\n"
 
-// anthropicErrorEvent is the mid-stream error of wire.md 7.6.
+// anthropicErrorEvent is the mid-stream error Anthropic sends when overloaded.
 const anthropicErrorEvent = "event: error\ndata: " +
 	`{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}` + "\n\n"
 
@@ -79,7 +79,9 @@ func appendDeltaHead(b []byte, index int) []byte {
 	return append(b, `,"delta":{"type":"`...)
 }
 
-// streamAnthropic writes a Messages event stream (wire.md 2.2, 7.4, 7.5).
+// streamAnthropic writes a Messages event stream in the real API's order:
+// message_start, a thinking block if planned, the text or tool_use block,
+// then message_delta and message_stop.
 func (x *exchange) streamAnthropic() outcome {
 	pl := &x.plan
 	x.startStream()
@@ -167,7 +169,7 @@ func (x *exchange) streamAnthropic() outcome {
 	return outcomeCompleted
 }
 
-// The non-streamed message object (wire.md 2.6).
+// The non-streamed message object, as the Messages API returns it.
 type (
 	anthropicMessage struct {
 		ID           string           `json:"id"`

@@ -1,6 +1,6 @@
 // Package mockllm is a fake OpenAI and Anthropic upstream. It speaks both
-// wire formats the way the real APIs do (shapes from
-// /work/shared/reference/wire.md §1, §2 and the transcripts of §7), with a set
+// wire formats the way the real APIs do (the chunk, event, usage and error
+// shapes of Chat Completions and Messages, streamed or not), with a set
 // time to first token, inter-token latency, token counts and faults, so that
 // tests, `gateway demo` and benchmarks have something predictable to proxy.
 //
@@ -44,10 +44,10 @@
 // and are due at the same moment as the token event before them (the
 // signature_delta and the block stop/start after the last thinking token; the
 // finish chunk, usage chunk and [DONE]; the last content_block_stop,
-// message_delta and message_stop) go out in one write and flush with it, which
-// delays nothing (DESIGN §1). Every wait also watches the request's context:
-// a client that goes away ends the exchange at once and is counted in
-// Stats.Canceled.
+// message_delta and message_stop) go out in one write and flush with it,
+// which delays nothing: the client reads them at the same moment either way.
+// Every wait also watches the request's context: a client that goes away ends
+// the exchange at once and is counted in Stats.Canceled.
 //
 // A non-streamed request gets its whole JSON response at the deadline of its
 // last token event (t0 + TTFT + (E−1)·ITL + jitter), or at t0 + TTFT when it

@@ -22,8 +22,8 @@ type apiError struct {
 	retryAfterMs string
 }
 
-// defaultError returns the error the real API gives for status (wire.md 1.7
-// and 2.7).
+// defaultError returns the error JSON the real API gives for status, in
+// each dialect's shape and error types.
 func defaultError(d llm.Dialect, status int) apiError {
 	e := apiError{status: status}
 	if d == llm.DialectAnthropic {

@@ -16,7 +16,8 @@ import (
 // openAIMalformed is the broken event of the malformed= fault: JSON cut off.
 const openAIMalformed = "data: {\"id\":\n\n"
 
-// openAIErrorEvent is the mid-stream error of wire.md 7.3.
+// openAIErrorEvent is the error OpenAI sends mid-stream, after the first
+// tokens (the status is 200 by then).
 const openAIErrorEvent = `data: {"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}` + "\n\n"
 
 // chunkHead appends the start of a chat.completion.chunk event, up to and
@@ -47,8 +48,8 @@ func (pl *plan) openAIFinish() string {
 	return "stop"
 }
 
-// streamOpenAI writes a chat.completion.chunk stream (wire.md 1.2, 1.3, 7.1,
-// 7.2).
+// streamOpenAI writes a chat.completion.chunk stream, text or tool calls,
+// framed and ended with [DONE] as the real API does.
 func (x *exchange) streamOpenAI() outcome {
 	pl := &x.plan
 	x.startStream()
@@ -125,7 +126,8 @@ func (x *exchange) endOutcome() outcome {
 	return outcomeCanceled
 }
 
-// appendOpenAIUsage appends the usage object (wire.md 1.4).
+// appendOpenAIUsage appends the usage object, prompt_tokens including the
+// cached ones as OpenAI counts them.
 func (x *exchange) appendOpenAIUsage(b []byte) []byte {
 	prompt := int64(x.input + x.p.cachedTokens)
 	completion := int64(x.plan.output())
@@ -142,7 +144,7 @@ func (x *exchange) appendOpenAIUsage(b []byte) []byte {
 	return append(b, `,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}`...)
 }
 
-// The non-streamed chat.completion object (wire.md 1.6).
+// The non-streamed chat.completion object, as the API returns it.
 type (
 	chatCompletion struct {
 		ID                string          `json:"id"`

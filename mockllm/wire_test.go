@@ -11,7 +11,8 @@ import (
 	"github.com/tollgate-llm/tollgate/mockllm"
 )
 
-// isOpenAIToken reports whether an OpenAI chunk is token-bearing (DESIGN 3.1).
+// isOpenAIToken reports whether an OpenAI chunk is token-bearing: it carries
+// generated output, as the gateway's clocks count it.
 func isOpenAIToken(t *testing.T, ev event) bool {
 	if ev.data == "[DONE]" || !json.Valid([]byte(ev.data)) {
 		return false

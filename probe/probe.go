@@ -1,12 +1,12 @@
-// Package probe is tollgate's synthetic probe ([probe] in gateway.toml,
-// issue 5): it owns the schedule of the probe's rounds and the
-// tollgate_probe_* results. Each [[probe.targets]] table (an upstream and a
-// model) gets its own rounds, in its own goroutine: the first 1 to 5 seconds
-// after Run starts, at a random moment so that replicas do not probe in
-// step, then one every interval_seconds from the start of the last. A round
-// sends [probe] requests requests, concurrency at a time, each bounded by
-// timeout_seconds, and records every result and, once the round is over,
-// its success ratio and time.
+// Package probe is tollgate's synthetic probe ([probe] in gateway.toml): it
+// owns the schedule of the probe's rounds and the tollgate_probe_* results.
+// Each [[probe.targets]] table (an upstream and a model) gets its own rounds,
+// in its own goroutine: the first 1 to 5 seconds after Run starts, at a
+// random moment so that replicas do not probe in step, then one every
+// interval_seconds from the start of the last. A round sends [probe] requests
+// requests, concurrency at a time, each bounded by timeout_seconds, and
+// records every result and, once the round is over, its success ratio and
+// time.
 //
 // The requests themselves are not this package's: each goes through the
 // gateway's own path (proxy.Gateway.Probe), pinned to the target's upstream,

@@ -64,42 +64,13 @@ type FailoverOptions struct {
 
 // Failover is a Limiter that uses a primary (Redis) while it answers and,
 // once it fails, a fallback (or refusal) for RetryAfter before trying it
-// again, so that an outage costs one failed call per RetryAfter instead of
-// a timeout per request.
-//
-// A call whose primary attempt fails is answered by the fallback at once,
-// so no request waits twice. While degraded, the first call after
-// RetryAfter probes the primary; the others keep using the fallback until
-// the probe answers. Leases remember their backend and settle there. A
-// primary lease whose Settle fails, or comes while the primary is down, is
-// kept in a bounded queue and replayed on the primary once it answers again
-// (the Redis side applies a lease's settlement once, so a replay of a
-// settlement that did reach Redis is harmless); otherwise Redis would hold
-// its concurrency slot until LeaseTTL and never correct its TPM and budget
-// reservations.
-//
-// The same queue carries two more kinds of work for the primary. When the
-// primary's Admit fails with an attempted lease (Redis.Admit: the admission
-// may have run), the lease is settled with zero usage, which takes back
-// whatever it reserved there. And when a lease of the fallback is settled,
-// its usage is charged to the primary's budgets (if the primary is a
-// Charger), in the windows of its admission, so that what a team spent
-// during an outage still counts against its daily and monthly budgets once
-// the primary is back; rates are not charged, they refill within a minute.
-//
-// An error reply of the primary that blames the operation rather than the
-// primary's availability (a Redis script error, a key of the wrong type; see
-// operationFault) is a bug or bad data, not an outage: it is logged as an
-// error and counted (Faults), the primary is not marked down, the
-// admission or Peek it failed is answered as during an outage, and the
-// settlement or charge it failed is dropped (Dropped), since replaying it
-// would fail the same way.
-//
-// What is still queued at Close goes to FailoverOptions.SpillFile, for
-// the next process to replay.
-//
-// Failover starts one goroutine at a time, to replay the queue after the
-// primary answers again; Close stops it and waits for it.
+// again, so that an outage costs one failed call per RetryAfter instead of a
+// timeout per request. What the primary missed (settlements, undos of
+// admissions that may have run, the fallback's budget usage) is queued and
+// replayed by one goroutine once it answers, and what is still queued at
+// Close goes to FailoverOptions.SpillFile. An error that blames the
+// operation rather than the primary (operationFault) is a fault, not an
+// outage: it does not mark the primary down.
 type Failover struct {
 	primary, fallback Limiter
 	charger           Charger // the primary, if it takes charges; else nil

@@ -28,20 +28,10 @@ type LocalOptions struct {
 
 // Local is the in-process Limiter: every limit of every subject lives in one
 // map behind one mutex, which makes Admit atomic across a request's subjects
-// without lock ordering. The critical section is two map lookups per subject
-// and integer arithmetic: an Admit plus its Settle for a key and its team
-// costs 1-2µs with 2 to 4 allocations (BenchmarkLocalAdmitSettle, also with
-// every goroutine contending for one key), i.e. over half a million admissions a
-// second, against LLM requests that last hundreds of milliseconds. Local
-// never blocks and starts no goroutine.
-//
-// MaxSubjects is a soft bound. A subject is evicted only when forgetting it
-// changes no decision: no open lease, both rate buckets full (no partly used
-// bucket and no debt), and no budget usage in its current day or month
-// window. Evicting any other subject would hand it a fresh allowance, so such
-// subjects are kept and the map may exceed MaxSubjects by their number; they
-// become evictable once their leases settle, their buckets refill and their
-// windows end.
+// without lock ordering; Local never blocks and starts no goroutine.
+// MaxSubjects is a soft bound: a subject is evicted only when forgetting it
+// changes no decision (no open lease, both rate buckets full, no budget
+// usage in its current day or month window), so the map may exceed it.
 type Local struct {
 	now func() time.Time
 	max int

@@ -1,8 +1,7 @@
-// Package ratelimit owns admission and settlement (DESIGN 4): requests per
-// minute, tokens per minute, concurrent requests, and token and cost budgets
-// per day and month, for gateway keys and teams. Two backends share one
-// interface and one arithmetic: Local, in the process, and Redis, shared by
-// every replica.
+// Package ratelimit owns admission and settlement: requests per minute,
+// tokens per minute, concurrent requests, and token and cost budgets per day
+// and month, for gateway keys and teams. Two backends share one interface and
+// one arithmetic: Local, in the process, and Redis, shared by every replica.
 //
 // Rates (RPM, TPM) are token buckets with x/time/rate's semantics: the burst
 // is the per-minute limit and the bucket refills limit/60 per second. They are

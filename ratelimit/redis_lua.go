@@ -2,53 +2,12 @@ package ratelimit
 
 import "github.com/redis/go-redis/v9"
 
-// The scripts keep every instant and every theoretical arrival time (TAT) as
-// an integer count of microseconds since the Unix epoch, read from Redis's
-// own TIME so that every replica shares one clock. Lua 5.1 numbers are IEEE
-// doubles, which hold every integer below 2^53 (about 9.0e15) exactly; the
-// present is about 1.8e15 µs, so instants, TATs and their differences stay
-// exact until the year 2255 without shifting the epoch as redis_rate does
-// (it works in float seconds, where the fraction would be lost). The one
-// product that could grow large is n·60e6 in gcra_cost, which is exact for n
-// below 1.5e8 tokens per request; its quotient by the limit is then
-// correctly rounded, so math.floor of it is the exact integer floor. Token
-// counts and costs arrive clamped to 2^52 (redis.go's maxScriptArg), so that
-// every count the scripts pass back to Redis is an integer that "%.17g"
-// prints as one, and a rate debt is pinned at MAX_TAT.
-//
-// A TAT is stored as a decimal integer string (string.format('%d')): Lua's
-// tostring would print 1.8e15 as "1.8e+15" and lose the microseconds.
-//
-// Budget keys carry the window name, which comes from TIME inside the admit
-// and peek scripts, so those keys are built in the script from ARGV (the
-// subject's hash-tagged base) rather than passed in KEYS. They share the
-// subject's hash tag with KEYS[1], so they live in the same Cluster slot, and
-// Redis (without a shebang flag) allows a script to touch them.
-//
-// Every subject that Settle has to correct (one with a TPM, concurrency or
-// budget limit) records each admitted lease in its lease set (KEYS[3], a
-// sorted set scored by the lease's expiry). The settle script applies its
-// corrections only if its ZREM removed the lease, which makes a settlement
-// idempotent: a Settle retried after a lost reply, or replayed by Failover
-// after an outage, is applied exactly once. The concurrency count is the
-// number of unexpired leases in that set.
-//
-// A budget reserves the estimate clamped to what is left of it. A clamped
-// reservation is also kept under the lease ("hold:<lease id>", as long as
-// the lease can be settled), so that the undo of an admission whose reply
-// never came can take back exactly what it reserved; the lease's score in
-// the lease set (its admission time plus LeaseTTL) gives that undo the
-// admission's windows. Usage that a Failover's fallback admitted while Redis
-// was down is charged to the budget counters by chargeScript, once per
-// charge id thanks to a marker key ("charge:<id>") written by the same
-// script.
-//
-// The scripts issue as few commands as the semantics allow, because each
-// redis.call costs more than the arithmetic of a whole script, and a write
-// more than a read (a PEXPIRE several times a PTTL): no read whose result is
-// unused, a budget counter's TTL set only when the counter is created, the
-// lease set's TTL extended an hour at a time, and the calendar computed only
-// for subjects with budgets.
+// luaCommon is the Lua every script starts with: the clock, GCRA and the
+// calendar of budget windows. Every instant and theoretical arrival time
+// (TAT) is an integer count of microseconds from Redis's own TIME, so that
+// every replica shares one clock, and Lua's doubles hold it exactly until
+// the year 2255; a TAT is stored with string.format('%d'), since tostring
+// would print 1.8e15 as "1.8e+15" and lose the microseconds.
 const luaCommon = `
 local WINDOW = 60000000
 local SLACK_MS = 1000

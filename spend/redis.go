@@ -85,28 +85,13 @@ type RedisOptions struct {
 	SpillFile string
 }
 
-// Redis is a Ledger shared by every replica through Redis.
-//
-// Add aggregates deltas in memory per Key. A background goroutine sends
-// them every FlushInterval in batches, and each batch is applied exactly
-// once: one Lua script applies a whole batch only if it can first create
-// the batch's marker key (SET NX), and a batch whose sending failed is sent
-// again with the same id and content until it succeeds, while new Adds go to
-// later batches. A batch that Redis applied but whose answer was lost is
-// therefore not counted twice.
-//
-// With RedisOptions.SpillFile, what Close could not send is kept in that
-// file and sent by the next NewRedis under the same ids, so a restart
-// during an outage loses nothing and, within the 7 days Redis remembers
-// batch ids, counts nothing twice.
-//
-// Query reads Redis only, so it lags this replica's Adds by up to
-// FlushInterval (and longer while Redis is unreachable); call Flush first
-// for an exact answer.
-//
-// Keys: "{<prefix>spend}:day:<day>" is a hash per UTC day whose fields are
-// one counter of one row each; "{<prefix>spend}:days" is the set of days
-// present; "{<prefix>spend}:batch:<id>" marks an applied batch for 7 days.
+// Redis is a Ledger shared by every replica through Redis. Add aggregates in
+// memory and a background goroutine sends batches every FlushInterval, each
+// applied exactly once, even when sent again after a lost answer; with
+// RedisOptions.SpillFile, what Close could not send is sent by the next
+// NewRedis. Query reads Redis only, so it lags this replica's Adds by up to
+// FlushInterval (longer while Redis is unreachable): call Flush first for an
+// exact answer.
 type Redis struct {
 	client     redis.UniversalClient
 	tag        string

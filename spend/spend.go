@@ -1,5 +1,5 @@
-// Package spend is the spend ledger (DESIGN 4): requests, tokens by type and
-// cost, per key, team, model and UTC day.
+// Package spend is the spend ledger: requests, tokens by type and cost, per
+// key, team, model and UTC day.
 //
 // Money is kept in integer micro-dollars. Two backends implement [Ledger]:
 // [Local] keeps the ledger in the process and in a state file, and [Redis]

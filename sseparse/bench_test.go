@@ -10,7 +10,7 @@ import (
 )
 
 // openAIStream builds a realistic chat completion stream: a role chunk, n
-// content chunks shaped like wire.md 7.1's (about 330 bytes each), a finish
+// content chunks shaped like the API's (about 330 bytes each), a finish
 // chunk and the include_usage chunk.
 func openAIStream(n int) []byte {
 	const head = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_tg01","service_tier":"default","choices":[{"index":0,"delta":`
@@ -130,8 +130,8 @@ func (discard) Observe(float64) {}
 
 // TestNoAllocsPerEvent proves the hot-path contract: once the buffers have
 // grown, framing, decoding and tapping an event allocate nothing, whatever
-// the event (every transcript of wire.md §7 is cycled through, errors and
-// usage included).
+// the event (every transcript in testdata/transcripts is cycled through,
+// errors and usage included).
 func TestNoAllocsPerEvent(t *testing.T) {
 	streams := map[llm.Dialect][]string{
 		llm.DialectOpenAI:    {"7.1.sse", "7.2.sse", "7.3-vllm"},

@@ -15,11 +15,12 @@ import (
 // count. For Anthropic the `event:` name alone still marks an error or the
 // terminal message_stop.
 type Observation struct {
-	// TokenBearing reports whether the event carries generated output
-	// (DESIGN 3.1): OpenAI non-empty content, refusal, reasoning,
-	// reasoning_content, tool-call or function-call name or arguments;
-	// Anthropic content_block_delta with non-empty text_delta.text,
-	// input_json_delta.partial_json or thinking_delta.thinking.
+	// TokenBearing reports whether the event carries generated output (what
+	// the TTFT and ITL clocks count): OpenAI non-empty content, refusal,
+	// reasoning, reasoning_content, tool-call or function-call name or
+	// arguments; Anthropic content_block_delta with non-empty
+	// text_delta.text, input_json_delta.partial_json or
+	// thinking_delta.thinking.
 	TokenBearing bool
 	// Tokens counts the token-bearing deltas in the event: for OpenAI one per
 	// choice whose delta is token-bearing, for Anthropic 1. It estimates
@@ -27,7 +28,8 @@ type Observation struct {
 	// when TokenBearing.
 	Tokens int
 	// UsageOnly marks the OpenAI chunk whose usage is an object and whose
-	// choices are [], null or absent: the include_usage chunk (wire.md 1.4).
+	// choices are [], null or absent: the chunk stream_options.include_usage
+	// asks for.
 	UsageOnly bool
 	// Error reports an error event: OpenAI data with a top-level "error"
 	// object or string; Anthropic `event: error` (or data type "error").
@@ -70,9 +72,9 @@ func (u *usageReport) setInt(dst *int64, f usageField, v []byte) {
 	}
 }
 
-// normalize applies the dialect's rules (wire.md 1.4, 2.4): OpenAI
-// prompt_tokens already includes cached_tokens; Anthropic input_tokens
-// excludes the cache reads and writes, which are added.
+// normalize applies the dialect's usage rules: OpenAI prompt_tokens already
+// includes cached_tokens; Anthropic input_tokens excludes the cache reads and
+// writes, which are added.
 func (u *usageReport) normalize(d llm.Dialect) llm.Usage {
 	out := llm.Usage{
 		Output:     u.output,
@@ -309,9 +311,9 @@ func functionBearing(fn *jsonscan.Iter) bool {
 	return bearing
 }
 
-// openAIUsage reads the usage object that starts at b[i] (wire.md 1.4),
-// nested depth levels deep (2 for a chunk's usage), and returns the index
-// just past it. ok is false, with an empty report, when it is malformed.
+// openAIUsage reads the usage object that starts at b[i], nested depth levels
+// deep (2 for a chunk's usage), and returns the index just past it. ok is
+// false, with an empty report, when it is malformed.
 func openAIUsage(b []byte, i, depth int) (end int, u usageReport, ok bool) {
 	i++
 	for first := true; ; first = false {
@@ -364,7 +366,8 @@ func openAIUsageDetails(b []byte, i, depth int, prompt bool, u *usageReport) (en
 	}
 }
 
-// anthropicUsage reads a Usage or MessageDeltaUsage object (wire.md 2.4).
+// anthropicUsage reads a Usage or MessageDeltaUsage object: message_start's
+// or message_delta's usage.
 func anthropicUsage(it *jsonscan.Iter) (u usageReport) {
 	for it.Next() {
 		switch {
@@ -475,9 +478,10 @@ func dataKind(v []byte) anthropicKind {
 // DecodeAnthropic decodes one Messages stream event into o, resetting it
 // first. It dispatches on ev.Type; when Type is empty or "message" it falls
 // back to the data's "type". Usage from message_start carries the input
-// fields only (its initial output_tokens is never counted, wire.md 2.4). A nil
-// ev leaves o empty. Events other than message_start, content_block_delta,
-// message_delta and error are not parsed at all.
+// fields only (its initial output_tokens is a placeholder, never counted:
+// message_delta carries the cumulative count). A nil ev leaves o empty.
+// Events other than message_start, content_block_delta, message_delta and
+// error are not parsed at all.
 func DecodeAnthropic(ev *Event, o *Observation) {
 	*o = Observation{}
 	if ev == nil {
@@ -560,9 +564,9 @@ func decodeAnthropicEvent(b []byte, kind anthropicKind, o *Observation) bool {
 	}
 }
 
-// anthropicMessage walks the message object of a message_start that starts
-// at b[i] and reads its usage into u: the input fields only, as its initial
-// output_tokens is never counted (wire.md 2.4).
+// anthropicMessage walks the message object of a message_start that starts at
+// b[i] and reads its usage into u: the input fields only, as its initial
+// output_tokens is a placeholder, never counted.
 func anthropicMessage(b []byte, i int, u *usageReport) (end int, ok bool) {
 	i++
 	for first := true; ; first = false {
@@ -585,7 +589,7 @@ func anthropicMessage(b []byte, i int, u *usageReport) (end int, ok bool) {
 }
 
 // anthropicDelta walks the delta object of a content_block_delta that starts
-// at b[i] and reports whether it carries output (wire.md 2.3):
+// at b[i] and reports whether it carries output:
 // signature_delta and citations_delta do not.
 func anthropicDelta(b []byte, i int) (end int, bearing, ok bool) {
 	var typ, text, partial, thinking []byte

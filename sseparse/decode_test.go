@@ -229,7 +229,8 @@ func TestBodies(t *testing.T) {
 	}
 }
 
-// transcript is one of wire.md §7's streams with what the tap must find.
+// transcript is one of the streams in testdata/transcripts with what the tap
+// must find.
 type transcript struct {
 	file        string
 	dialect     llm.Dialect
@@ -263,7 +264,7 @@ var transcripts = []transcript{
 func loadTranscript(t testing.TB, name string) []byte {
 	t.Helper()
 	if name == "7.3-vllm" {
-		// wire.md 7.3's variant for vLLM-style upstreams: the error carries
+		// 7.3.sse's variant for vLLM-style upstreams: the error carries
 		// an integer code and is followed by [DONE].
 		b := loadTranscript(t, "7.3.sse")
 		b = bytes.Replace(b, []byte(`"type":"server_error","param":null,"code":null`),
@@ -457,7 +458,8 @@ func refUsage(m map[string]any, fields map[string]*int64, flags map[string]*bool
 	}
 }
 
-// refOpenAI decodes a chunk with encoding/json, following wire.md 1.3-1.5.
+// refOpenAI decodes a chunk with encoding/json, following the chunk, usage
+// and mid-stream error shapes of Chat Completions.
 func refOpenAI(data []byte) obsView {
 	var v obsView
 	if bytes.HasPrefix(data, doneMarker) {
@@ -530,7 +532,8 @@ func refOpenAIDelta(d map[string]any) bool {
 	return fnBearing(d["function_call"])
 }
 
-// refAnthropic decodes an event with encoding/json, following wire.md 2.2-2.5.
+// refAnthropic decodes an event with encoding/json, following the event,
+// delta, usage and error shapes of Messages.
 func refAnthropic(typ string, data []byte) obsView {
 	var v obsView
 	top, valid := unmarshalObject(data)

@@ -168,7 +168,8 @@ func chunksAt(s []byte, offsets ...int) [][]byte {
 	return append(out, s[prev:])
 }
 
-// conformance holds the vectors of wire.md §3 and a few more edge cases.
+// conformance holds the vectors of the WHATWG SSE parsing rules a robust
+// parser must follow, and a few more edge cases.
 var conformance = []struct {
 	name    string
 	in      string
@@ -255,8 +256,8 @@ func TestFramerConformance(t *testing.T) {
 }
 
 func TestCRLFSplitAtBoundary(t *testing.T) {
-	// wire.md §3: "data: a\r" then "\n\n" is one event, with no spurious
-	// blank line from the split CRLF.
+	// A CRLF split across reads: "data: a\r" then "\n\n" is one event, with
+	// no spurious blank line from the split CRLF.
 	f := NewFramer(0)
 	n, boundary, err := f.Push([]byte("data: a\r"))
 	if n != 8 || boundary || err != nil {

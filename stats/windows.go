@@ -1,8 +1,8 @@
 // Package stats keeps recent request figures in memory and serves them as
-// JSON on /stats (issue 5): per route, model label and team, over the last
-// minute, 5 minutes and hour, the count, mean, P50/P95/P99 and max of TTFT,
-// TPOT, ITL, E2E and gateway overhead, output tokens per second, goodput
-// with the SLO each bad request broke first, and outcome counts.
+// JSON on /stats: per route, model label and team, over the last minute, 5
+// minutes and hour, the count, mean, P50/P95/P99 and max of TTFT, TPOT, ITL,
+// E2E and gateway overhead, output tokens per second, goodput with the SLO
+// each bad request broke first, and outcome counts.
 //
 // Quantiles come from a log-bucketed sketch in the style of DDSketch: fixed
 // buckets at powers of γ = (1+α)/(1−α) with α = 1% between 1 µs and 1 h, so

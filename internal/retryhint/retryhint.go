@@ -1,7 +1,7 @@
-// Package retryhint reads the wait an HTTP error answer asks for, and
-// whether it asks to be retried at all (x-should-retry), the way
-// the official OpenAI and Anthropic SDKs do (wire.md 1.9, 2.9). The gateway's
-// retries (proxy) and the load generator's (bench) both use it.
+// Package retryhint reads the wait an HTTP error answer asks for, and whether
+// it asks to be retried at all (x-should-retry), the way the official OpenAI
+// and Anthropic SDKs do. The gateway's retries (proxy) and the load
+// generator's (bench) both use it.
 package retryhint
 
 import (

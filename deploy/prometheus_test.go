@@ -1,14 +1,12 @@
-package main
+package deploy_test
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"maps"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,8 +29,8 @@ import (
 
 // The deploy files, from this package's directory.
 const (
-	promDir       = "../../deploy/prometheus"
-	grafanaDir    = "../../deploy/grafana"
+	promDir       = "prometheus"
+	grafanaDir    = "grafana"
 	dashboardFile = grafanaDir + "/dashboards/tollgate.json"
 )
 
@@ -289,7 +286,7 @@ func readRules(t *testing.T, path string) (exprs, records, alerts []string) {
 // this set against what a real scrape returns.
 func gatewaySeries(t *testing.T) map[string]bool {
 	t.Helper()
-	src, err := os.ReadFile("../../metrics/metrics.go")
+	src, err := os.ReadFile("../metrics/metrics.go")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +307,7 @@ func gatewaySeries(t *testing.T) map[string]bool {
 			names[prefix+string(m[1])] = true
 		}
 	}
-	budget, err := os.ReadFile("../../proxy/budget.go")
+	budget, err := os.ReadFile("../proxy/budget.go")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,9 +373,10 @@ func walkJSON(v any, f func(key string, v any)) {
 	}
 }
 
-// TestPrometheusScrapesGateway has a real Prometheus scrape a gateway that
-// served known traffic, and checks that PromQL's median TTFT over the
-// scraped explicit buckets agrees with the gateway's /stats.
+// TestPrometheusScrapesGateway has a real Prometheus scrape a gateway (the
+// binary, built from ../cmd/gateway) that served known traffic, and checks
+// that PromQL's median TTFT over the scraped explicit buckets agrees with
+// the gateway's /stats.
 //
 // They measure the same 60 TTFTs two ways. histogram_quantile interpolates
 // linearly inside the bucket that holds the median rank, so its answer lies
@@ -403,18 +401,36 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 	// The synthetic probe runs one round beside the bench: its series must
 	// be scraped, and its requests must stay out of the TTFTs compared.
 	cfg.Probe.Enabled, cfg.Probe.Requests, cfg.Probe.IntervalSeconds = true, 3, 3600
-	cfg.Probe.Targets = []config.ProbeTarget{{Upstream: "mock", Model: "probe-model"}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = gw.shutdown(0, 5*time.Second) })
-	gw.startProbe()
-	base := "http://" + gw.addr
+	// Dialect: the upstream's first, which Parse fills in.
+	cfg.Probe.Targets = []config.ProbeTarget{{Upstream: "mock", Model: "probe-model", Dialect: "openai"}}
+	// `gateway serve` reads cfg from this file; startGateway checks that
+	// the file says just that.
+	addr := startGateway(t, cfg, fmt.Sprintf(`[auth]
+require_key = false
+
+[metrics]
+labels = { scene = "scrape-test" }
+
+[probe]
+enabled = true
+requests = 3
+interval_seconds = 3600
+
+[[probe.targets]]
+upstream = "mock"
+model = "probe-model"
+
+[[upstreams]]
+name = "mock"
+base_url = %q
+
+[spend]
+state_file = ""
+
+[redis]
+spill_dir = ""
+`, up.URL))
+	base := "http://" + addr
 
 	const requests = 60
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -428,7 +444,7 @@ func TestPrometheusScrapesGateway(t *testing.T) {
 		t.Fatalf("bench summary %+v, want %d successes", s, requests)
 	}
 
-	promURL := startPrometheus(t, promBin, gw.addr)
+	promURL := startPrometheus(t, promBin, addr)
 
 	// The probe's round (1 to 5 s after the start) is scraped, with its
 	// TTFTs in its own histogram.
@@ -540,57 +556,12 @@ scrape_configs:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-
-	var out bytes.Buffer
+	addr := freeAddr(t)
 	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		// Read only once the process is gone: its output is written by
-		// exec's copying goroutine until then.
-		if t.Failed() {
-			t.Logf("prometheus output:\n%s", out.String())
-		}
-	})
-
 	u := "http://" + addr
-	deadline := time.Now().Add(promWait)
-	for {
-		select {
-		case err := <-exited:
-			exited <- err // for the cleanup
-			t.Fatalf("prometheus exited: %v", err)
-		default:
-		}
-		if resp, err := http.Get(u + "/-/ready"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return u
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("prometheus not ready at %s after %v", u, promWait)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	runUntilReady(t, "prometheus", cmd, u+"/-/ready", promWait)
+	return u
 }
 
 type promSample struct {

@@ -1,0 +1,10 @@
+// Package deploy holds no code. Its tests check the files that deploy the
+// gateway, which live here and at the repository root: the Prometheus
+// config, rules and their unit tests, the Grafana provisioning and
+// dashboard, the compose gateway configs, docker-compose.yml, the Dockerfile
+// and .dockerignore. Where a check needs a running gateway it builds the
+// binary from ../cmd/gateway.
+//
+// Tests that need a tool (Debian's prometheus package, docker-compose) skip
+// without it, unless CI is set: then they fail, as .ci/run installs them.
+package deploy
