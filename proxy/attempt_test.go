@@ -55,7 +55,7 @@ func TestHeaderPhaseFollowsRequest(t *testing.T) {
 	tg := newTestGateway(t, us.URL, func(c *config.Config) {
 		u := &c.Upstreams[0]
 		u.HeaderTimeoutSeconds = 0.001
-		u.Retry.BaseDelayMs, u.Retry.MaxDelayMs = 1, 2
+		fastRetry(u)
 	})
 	resp, body := post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
 	rec := tg.record(t)

@@ -582,7 +582,7 @@ func TestHalfOpenProbeReleasedAtFirstToken(t *testing.T) {
 	defer release() // before us.Close: the probe's handler must end
 	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
 		u := &c.Upstreams[0]
-		u.Retry.BaseDelayMs, u.Retry.MaxDelayMs = 1, 2
+		fastRetry(u)
 		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 1, 5, 1
 	}, func(o *Options) { o.Now = clk.Now })
 	state := func() float64 {
@@ -705,7 +705,7 @@ func quotaSparesBreaker(t *testing.T, attempts int) {
 	defer us.Close()
 	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
 		u := &c.Upstreams[0]
-		u.Retry.BaseDelayMs, u.Retry.MaxDelayMs = 1, 2
+		fastRetry(u)
 		u.Retry.MaxAttempts = attempts
 		u.Breaker.ConsecutiveFailures = 1
 	}, func(o *Options) { o.Now = newFakeClock().Now })
@@ -863,13 +863,11 @@ func TestHalfOpenProbeCallerLeavesNoVerdict(t *testing.T) {
 		}
 		done <- err
 	}()
-	select {
-	case <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the probe never reached the upstream")
-	}
+	await(t, got, "the probe to reach the upstream")
 	cancel()
-	<-done
+	if err := <-done; err == nil {
+		t.Error("the probe's caller had an answer from a hanging upstream")
+	}
 	if rec := tg.record(t); rec.AttemptCount != 1 || rec.Attempts[0].Result != resultClientGone {
 		t.Fatalf("probe attempts %v, want one client_gone", attemptList(rec))
 	}
@@ -989,7 +987,7 @@ func TestCommittedClientErrorEventSparesBreaker(t *testing.T) {
 				tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
 					u := &cf.Upstreams[0]
 					u.Retry.MaxAttempts = attempts
-					u.Retry.BaseDelayMs, u.Retry.MaxDelayMs = 1, 2
+					fastRetry(u)
 					u.Breaker = tightBreaker
 					u.Breaker.ConsecutiveFailures = 1
 				}, func(o *Options) { o.Now = newFakeClock().Now })
@@ -1041,11 +1039,11 @@ func TestBreakerCycleEndToEnd(t *testing.T) {
 	}
 	state := func(t *testing.T, w *resWorld, name string) float64 {
 		t.Helper()
-		return w.metric(t, "tollgate_upstream_circuit_state", map[string]string{"upstream": name})
+		return metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": name})
 	}
 	transitions := func(t *testing.T, w *resWorld, to string) float64 {
 		t.Helper()
-		return w.metric(t, "tollgate_upstream_circuit_transitions_total", map[string]string{"upstream": "primary", "to": to})
+		return metricValue(t, w.tg, "tollgate_upstream_circuit_transitions_total", map[string]string{"upstream": "primary", "to": to})
 	}
 
 	t.Run("with a backup", func(t *testing.T) {
@@ -1079,7 +1077,7 @@ func TestBreakerCycleEndToEnd(t *testing.T) {
 		if n := w.requests("primary"); n != 2 {
 			t.Errorf("primary saw %d requests while open, want the 2 failures only", n)
 		}
-		wantMetric(t, w, "tollgate_upstream_fallbacks_total",
+		wantMetric(t, w.tg, "tollgate_upstream_fallbacks_total",
 			map[string]string{"from": "primary", "to": "backup", "reason": "breaker_open"}, 2)
 		// Past the cooldown: the next request is a probe to primary, which
 		// succeeds and closes the circuit.

@@ -64,14 +64,7 @@ func newTestGateway(t *testing.T, upstreamURL string, edit func(*config.Config))
 // Options (a limiter, a ledger, a clock) before the gateway is built.
 func newTestGatewayWith(t *testing.T, upstreamURL string, edit func(*config.Config), opts func(*Options)) *testGateway {
 	t.Helper()
-	cfg := config.DemoConfig(upstreamURL)
-	cfg.Auth.RequireKey = false
-	if edit != nil {
-		edit(&cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("config: %v", err)
-	}
+	cfg := testConfig(t, upstreamURL, edit)
 	reg := prometheus.NewRegistry()
 	m, err := metrics.New(reg, &cfg)
 	if err != nil {
@@ -103,11 +96,7 @@ func newTestGatewayWith(t *testing.T, upstreamURL string, edit func(*config.Conf
 	tg.URL = tg.srv.URL
 	t.Cleanup(func() {
 		tg.srv.Close()
-		for _, u := range gw.upstreams {
-			if tr, ok := u.transport.(*http.Transport); ok {
-				tr.CloseIdleConnections()
-			}
-		}
+		closeIdleUpstreams(gw)
 	})
 	return tg
 }
@@ -126,12 +115,124 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // record waits for the next finished record.
 func (tg *testGateway) record(t *testing.T) llm.Record {
 	t.Helper()
+	return await(t, tg.recCh, "a finished record")
+}
+
+// testConfig is the demo config in front of upstreamURL, with no key
+// required, changed by edit (when not nil) and validated.
+func testConfig(tb testing.TB, upstreamURL string, edit func(*config.Config)) config.Config {
+	tb.Helper()
+	cfg := config.DemoConfig(upstreamURL)
+	cfg.Auth.RequireKey = false
+	if edit != nil {
+		edit(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		tb.Fatalf("config: %v", err)
+	}
+	return cfg
+}
+
+// closeIdleUpstreams closes the idle connections of g's upstream
+// transports, so no connection outlives its test.
+func closeIdleUpstreams(g *Gateway) {
+	for _, u := range g.upstreams {
+		if tr, ok := u.transport.(*http.Transport); ok {
+			tr.CloseIdleConnections()
+		}
+	}
+}
+
+// bareGateway builds a Gateway (no server, no access log) in front of
+// upstreamURL; edit may change the config first.
+func bareGateway(tb testing.TB, upstreamURL string, edit func(*config.Config)) *Gateway {
+	tb.Helper()
+	return bareGatewayWith(tb, upstreamURL, edit, nil)
+}
+
+// bareGatewayWith is bareGateway with a hook that may set more Options (a
+// clock, say) before the gateway is built.
+func bareGatewayWith(tb testing.TB, upstreamURL string, edit func(*config.Config), opts func(*Options)) *Gateway {
+	tb.Helper()
+	cfg := testConfig(tb, upstreamURL, edit)
+	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	o := Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)}
+	if opts != nil {
+		opts(&o)
+	}
+	g, err := New(o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { closeIdleUpstreams(g) })
+	return g
+}
+
+// newLocalLedger returns an in-memory spend ledger closed in t.Cleanup.
+func newLocalLedger(t testing.TB) *spend.Local {
+	t.Helper()
+	l, err := spend.NewLocal(spend.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// testWait bounds every wait of these tests: reaching it is a failure, never
+// a measurement.
+const testWait = 10 * time.Second
+
+// await returns the next value from ch, failing the test if none comes
+// within testWait; what names the awaited event.
+func await[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
 	select {
-	case r := <-tg.recCh:
-		return r
-	case <-time.After(10 * time.Second):
-		t.Fatal("no record within 10s")
-		return llm.Record{}
+	case v := <-ch:
+		return v
+	case <-time.After(testWait):
+		t.Fatalf("gave up waiting for %s", what)
+		var zero T
+		return zero
+	}
+}
+
+// waitFor polls cond until it holds, for at most testWait; it decides
+// nothing about speed, it only bounds a wait for an event of another
+// goroutine.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -156,6 +257,77 @@ func post(t *testing.T, url, body string, hdr map[string]string) (*http.Response
 		t.Fatalf("reading body: %v", err)
 	}
 	return resp, b
+}
+
+// sendResult is a response read to its end by a client goroutine.
+type sendResult struct {
+	resp *http.Response
+	body []byte
+	err  error
+}
+
+// sendRequest sends a request and returns its response with the body read.
+func sendRequest(ctx context.Context, method, url, ctype, body string, hdr map[string]string) sendResult {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return sendResult{err: err}
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return sendResult{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return sendResult{resp: resp, body: b, err: err}
+}
+
+// awaitResult waits for a client goroutine's result.
+func awaitResult(t *testing.T, ch <-chan sendResult) sendResult {
+	t.Helper()
+	r := await(t, ch, "a response")
+	if r.err != nil {
+		t.Fatalf("request: %v", r.err)
+	}
+	return r
+}
+
+// streamChat is a streamed chat request that does not ask for usage, so the
+// gateway asks for it and withholds the usage-only chunk.
+const streamChat = `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+// plainChat is the same request, not streamed.
+const plainChat = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+
+// Gateway keys of the governance tests. Only their hashes go in the config.
+const (
+	keyAlpha    = "tg-test-alpha-0123456789"
+	keyBeta     = "tg-test-beta-0123456789"
+	upstreamKey = "sk-upstream-own-key"
+)
+
+func sha(k string) string {
+	s := sha256.Sum256([]byte(k))
+	return hex.EncodeToString(s[:])
+}
+
+func i64(v int64) *int64 { return &v }
+
+func f64(v float64) *float64 { return &v }
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // rawUpstream serves body verbatim as an SSE stream, writing it in the given
@@ -193,122 +365,6 @@ func (u *rawUpstream) request() ([]byte, http.Header) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.lastBody, u.lastHeader
-}
-
-// newLocalLedger returns an in-memory spend ledger closed in t.Cleanup.
-func newLocalLedger(t testing.TB) *spend.Local {
-	t.Helper()
-	l, err := spend.NewLocal(spend.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	return l
-}
-
-// bareGateway builds a Gateway (no server, no access log) in front of
-// upstreamURL; edit may change the config first.
-func bareGateway(tb testing.TB, upstreamURL string, edit func(*config.Config)) *Gateway {
-	tb.Helper()
-	cfg := config.DemoConfig(upstreamURL)
-	cfg.Auth.RequireKey = false
-	if edit != nil {
-		edit(&cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		tb.Fatal(err)
-	}
-	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		for _, u := range g.upstreams {
-			if tr, ok := u.transport.(*http.Transport); ok {
-				tr.CloseIdleConnections()
-			}
-		}
-	})
-	return g
-}
-
-// streamChat is a streamed chat request that does not ask for usage, so the
-// gateway asks for it and withholds the usage-only chunk.
-const streamChat = `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-
-// holdRun relays body through a fresh exchange with the opening held (as
-// when another attempt could follow) and returns the exchange and the
-// attempt's result.
-func holdRun(g *Gateway, w http.ResponseWriter, d llm.Dialect, suppress bool, body io.Reader) (*exchange, attemptResult) {
-	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	ex := &exchange{g: g, w: w, r: r, up: g.upstreams[0], modelLabel: "m"}
-	ex.rec.Route, ex.rec.Dialect, ex.rec.Status = llm.RouteChatCompletions, d, http.StatusOK
-	ex.rec.Timing.In = g.now()
-	ex.info.suppressUsage = suppress
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	res := ex.relay(ctx, cancel, sseResponse(body), true, &phaseTimer{})
-	return ex, res
-}
-
-// firstDiff describes where got first differs from want.
-func firstDiff(got []byte, want string) string {
-	i := 0
-	for i < min(len(got), len(want)) && got[i] == want[i] {
-		i++
-	}
-	return fmt.Sprintf("got %d bytes, want %d; first difference at %d: got %q, want %q",
-		len(got), len(want), i, got[i:min(i+24, len(got))], want[i:min(i+24, len(want))])
-}
-
-// holdWriter is a ResponseWriter that records the status written and what
-// had been flushed.
-type holdWriter struct {
-	h       http.Header
-	status  int
-	written []byte
-	flushed int // len(written) at the last Flush
-}
-
-func (w *holdWriter) Header() http.Header { return w.h }
-
-func (w *holdWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	w.written = append(w.written, p...)
-	return len(p), nil
-}
-
-func (w *holdWriter) WriteHeader(s int) {
-	if w.status == 0 {
-		w.status = s
-	}
-}
-
-func (w *holdWriter) Flush() { w.flushed = len(w.written) }
-
-// waitFor polls cond until it holds, for at most 10 s; it decides nothing
-// about speed, it only bounds a wait for an event of another goroutine.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// r2Metric is metricValue with an absent series read as 0, for deltas.
-func r2Metric(t *testing.T, tg *testGateway, name string, labels map[string]string) float64 {
-	t.Helper()
-	return max(metricValue(t, tg, name, labels), 0)
 }
 
 // fixedUpstream is an upstream that answers every request with a fixed status
@@ -371,125 +427,6 @@ func (u *fixedUpstream) requests() int {
 	return u.total
 }
 
-// tightBreaker is a breaker that opens at the second failure in a row and stays
-// open for the test.
-var tightBreaker = config.Breaker{Enabled: true, ConsecutiveFailures: 2, FailureRatio: 0.5, MinRequests: 20,
-	WindowSeconds: 10, CooldownSeconds: 60, HalfOpenProbes: 1}
-
-// chunkEvent is an OpenAI stream chunk with the given delta.
-func chunkEvent(delta string) string {
-	return `data: {"id":"chatcmpl-r2","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini",` +
-		`"choices":[{"index":0,"delta":` + delta + `,"finish_reason":null}]}` + "\n\n"
-}
-
-// errorEvent is an OpenAI in-stream error event of the given type.
-func errorEvent(typ, code string) string {
-	return `data: {"error":{"message":"r2 stream error","type":"` + typ + `","param":null,"code":"` + code + `"}}` + "\n\n"
-}
-
-// eventPieces splits events into the pieces of a rawUpstream.
-func eventPieces(events ...string) [][]byte {
-	out := make([][]byte, len(events))
-	for i, e := range events {
-		out[i] = []byte(e)
-	}
-	return out
-}
-
-// recWriter is a ResponseWriter that records what was written and what had
-// been flushed.
-type recWriter struct {
-	h       http.Header
-	written []byte
-	flushed int // len(written) at the last Flush
-}
-
-func (w *recWriter) Header() http.Header { return w.h }
-
-func (w *recWriter) Write(p []byte) (int, error) {
-	w.written = append(w.written, p...)
-	return len(p), nil
-}
-
-func (w *recWriter) WriteHeader(int) {}
-
-func (w *recWriter) Flush() { w.flushed = len(w.written) }
-
-// scriptReader serves reads in order (a read larger than p is served in
-// parts, as a socket would) and calls before(i) before serving read i.
-type scriptReader struct {
-	reads  [][]byte
-	i      int
-	before func(i int)
-	sizes  []int // len(p) of every Read call
-}
-
-func (s *scriptReader) Read(p []byte) (int, error) {
-	s.sizes = append(s.sizes, len(p))
-	if s.i == len(s.reads) {
-		if s.before != nil {
-			s.before(s.i)
-		}
-		return 0, io.EOF
-	}
-	if s.before != nil {
-		s.before(s.i)
-	}
-	n := copy(p, s.reads[s.i])
-	if n == len(s.reads[s.i]) {
-		s.i++
-	} else {
-		s.reads[s.i] = s.reads[s.i][n:]
-	}
-	return n, nil
-}
-
-func relayGateway(t *testing.T, maxEvent int) *Gateway {
-	t.Helper()
-	return bareGateway(t, "http://127.0.0.1:1", func(c *config.Config) {
-		if maxEvent > 0 {
-			c.Server.MaxEventBytes = maxEvent
-		}
-	})
-}
-
-// runRelay relays body through a fresh exchange and returns it.
-func runRelay(g *Gateway, r *http.Request, w http.ResponseWriter, d llm.Dialect, suppress bool, body io.Reader) *exchange {
-	ex := &exchange{g: g, w: w, r: r, up: g.upstreams[0], modelLabel: "m"}
-	ex.rec.Route, ex.rec.Dialect, ex.rec.Status = llm.RouteChatCompletions, d, 200
-	ex.rec.Timing.In = g.now()
-	ex.info.suppressUsage = suppress
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	ex.relay(ctx, cancel, sseResponse(body), false, &phaseTimer{})
-	return ex
-}
-
-// sseResponse is an upstream event-stream response with body.
-func sseResponse(body io.Reader) *http.Response {
-	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
-		Body: io.NopCloser(body)}
-}
-
-// testWait bounds every wait of these tests: reaching it is a failure, never
-// a measurement.
-const testWait = 10 * time.Second
-
-// mockUpstream starts a mockllm upstream on loopback.
-func mockUpstream(t *testing.T, o mockllm.Options) (*mockllm.Server, string) {
-	t.Helper()
-	m := mockllm.New(o)
-	srv := httptest.NewServer(m)
-	t.Cleanup(srv.Close)
-	return m, srv.URL
-}
-
-// fastRetry makes an upstream's backoff tiny, so retries cost nothing.
-func fastRetry(u *config.Upstream) {
-	u.Retry.BaseDelayMs = 1
-	u.Retry.MaxDelayMs = 1
-}
-
 // gateUpstream is an SSE upstream that sends its preamble (the events that
 // carry no token) at once, then waits for the test to open the gate before
 // it sends the rest.
@@ -530,79 +467,357 @@ func (g *gateUpstream) open() { g.releaseOnce.Do(func() { close(g.release) }) }
 // waitArrived waits for the first request to have its preamble.
 func (g *gateUpstream) waitArrived(t *testing.T) {
 	t.Helper()
-	select {
-	case <-g.arrived:
-	case <-time.After(testWait):
-		t.Fatal("the upstream never got the request")
-	}
+	await(t, g.arrived, "the upstream to get the request")
 }
 
-// sendResult is a response read to its end by a client goroutine.
-type sendResult struct {
-	resp *http.Response
-	body []byte
-	err  error
-}
-
-// sendRequest sends a request and returns its response with the body read.
-func sendRequest(ctx context.Context, method, url, ctype, body string, hdr map[string]string) sendResult {
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
-	if err != nil {
-		return sendResult{err: err}
-	}
-	if ctype != "" {
-		req.Header.Set("Content-Type", ctype)
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return sendResult{err: err}
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return sendResult{resp: resp, body: b, err: err}
-}
-
-// awaitResult waits for a client goroutine's result.
-func awaitResult(t *testing.T, ch <-chan sendResult) sendResult {
+// mockUpstream starts a mockllm upstream on loopback.
+func mockUpstream(t *testing.T, o mockllm.Options) (*mockllm.Server, string) {
 	t.Helper()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatalf("request: %v", r.err)
-		}
-		return r
-	case <-time.After(testWait):
-		t.Fatal("no response")
-		return sendResult{}
-	}
+	m := mockllm.New(o)
+	srv := httptest.NewServer(m)
+	t.Cleanup(srv.Close)
+	return m, srv.URL
 }
 
-// edgeAttempts lists a record's attempts as "upstream/status/result".
-func edgeAttempts(rec llm.Record) []string {
-	var out []string
-	for _, a := range rec.Attempts[:min(rec.AttemptCount, llm.MaxRecordedAttempts)] {
-		out = append(out, a.Upstream+"/"+strconv.Itoa(a.Status)+"/"+a.Result)
+// fastRetry makes an upstream's backoff tiny, so retries cost nothing.
+func fastRetry(u *config.Upstream) {
+	u.Retry.BaseDelayMs = 1
+	u.Retry.MaxDelayMs = 1
+}
+
+// closedPortURL returns the URL of a loopback port nobody listens on.
+func closedPortURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return "http://" + addr
+}
+
+// upstreamCfg returns the named upstream of c, for edit funcs.
+func upstreamCfg(t *testing.T, c *config.Config, name string) *config.Upstream {
+	t.Helper()
+	u := c.UpstreamByName(name)
+	if u == nil {
+		t.Fatalf("no upstream %q", name)
+	}
+	return u
+}
+
+// tightBreaker is a breaker that opens at the second failure in a row and stays
+// open for the test.
+var tightBreaker = config.Breaker{Enabled: true, ConsecutiveFailures: 2, FailureRatio: 0.5, MinRequests: 20,
+	WindowSeconds: 10, CooldownSeconds: 60, HalfOpenProbes: 1}
+
+// Transcripts from wire.md §7.
+const (
+	openAIRole  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"q3Zp"}` + "\n\n"
+	openAITok1  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Oslo"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"x9"}` + "\n\n"
+	openAITok2  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":" is the capital of Norway."},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"Lk"}` + "\n\n"
+	openAIStop  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"usage":null,"obfuscation":"aZ7"}` + "\n\n"
+	openAIUsage = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":19,"completion_tokens":8,"total_tokens":27,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"obfuscation":"p"}` + "\n\n"
+	openAIDone  = "data: [DONE]\n\n"
+
+	anthropicText = "event: message_start\n" +
+		`data: {"type":"message_start","message":{"id":"msg_tg0001","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":21,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}}}` + "\n\n" +
+		"event: content_block_start\n" + `data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}` + "\n\n" +
+		"event: ping\n" + `data: {"type":"ping"}` + "\n\n" +
+		"event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Oslo"}}` + "\n\n" +
+		"event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" is the capital of Norway."}}` + "\n\n" +
+		"event: content_block_stop\n" + `data: {"type":"content_block_stop","index":0}` + "\n\n" +
+		"event: message_delta\n" + `data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}` + "\n\n" +
+		"event: message_stop\n" + `data: {"type":"message_stop"}` + "\n\n"
+)
+
+// split cuts s into pieces of n bytes, so events straddle reads.
+func split(s string, n int) [][]byte {
+	var out [][]byte
+	for len(s) > n {
+		out = append(out, []byte(s[:n]))
+		s = s[n:]
+	}
+	return append(out, []byte(s))
+}
+
+// chunkEvent is an OpenAI stream chunk with the given delta.
+func chunkEvent(delta string) string {
+	return `data: {"id":"chatcmpl-r2","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini",` +
+		`"choices":[{"index":0,"delta":` + delta + `,"finish_reason":null}]}` + "\n\n"
+}
+
+// errorEvent is an OpenAI in-stream error event of the given type.
+func errorEvent(typ, code string) string {
+	return `data: {"error":{"message":"r2 stream error","type":"` + typ + `","param":null,"code":"` + code + `"}}` + "\n\n"
+}
+
+// eventPieces splits events into the pieces of a rawUpstream.
+func eventPieces(events ...string) [][]byte {
+	out := make([][]byte, len(events))
+	for i, e := range events {
+		out[i] = []byte(e)
 	}
 	return out
 }
 
-func edgeSameList(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
+// openAIStream returns an OpenAI stream of n token chunks, split one event per
+// piece, ending with the usage chunk and [DONE].
+func openAIStream(n int) [][]byte {
+	pieces := [][]byte{[]byte(openAIRole)}
+	for i := range n {
+		pieces = append(pieces, fmt.Appendf(nil,
+			`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","system_fingerprint":"fp_b","choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"x9"}`+"\n\n", i))
 	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+	return append(pieces, []byte(openAIStop), []byte(openAIUsage), []byte(openAIDone))
+}
+
+// firstDiff describes where got first differs from want.
+func firstDiff(got []byte, want string) string {
+	i := 0
+	for i < min(len(got), len(want)) && got[i] == want[i] {
+		i++
+	}
+	return fmt.Sprintf("got %d bytes, want %d; first difference at %d: got %q, want %q",
+		len(got), len(want), i, got[i:min(i+24, len(got))], want[i:min(i+24, len(want))])
+}
+
+// attemptList renders a record's attempts as "upstream:status:result".
+func attemptList(rec llm.Record) []string {
+	n := min(rec.AttemptCount, llm.MaxRecordedAttempts)
+	out := make([]string, n)
+	for i, a := range rec.Attempts[:n] {
+		out[i] = a.Upstream + ":" + strconv.Itoa(a.Status) + ":" + a.Result
+	}
+	return out
+}
+
+func wantAttempts(t *testing.T, rec llm.Record, want ...string) {
+	t.Helper()
+	if got := attemptList(rec); !slices.Equal(got, want) || rec.AttemptCount != len(want) {
+		t.Errorf("attempts %v (count %d), want %v", got, rec.AttemptCount, want)
+	}
+}
+
+// metricValue returns the value of the counter or gauge series name with
+// exactly the given labels (constant labels aside), or -1 when it is absent.
+func metricValue(t *testing.T, tg *testGateway, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := tg.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			if m.Counter != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
 		}
 	}
-	return true
+	return -1
+}
+
+// wantMetric checks the value of a metric series (see metricValue).
+func wantMetric(t *testing.T, tg *testGateway, name string, labels map[string]string, want float64) {
+	t.Helper()
+	if got := metricValue(t, tg, name, labels); got != want {
+		t.Errorf("%s %v = %v, want %v", name, labels, got, want)
+	}
+}
+
+// recWriter is a ResponseWriter that records the status, what was written
+// and how much of it had been flushed.
+type recWriter struct {
+	h       http.Header
+	status  int // the first status written (200 once a Write comes first)
+	written []byte
+	flushed int // len(written) at the last Flush
+}
+
+func (w *recWriter) Header() http.Header { return w.h }
+
+func (w *recWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.written = append(w.written, p...)
+	return len(p), nil
+}
+
+func (w *recWriter) WriteHeader(s int) {
+	if w.status == 0 {
+		w.status = s
+	}
+}
+
+func (w *recWriter) Flush() { w.flushed = len(w.written) }
+
+// discardWriter is a ResponseWriter that drops the body and counts flushes.
+type discardWriter struct {
+	h       http.Header
+	flushes int
+}
+
+func (d *discardWriter) Header() http.Header { return d.h }
+
+func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+func (d *discardWriter) WriteHeader(int) {}
+
+func (d *discardWriter) Flush() { d.flushes++ }
+
+var _ http.Flusher = (*discardWriter)(nil)
+
+// scriptReader serves reads in order (a read larger than p is served in
+// parts, as a socket would) and calls before(i) before serving read i.
+type scriptReader struct {
+	reads  [][]byte
+	i      int
+	before func(i int)
+	// recordSizes keeps len(p) of every Read call in sizes (off where a
+	// run must not allocate).
+	recordSizes bool
+	sizes       []int
+}
+
+func (s *scriptReader) Read(p []byte) (int, error) {
+	if s.recordSizes {
+		s.sizes = append(s.sizes, len(p))
+	}
+	if s.i == len(s.reads) {
+		if s.before != nil {
+			s.before(s.i)
+		}
+		return 0, io.EOF
+	}
+	if s.before != nil {
+		s.before(s.i)
+	}
+	n := copy(p, s.reads[s.i])
+	if n == len(s.reads[s.i]) {
+		s.i++
+	} else {
+		s.reads[s.i] = s.reads[s.i][n:]
+	}
+	return n, nil
+}
+
+// relayGateway is a bare gateway for driving the relay in process, with
+// max_event_bytes set when maxEvent > 0.
+func relayGateway(t *testing.T, maxEvent int) *Gateway {
+	t.Helper()
+	return bareGateway(t, "http://127.0.0.1:1", func(c *config.Config) {
+		if maxEvent > 0 {
+			c.Server.MaxEventBytes = maxEvent
+		}
+	})
+}
+
+// sseHeader is the header of every upstream stream a relayRig relays.
+var sseHeader = http.Header{"Content-Type": {"text/event-stream"}}
+
+// relayRig drives the relay (the SSE loop of one attempt) in process, with
+// no sockets and no upstream request: it builds an exchange of g for a chat
+// completion in dialect d and relays an upstream event stream to w. It is
+// the one place the tests call ex.relay. The exchange, the upstream
+// response and the phase timer live in the rig and are reused from one run
+// to the next, so a run adds no allocation of its own (the relay's
+// benchmarks and its allocation test count on that).
+type relayRig struct {
+	g *Gateway
+	w http.ResponseWriter
+	r *http.Request // the caller's request; a POST to /v1/chat/completions when nil
+	d llm.Dialect
+	// suppress withholds the usage chunk, as when the gateway asked for
+	// the usage the caller did not.
+	suppress bool
+	// hold relays as when another attempt could follow: the opening
+	// events wait for the first token.
+	hold bool
+	// ctx and cancel are the exchange's context and how the relay ends
+	// it; when ctx is nil, each run derives one from the request's.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	ex   exchange
+	resp http.Response
+	pt   phaseTimer
+}
+
+// run relays body as the upstream's stream through a fresh exchange,
+// rg.ex, and returns the attempt's result.
+func (rg *relayRig) run(body io.Reader) attemptResult {
+	if rg.r == nil {
+		rg.r = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	}
+	rg.ex = exchange{g: rg.g, w: rg.w, r: rg.r, up: rg.g.upstreams[0], modelLabel: "m"}
+	rg.ex.rec.Route, rg.ex.rec.Dialect, rg.ex.rec.Status = llm.RouteChatCompletions, rg.d, http.StatusOK
+	rg.ex.rec.Timing.In = rg.g.now()
+	rg.ex.info.suppressUsage = rg.suppress
+	rg.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
+	ctx, cancel := rg.ctx, rg.cancel
+	if ctx == nil {
+		var stop context.CancelFunc
+		ctx, stop = context.WithCancel(rg.r.Context())
+		defer stop()
+		cancel = stop
+	}
+	return rg.ex.relay(ctx, cancel, &rg.resp, rg.hold, &rg.pt)
+}
+
+// relayStream relays body through a fresh exchange of g (see relayRig),
+// from the caller's request r (nil: a plain POST) to w, and returns the
+// exchange and the attempt's result.
+func relayStream(g *Gateway, w http.ResponseWriter, r *http.Request, d llm.Dialect, suppress, hold bool, body io.Reader) (*exchange, attemptResult) {
+	rg := &relayRig{g: g, w: w, r: r, d: d, suppress: suppress, hold: hold}
+	res := rg.run(body)
+	return &rg.ex, res
+}
+
+// relayBench replays one OpenAI stream through a relayRig, one event per
+// read, from buffers it reuses: what a run costs is the relay's own cost.
+type relayBench struct {
+	relayRig
+	src  [][]byte
+	body scriptReader
+}
+
+// newRelayBench is a relayBench of a stream of events token chunks, its
+// gateway recording native histograms when native is set. The phase
+// timer's idle timeout (rb.pt.idle) is off until the caller sets it.
+func newRelayBench(tb testing.TB, events int, native bool) *relayBench {
+	tb.Helper()
+	g := bareGateway(tb, "http://127.0.0.1:1", func(c *config.Config) { c.Metrics.NativeHistograms = native })
+	rb := &relayBench{src: openAIStream(events)}
+	rb.relayRig = relayRig{g: g, w: &discardWriter{h: http.Header{}}, d: llm.DialectOpenAI, suppress: true,
+		ctx: context.Background(), cancel: func() {}}
+	rb.r = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	rb.pt.cancel = func(error) {}
+	return rb
+}
+
+// run relays the whole stream once; rb.ex holds its record.
+func (rb *relayBench) run() {
+	rb.body.reads = append(rb.body.reads[:0], rb.src...)
+	rb.body.i = 0
+	rb.relayRig.run(&rb.body)
 }
 
 // resTokens is the answer length of every mock in these tests.
@@ -630,20 +845,6 @@ type resWorld struct {
 	mocks  map[string]*mockllm.Server
 	clock  *fakeClock
 	ledger *spend.Local
-}
-
-// closedPortURL returns the URL of a loopback port nobody listens on.
-func closedPortURL(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return "http://" + addr
 }
 
 func newResWorld(t *testing.T, s resSetup) *resWorld {
@@ -701,16 +902,6 @@ func newResWorld(t *testing.T, s resSetup) *resWorld {
 	return w
 }
 
-// upstreamCfg returns the named upstream of c, for edit funcs.
-func upstreamCfg(t *testing.T, c *config.Config, name string) *config.Upstream {
-	t.Helper()
-	u := c.UpstreamByName(name)
-	if u == nil {
-		t.Fatalf("no upstream %q", name)
-	}
-	return u
-}
-
 // inject queues a fault on the named mock.
 func (w *resWorld) inject(t *testing.T, name, spec string, n int) {
 	t.Helper()
@@ -721,12 +912,6 @@ func (w *resWorld) inject(t *testing.T, name, spec string, n int) {
 
 // requests is how many requests the named mock received.
 func (w *resWorld) requests(name string) int64 { return w.mocks[name].Stats().Requests }
-
-// metric is metricValue on the world's registry.
-func (w *resWorld) metric(t *testing.T, name string, labels map[string]string) float64 {
-	t.Helper()
-	return metricValue(t, w.tg, name, labels)
-}
 
 // sdkKind is one way a caller asks: an official SDK, streamed or not.
 type sdkKind struct {
@@ -901,157 +1086,6 @@ func wantSuccess(t *testing.T, k sdkKind, a sdkAnswer) {
 	}
 }
 
-// attemptList renders a record's attempts as "upstream:status:result".
-func attemptList(rec llm.Record) []string {
-	n := min(rec.AttemptCount, llm.MaxRecordedAttempts)
-	out := make([]string, n)
-	for i, a := range rec.Attempts[:n] {
-		out[i] = a.Upstream + ":" + strconv.Itoa(a.Status) + ":" + a.Result
-	}
-	return out
-}
-
-func wantAttempts(t *testing.T, rec llm.Record, want ...string) {
-	t.Helper()
-	if got := attemptList(rec); !slices.Equal(got, want) || rec.AttemptCount != len(want) {
-		t.Errorf("attempts %v (count %d), want %v", got, rec.AttemptCount, want)
-	}
-}
-
-func wantMetric(t *testing.T, w *resWorld, name string, labels map[string]string, want float64) {
-	t.Helper()
-	if got := w.metric(t, name, labels); got != want {
-		t.Errorf("%s %v = %v, want %v", name, labels, got, want)
-	}
-}
-
-// discardWriter is a ResponseWriter that drops the body and counts flushes.
-type discardWriter struct {
-	h       http.Header
-	flushes int
-}
-
-func (d *discardWriter) Header() http.Header { return d.h }
-
-func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-
-func (d *discardWriter) WriteHeader(int) {}
-
-func (d *discardWriter) Flush() { d.flushes++ }
-
-var _ http.Flusher = (*discardWriter)(nil)
-
-// piecesReader returns one piece per Read, as a socket delivering one event
-// per packet would.
-type piecesReader struct {
-	pieces [][]byte
-	i      int
-}
-
-func (p *piecesReader) Read(b []byte) (int, error) {
-	if p.i == len(p.pieces) {
-		return 0, io.EOF
-	}
-	n := copy(b, p.pieces[p.i])
-	if n == len(p.pieces[p.i]) {
-		p.i++
-	} else {
-		p.pieces[p.i] = p.pieces[p.i][n:]
-	}
-	return n, nil
-}
-
-// openAIStream returns an OpenAI stream of n token chunks, split one event per
-// piece, ending with the usage chunk and [DONE].
-func openAIStream(n int) [][]byte {
-	pieces := [][]byte{[]byte(openAIRole)}
-	for i := range n {
-		pieces = append(pieces, fmt.Appendf(nil,
-			`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","system_fingerprint":"fp_b","choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"x9"}`+"\n\n", i))
-	}
-	return append(pieces, []byte(openAIStop), []byte(openAIUsage), []byte(openAIDone))
-}
-
-var sseHeader = http.Header{"Content-Type": {"text/event-stream"}}
-
-// relayHarness runs ex.relay in process, with no sockets, so the relay's own
-// cost is what is measured.
-type relayHarness struct {
-	g   *Gateway
-	req *http.Request
-	w   *discardWriter
-	src [][]byte
-	// resp and pt are reused so the harness adds no allocation per run.
-	resp http.Response
-	pt   phaseTimer
-	// hold relays as when another attempt could follow: the opening
-	// events wait for the first token.
-	hold bool
-	// idle arms the phase timer's idle timeout (as the default 300 s does
-	// in production), so every read pays for touch.
-	idle time.Duration
-}
-
-func newRelayHarness(tb testing.TB, events int, native bool) *relayHarness {
-	tb.Helper()
-	g := bareGateway(tb, "http://127.0.0.1:1", func(c *config.Config) { c.Metrics.NativeHistograms = native })
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	return &relayHarness{g: g, req: req, w: &discardWriter{h: http.Header{}}, src: openAIStream(events)}
-}
-
-// run relays one whole stream and returns its record.
-func (h *relayHarness) run(ex *exchange, body *piecesReader) {
-	*ex = exchange{g: h.g, w: h.w, r: h.req, up: h.g.upstreams[0], modelLabel: "gpt-4o-mini"}
-	ex.rec.Route, ex.rec.Dialect, ex.rec.Status = llm.RouteChatCompletions, llm.DialectOpenAI, 200
-	ex.info.suppressUsage = true
-	body.pieces = append(body.pieces[:0], h.src...)
-	body.i = 0
-	h.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
-	h.pt.idle = h.idle
-	if h.pt.cancel == nil {
-		h.pt.cancel = func(error) {}
-	}
-	ex.relay(context.Background(), func() {}, &h.resp, h.hold, &h.pt)
-}
-
-// Gateway keys of the governance tests. Only their hashes go in the config.
-const (
-	keyAlpha    = "tg-test-alpha-0123456789"
-	keyBeta     = "tg-test-beta-0123456789"
-	upstreamKey = "sk-upstream-own-key"
-)
-
-func sha(k string) string {
-	s := sha256.Sum256([]byte(k))
-	return hex.EncodeToString(s[:])
-}
-
-func i64(v int64) *int64 { return &v }
-
-func f64(v float64) *float64 { return &v }
-
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // govWorld is a gateway with keys, teams, a Local limiter and a memory
 // ledger in front of a mockllm.
 type govWorld struct {
@@ -1137,74 +1171,3 @@ func messageParams(maxTokens int64) anthropic.MessageNewParams {
 		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("How many moons has Saturn?"))},
 	}
 }
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// metricValue returns the value of the counter or gauge series name with
-// exactly the given labels (constant labels aside), or -1 when it is absent.
-func metricValue(t *testing.T, tg *testGateway, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := tg.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			if m.Counter != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return -1
-}
-
-// Transcripts from wire.md §7.
-const (
-	openAIRole  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"q3Zp"}` + "\n\n"
-	openAITok1  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Oslo"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"x9"}` + "\n\n"
-	openAITok2  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":" is the capital of Norway."},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"Lk"}` + "\n\n"
-	openAIStop  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"usage":null,"obfuscation":"aZ7"}` + "\n\n"
-	openAIUsage = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":19,"completion_tokens":8,"total_tokens":27,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"obfuscation":"p"}` + "\n\n"
-	openAIDone  = "data: [DONE]\n\n"
-
-	anthropicText = "event: message_start\n" +
-		`data: {"type":"message_start","message":{"id":"msg_tg0001","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":21,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}}}` + "\n\n" +
-		"event: content_block_start\n" + `data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}` + "\n\n" +
-		"event: ping\n" + `data: {"type":"ping"}` + "\n\n" +
-		"event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Oslo"}}` + "\n\n" +
-		"event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" is the capital of Norway."}}` + "\n\n" +
-		"event: content_block_stop\n" + `data: {"type":"content_block_stop","index":0}` + "\n\n" +
-		"event: message_delta\n" + `data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}` + "\n\n" +
-		"event: message_stop\n" + `data: {"type":"message_stop"}` + "\n\n"
-)
-
-// split cuts s into pieces of n bytes, so events straddle reads.
-func split(s string, n int) [][]byte {
-	var out [][]byte
-	for len(s) > n {
-		out = append(out, []byte(s[:n]))
-		s = s[n:]
-	}
-	return append(out, []byte(s))
-}
-
-// plainChat is the same request, not streamed.
-const plainChat = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`

@@ -36,13 +36,8 @@ func (pt *phaseTimer) touch() { pt.touchAt(pt.clock()) }
 // phaseTimerCause waits (bounded) for ctx to end and returns its cause.
 func phaseTimerCause(t *testing.T, ctx context.Context) error {
 	t.Helper()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the phase timer never fired")
-		return nil
-	}
+	await(t, ctx.Done(), "the phase timer to fire")
+	return context.Cause(ctx)
 }
 
 // The phase timer fires with the cause of the phase it is in, on a real

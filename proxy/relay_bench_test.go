@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/stats"
 )
@@ -28,24 +29,27 @@ func BenchmarkRelay(b *testing.B) {
 		{1024, true, 300 * time.Second, false}, {1024, true, 300 * time.Second, true}} {
 		events := c.events
 		b.Run(fmt.Sprintf("events=%d/hold=%v/idle=%s/stats=%v", events, c.hold, c.idle, c.stats), func(b *testing.B) {
-			h := newRelayHarness(b, events, true)
-			h.hold, h.idle = c.hold, c.idle
+			rb := newRelayBench(b, events, true)
+			// An idle timeout (as the default 300 s in production) makes
+			// every read pay for touch.
+			rb.hold, rb.pt.idle = c.hold, c.idle
 			if c.stats { // as serve runs it: the live windows behind /stats
-				h.g.stats = stats.New(nil)
+				rb.g.stats = stats.New(nil)
 			}
-			defer h.pt.stop()
-			var ex exchange
-			var body piecesReader
-			h.run(&ex, &body)
+			defer rb.pt.stop()
+			rb.run()
+			if rb.ex.rec.Outcome != llm.OutcomeOK || rb.ex.rec.TokenEvents != events {
+				b.Fatalf("relay of %d events: outcome %s, %d token events", events, rb.ex.rec.Outcome, rb.ex.rec.TokenEvents)
+			}
 			var bytes int64
-			for _, p := range h.src {
+			for _, p := range rb.src {
 				bytes += int64(len(p))
 			}
 			b.SetBytes(bytes)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				h.run(&ex, &body)
+				rb.run()
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*(events+4)), "ns/event")
 		})

@@ -6,20 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
-	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
@@ -209,7 +207,7 @@ func TestHoldRandomSplitsByteExact(t *testing.T) {
 				for iter := range iterations {
 					reads := randomSplit(rng, in, maxReads[iter%len(maxReads)])
 					w := &recWriter{h: http.Header{}}
-					ex, res := holdRun(g, w, c.d, c.suppress, &scriptReader{reads: reads})
+					ex, res := relayStream(g, w, nil, c.d, c.suppress, true, &scriptReader{reads: reads})
 					if string(w.written) != want || !res.done {
 						if bad++; bad == 1 {
 							t.Errorf("iteration %d (%d reads): done=%v result=%s; %s",
@@ -243,7 +241,7 @@ func TestHeldEndKeepsCompleteEvents(t *testing.T) {
 		for cut := 1; cut < len(in); cut++ {
 			w := &recWriter{h: http.Header{}}
 			body := &scriptReader{reads: [][]byte{[]byte(in[:cut]), []byte(in[cut:])}}
-			_, res := holdRun(g, w, llm.DialectAnthropic, false, body)
+			_, res := relayStream(g, w, nil, llm.DialectAnthropic, false, true, body)
 			if res.fail == nil || res.done || !res.retryable {
 				t.Fatalf("eol %q cut %d: result %s done=%v retryable=%v fail=%v; want a retryable held failure",
 					eol, cut, res.result, res.done, res.retryable, res.fail != nil)
@@ -381,23 +379,11 @@ func TestHoldCapCommitsKeepAlives(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			clk := newFakeClock()
-			cfg := config.DemoConfig("http://127.0.0.1:1")
-			cfg.Auth.RequireKey = false
-			if err := cfg.Validate(); err != nil {
-				t.Fatal(err)
-			}
-			m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := New(Options{Config: &cfg, Metrics: m, Now: clk.Now, Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := &holdWriter{h: http.Header{}}
+			g := bareGatewayWith(t, "http://127.0.0.1:1", nil, func(o *Options) { o.Now = clk.Now })
+			w := &recWriter{h: http.Header{}}
 			// Reads: the opening, a beat 4 s later (still held), a beat 7 s
 			// after that (11 s: the hold ends), then the first token.
-			var atHeld, atCap holdWriter
+			var atHeld, atCap recWriter
 			body := &scriptReader{
 				reads: [][]byte{[]byte(c.opening), []byte(c.beat), []byte(c.beat), []byte(c.tail)},
 				before: func(i int) {
@@ -412,7 +398,7 @@ func TestHoldCapCommitsKeepAlives(t *testing.T) {
 					}
 				},
 			}
-			ex, res := holdRun(g, w, c.d, c.suppress, body)
+			ex, res := relayStream(g, w, nil, c.d, c.suppress, true, body)
 			if atHeld.status != 0 || len(atHeld.written) != 0 {
 				t.Errorf("4 s into the hold: status %d, %d bytes written; want nothing yet", atHeld.status, len(atHeld.written))
 			}
@@ -446,8 +432,10 @@ func TestRelayFlushesBeforeWithheldChunk(t *testing.T) {
 			}
 		},
 	}
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	ex := runRelay(g, req, w, llm.DialectOpenAI, true, body)
+	ex, res := relayStream(g, w, nil, llm.DialectOpenAI, true, false, body)
+	if ex.rec.Outcome != llm.OutcomeOK || !res.done {
+		t.Errorf("outcome %s, done %v for a whole stream; want ok, done", ex.rec.Outcome, res.done)
+	}
 	if flushedAtRead2 != openAIRole+openAITok1 {
 		t.Errorf("while waiting on the upstream the client had only %d of %d bytes flushed: the events before the withheld usage chunk sit in the writer's buffer",
 			len(flushedAtRead2), len(openAIRole+openAITok1))
@@ -467,8 +455,7 @@ func TestRelayEventTooLargeKeepsEarlierEvents(t *testing.T) {
 	w := &recWriter{h: http.Header{}}
 	huge := "data: " + strings.Repeat("y", 4000)
 	body := &scriptReader{reads: [][]byte{[]byte(openAIRole + openAITok1 + huge)}}
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	ex := runRelay(g, req, w, llm.DialectOpenAI, false, body)
+	ex, _ := relayStream(g, w, nil, llm.DialectOpenAI, false, false, body)
 	if ex.rec.Interruption != llm.InterruptProtocolError {
 		t.Fatalf("interruption %s, want protocol_error", ex.rec.Interruption)
 	}
@@ -502,8 +489,10 @@ func TestRelayCRLFSplitNextToWithheldChunk(t *testing.T) {
 			for _, r := range tc.reads {
 				body.reads = append(body.reads, []byte(r))
 			}
-			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-			runRelay(g, req, w, llm.DialectOpenAI, true, body)
+			ex, _ := relayStream(g, w, nil, llm.DialectOpenAI, true, false, body)
+			if ex.rec.Outcome != llm.OutcomeOK || !ex.rec.TerminalSeen {
+				t.Errorf("outcome %s, terminal seen %v; want ok with [DONE] seen", ex.rec.Outcome, ex.rec.TerminalSeen)
+			}
 			if want := stop + done; string(w.written) != want {
 				t.Errorf("client got %q\nwant        %q", w.written, want)
 			}
@@ -530,7 +519,7 @@ func TestRelayErrorEventThenDoneThenClientLeaves(t *testing.T) {
 			}
 		},
 	}
-	ex := runRelay(g, req, w, llm.DialectOpenAI, false, body)
+	ex, _ := relayStream(g, w, req, llm.DialectOpenAI, false, false, body)
 	if ex.rec.Outcome != llm.OutcomeUpstreamError || ex.rec.Interruption != llm.InterruptUpstreamErrorEvent {
 		t.Errorf("outcome %s interruption %s; want upstream_error / upstream_error_event", ex.rec.Outcome, ex.rec.Interruption)
 	}
@@ -550,12 +539,7 @@ func TestRelayRandomSplits(t *testing.T) {
 		want := strings.ReplaceAll(openAIRole+openAITok1+": keep-alive\n\n"+big+openAITok2+openAIStop+openAIDone, "\n", eol)
 		var fidelity, held, other int
 		for iter := range 80 {
-			var reads [][]byte
-			for rest := in; rest != ""; {
-				n := 1 + rng.IntN(min(len(rest), []int{7, 300, 5000, 70000}[iter%4]))
-				reads = append(reads, []byte(rest[:n]))
-				rest = rest[n:]
-			}
+			reads := randomSplit(rng, in, []int{7, 300, 5000, 70000}[iter%4])
 			g := relayGateway(t, 0)
 			w := &recWriter{h: http.Header{}}
 			var unflushed []int
@@ -564,16 +548,10 @@ func TestRelayRandomSplits(t *testing.T) {
 					unflushed = append(unflushed, i)
 				}
 			}}
-			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-			ex := runRelay(g, req, w, llm.DialectOpenAI, true, body)
+			ex, _ := relayStream(g, w, nil, llm.DialectOpenAI, true, false, body)
 			if string(w.written) != want {
 				if fidelity++; fidelity == 1 {
-					i := 0
-					for i < min(len(w.written), len(want)) && w.written[i] == want[i] {
-						i++
-					}
-					t.Logf("eol %q iter %d: client got %d bytes, want %d; first difference at %d: got %q want %q",
-						eol, iter, len(w.written), len(want), i, w.written[i:min(i+8, len(w.written))], want[i:min(i+8, len(want))])
+					t.Logf("eol %q iter %d: %s", eol, iter, firstDiff(w.written, want))
 				}
 			}
 			if len(unflushed) > 0 {
@@ -603,9 +581,14 @@ func TestRelayRewindsEmptyBuffer(t *testing.T) {
 	for range 200 {
 		reads = append(reads, []byte(ev))
 	}
-	body := &scriptReader{reads: reads}
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	runRelay(g, req, w, llm.DialectOpenAI, false, body)
+	body := &scriptReader{reads: reads, recordSizes: true}
+	ex, _ := relayStream(g, w, nil, llm.DialectOpenAI, false, false, body)
+	if ex.rec.TokenEvents != 200 {
+		t.Errorf("%d token events relayed, want 200", ex.rec.TokenEvents)
+	}
+	if len(body.sizes) < 8 {
+		t.Fatalf("%d reads recorded for a stream of 200 events", len(body.sizes))
+	}
 	small := 0
 	for _, s := range body.sizes {
 		if s < relayBufSize/2 {
@@ -628,6 +611,10 @@ func TestStreamStatePoolIsPerGateway(t *testing.T) {
 	for range 8 { // several, since the race detector drops some pool Puts
 		states = append(states, small.getStreamState())
 	}
+	if _, _, err := states[0].fr.Push([]byte("data: " + strings.Repeat("q", 8000))); !errors.Is(err, sseparse.ErrEventTooLarge) {
+		t.Fatalf("gateway with max_event_bytes 1 KiB took an 8 KB partial event (%v)", err)
+	}
+	states[0] = small.getStreamState() // the one above holds a partial event
 	for _, s := range states {
 		small.putStreamState(s)
 	}
@@ -644,15 +631,16 @@ func TestStreamStatePoolIsPerGateway(t *testing.T) {
 func TestTimeoutAfterTerminalFlushed(t *testing.T) {
 	g := relayGateway(t, 0)
 	w := &recWriter{h: http.Header{}}
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 0)
 	defer cancel()
 	<-ctx.Done()
-	ex := &exchange{g: g, w: w, r: req, up: g.upstreams[0], modelLabel: "m"}
-	ex.rec.Route, ex.rec.Dialect, ex.rec.Status = llm.RouteChatCompletions, llm.DialectOpenAI, 200
-	ex.rec.Timing.In = g.now()
-	ex.relay(ctx, cancel, sseResponse(io.MultiReader(strings.NewReader(openAIRole+openAITok1+openAIStop+openAIDone),
-		errReader{context.DeadlineExceeded})), false, &phaseTimer{})
+	rg := &relayRig{g: g, w: w, d: llm.DialectOpenAI, ctx: ctx, cancel: cancel}
+	res := rg.run(io.MultiReader(strings.NewReader(openAIRole+openAITok1+openAIStop+openAIDone),
+		errReader{context.DeadlineExceeded}))
+	ex := &rg.ex
+	if !res.done {
+		t.Errorf("attempt result %s not done: another attempt could follow a stream the caller has whole", res.result)
+	}
 	if string(w.written) != openAIRole+openAITok1+openAIStop+openAIDone {
 		t.Fatalf("client got %q", w.written)
 	}
@@ -785,11 +773,7 @@ func TestHoldUntilFirstToken(t *testing.T) {
 			go func() {
 				done <- sendRequest(context.Background(), http.MethodPost, front.URL+tc.path, "application/json", tc.body, nil)
 			}()
-			select {
-			case <-tap.waiting:
-			case <-time.After(testWait):
-				t.Fatal("the relay never read the upstream's preamble")
-			}
+			await(t, tap.waiting, "the relay to read the upstream's preamble")
 			header, writes, flushes := spy.Load().snapshot()
 			if header != 0 || len(writes) != 0 || flushes != 0 {
 				t.Errorf("before the first token the gateway sent the caller: status %d, %d writes (%q), %d flushes",
@@ -918,7 +902,7 @@ func TestIdleTimeoutMidStream(t *testing.T) {
 			if rec.Outcome != llm.OutcomeUpstreamTimeout || rec.Interruption != llm.InterruptIdleTimeout || rec.TokenEvents != 3 {
 				t.Errorf("record outcome %s interruption %s token events %d", rec.Outcome, rec.Interruption, rec.TokenEvents)
 			}
-			if got, want := edgeAttempts(rec), []string{"mock/200/idle_timeout"}; !edgeSameList(got, want) {
+			if got, want := attemptList(rec), []string{"mock:200:idle_timeout"}; !slices.Equal(got, want) {
 				t.Errorf("attempts %v, want %v", got, want)
 			}
 			if v := metricValue(t, tg, "tollgate_stream_interruptions_total",
@@ -952,16 +936,18 @@ func TestRelayAllocationsDoNotGrowWithEvents(t *testing.T) {
 
 func relayAllocations(t *testing.T, hold bool) {
 	allocs := func(events int) float64 {
-		h := newRelayHarness(t, events, false)
-		h.hold = hold
-		var ex exchange
-		var body piecesReader
-		h.run(&ex, &body) // warm the pools and the metric children
-		if ex.rec.Outcome != llm.OutcomeOK || ex.rec.TokenEvents != events || ex.rec.Usage.Output != 8 {
+		rb := newRelayBench(t, events, false)
+		rb.hold = hold
+		rb.run() // warm the pools and the metric children
+		if ex := &rb.ex; ex.rec.Outcome != llm.OutcomeOK || ex.rec.TokenEvents != events || ex.rec.Usage.Output != 8 {
 			t.Fatalf("relay of %d events: outcome %s, %d token events, usage %+v", events, ex.rec.Outcome,
 				ex.rec.TokenEvents, ex.rec.Usage)
 		}
-		return testing.AllocsPerRun(50, func() { h.run(&ex, &body) })
+		n := testing.AllocsPerRun(50, rb.run)
+		if rb.ex.rec.Outcome != llm.OutcomeOK || rb.ex.rec.TokenEvents != events {
+			t.Fatalf("relay of %d events, run again: outcome %s, %d token events", events, rb.ex.rec.Outcome, rb.ex.rec.TokenEvents)
+		}
+		return n
 	}
 	small, large := allocs(16), allocs(1024)
 	// One allocation per event would add 1,008; a few of slack absorb the

@@ -7,8 +7,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -402,22 +402,7 @@ func BenchmarkRetryBackoffBudget(b *testing.B) {
 	}
 }
 
-// statusesUpstream answers with statuses in turn (the last one repeats),
-// each with a body naming it.
-type statusesUpstream struct {
-	statuses []int
-	hits     atomic.Int32
-}
-
-func (u *statusesUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	i := int(u.hits.Add(1)) - 1
-	st := u.statuses[min(i, len(u.statuses)-1)]
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(st)
-	_, _ = io.WriteString(w, statusBody(st))
-}
-
+// statusBody is the body of an upstream answer with status st, naming it.
 func statusBody(st int) string { return `{"answer":` + strconv.Itoa(st) + `}` }
 
 // TestForwardedRepeatOnlyWhenNotActed: a model call on another path
@@ -444,37 +429,28 @@ func TestForwardedRepeatOnlyWhenNotActed(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			up := &statusesUpstream{statuses: c.statuses}
+			up := &scriptUpstream{respond: func(n int, _ *http.Request) scriptStep {
+				st := c.statuses[min(n, len(c.statuses))-1] // the last one repeats
+				return scriptStep{st, nil, statusBody(st)}
+			}}
 			us := httptest.NewServer(up)
 			defer us.Close()
-			tg := newTestGateway(t, us.URL, func(cfg *config.Config) {
-				cfg.Upstreams[0].Retry.BaseDelayMs, cfg.Upstreams[0].Retry.MaxDelayMs = 1, 2
-			})
-			var rd io.Reader
+			tg := newTestGateway(t, us.URL, func(cfg *config.Config) { fastRetry(&cfg.Upstreams[0]) })
+			ctype := ""
 			if c.body != "" {
-				rd = strings.NewReader(c.body)
+				ctype = "application/json"
 			}
-			req, err := http.NewRequestWithContext(context.Background(), c.method, tg.URL+c.path, rd)
-			if err != nil {
-				t.Fatal(err)
+			r := sendRequest(context.Background(), c.method, tg.URL+c.path, ctype, c.body, nil)
+			if r.err != nil {
+				t.Fatal(r.err)
 			}
-			if c.body != "" {
-				req.Header.Set("Content-Type", "application/json")
+			if rec := tg.record(t); rec.AttemptCount != int(c.wantHits) {
+				t.Errorf("record lists %d attempts, want %d (%v)", rec.AttemptCount, c.wantHits, attemptList(rec))
 			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			if r.resp.StatusCode != c.wantStatus || string(r.body) != statusBody(c.wantStatus) {
+				t.Errorf("caller got %d %q; want %d %q", r.resp.StatusCode, r.body, c.wantStatus, statusBody(c.wantStatus))
 			}
-			body, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			tg.record(t)
-			if resp.StatusCode != c.wantStatus || string(body) != statusBody(c.wantStatus) {
-				t.Errorf("caller got %d %q; want %d %q", resp.StatusCode, body, c.wantStatus, statusBody(c.wantStatus))
-			}
-			if n := up.hits.Load(); n != c.wantHits {
+			if n := up.count(c.path); n != int(c.wantHits) {
 				t.Errorf("upstream hits %d, want %d", n, c.wantHits)
 			}
 		})
@@ -503,7 +479,7 @@ func TestInsufficientQuotaNotRetried(t *testing.T) {
 				t.Errorf("mock saw %d requests, want 1", st.Requests)
 			}
 			rec := tg.record(t)
-			if got, want := edgeAttempts(rec), []string{"mock/429/rate_limited"}; !edgeSameList(got, want) {
+			if got, want := attemptList(rec), []string{"mock:429:rate_limited"}; !slices.Equal(got, want) {
 				t.Errorf("attempts %v, want %v", got, want)
 			}
 			if rec.RetryWait != 0 || rec.Outcome != llm.OutcomeUpstreamError {
@@ -570,21 +546,21 @@ func TestXShouldRetry(t *testing.T) {
 		attempts []string
 	}{
 		{"503 with x-should-retry false is not retried",
-			scriptStep{503, map[string]string{"X-Should-Retry": "false"}, serverErrBody}, 503, 1, []string{"up/503/server_error"}},
+			scriptStep{503, map[string]string{"X-Should-Retry": "false"}, serverErrBody}, 503, 1, []string{"up:503:server_error"}},
 		{"400 with x-should-retry true is retried",
-			scriptStep{400, map[string]string{"X-Should-Retry": "true"}, conflictBody}, 200, 2, []string{"up/400/client_error", "up/200/ok"}},
+			scriptStep{400, map[string]string{"X-Should-Retry": "true"}, conflictBody}, 200, 2, []string{"up:400:client_error", "up:200:ok"}},
 		{"400 without it is not",
-			scriptStep{400, nil, conflictBody}, 400, 1, []string{"up/400/client_error"}},
+			scriptStep{400, nil, conflictBody}, 400, 1, []string{"up:400:client_error"}},
 		// shouldRetry's documented precedence: an error no retry can fix
 		// is not retried even when the upstream says true (the SDKs would).
 		{"400 invalid_request_error with x-should-retry true is not",
-			scriptStep{400, map[string]string{"X-Should-Retry": "true"}, badRequestBody}, 400, 1, []string{"up/400/client_error"}},
+			scriptStep{400, map[string]string{"X-Should-Retry": "true"}, badRequestBody}, 400, 1, []string{"up:400:client_error"}},
 		{"429 insufficient_quota with x-should-retry true is not",
 			scriptStep{429, map[string]string{"X-Should-Retry": "true"},
 				`{"error":{"message":"quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`},
-			429, 1, []string{"up/429/rate_limited"}},
+			429, 1, []string{"up:429:rate_limited"}},
 		{"503 without it is",
-			scriptStep{503, nil, serverErrBody}, 200, 2, []string{"up/503/server_error", "up/200/ok"}},
+			scriptStep{503, nil, serverErrBody}, 200, 2, []string{"up:503:server_error", "up:200:ok"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -607,7 +583,7 @@ func TestXShouldRetry(t *testing.T) {
 			if n := script.count("/v1/chat/completions"); n != tc.requests {
 				t.Errorf("upstream saw %d requests, want %d", n, tc.requests)
 			}
-			if got := edgeAttempts(tg.record(t)); !edgeSameList(got, tc.attempts) {
+			if got := attemptList(tg.record(t)); !slices.Equal(got, tc.attempts) {
 				t.Errorf("attempts %v, want %v", got, tc.attempts)
 			}
 		})
@@ -725,7 +701,7 @@ func TestForwardedRetryRules(t *testing.T) {
 				t.Errorf("upstream saw %d requests, want %d", n, tc.requests)
 			}
 			if rec := tg.record(t); rec.AttemptCount != tc.requests {
-				t.Errorf("record lists %d attempts, want %d (%v)", rec.AttemptCount, tc.requests, edgeAttempts(rec))
+				t.Errorf("record lists %d attempts, want %d (%v)", rec.AttemptCount, tc.requests, attemptList(rec))
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -54,7 +55,7 @@ func TestShapingQueueFull(t *testing.T) {
 				if resp.StatusCode != http.StatusOK {
 					t.Errorf("second request: %d %s, want 200 from the backup", resp.StatusCode, body)
 				}
-				if got, want := edgeAttempts(rec), []string{"primary/0/queue_full", "backup/200/ok"}; !edgeSameList(got, want) {
+				if got, want := attemptList(rec), []string{"primary:0:queue_full", "backup:200:ok"}; !slices.Equal(got, want) {
 					t.Errorf("attempts %v, want %v", got, want)
 				}
 				if rec.Upstream != "backup" || mock.Stats().Requests != 1 {
@@ -75,7 +76,7 @@ func TestShapingQueueFull(t *testing.T) {
 				if err := json.Unmarshal(body, &e); err != nil || e.Error.Code != "upstream_unavailable" {
 					t.Errorf("503 body %s is not an OpenAI error with code upstream_unavailable (%v)", body, err)
 				}
-				if got, want := edgeAttempts(rec), []string{"primary/0/queue_full"}; !edgeSameList(got, want) {
+				if got, want := attemptList(rec), []string{"primary:0:queue_full"}; !slices.Equal(got, want) {
 					t.Errorf("attempts %v, want %v", got, want)
 				}
 				if rec.Outcome != llm.OutcomeUpstreamUnreachable {
