@@ -27,9 +27,8 @@ import (
 // TestHeaderPhaseFollowsRequest: the header timeout applies to streamed
 // requests only, whatever an earlier attempt answered. A non-streamed
 // request whose first attempt got a stream (that broke before its first
-// token) must not put its second attempt under header_timeout_seconds.
-// Before the fix the first attempt's stream flag did, and the slow but
-// healthy non-streamed answer was cut as a header timeout.
+// token) must not put its second attempt under header_timeout_seconds:
+// the slow but healthy non-streamed answer is no header timeout.
 func TestHeaderPhaseFollowsRequest(t *testing.T) {
 	const answer = `{"id":"chatcmpl-tg0002","object":"chat.completion","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Oslo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}`
 	var hits atomic.Int32
@@ -202,8 +201,8 @@ func (b *lateWroteBody) Close() error {
 
 // TestUpSentReportedAfterRoundTrip: a request whose "written" moment is
 // reported after RoundTrip returned still gets it, so its overhead and
-// upstream TTFT are figured (they were missing for ~7% of streams on a
-// loaded 2-core machine).
+// upstream TTFT are figured (on a loaded machine the report comes late
+// for a few percent of streams).
 func TestUpSentReportedAfterRoundTrip(t *testing.T) {
 	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 4}))
 	defer mock.Close()

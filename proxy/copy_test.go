@@ -25,6 +25,9 @@ func TestStreamAnsweredAsJSONGoodput(t *testing.T) {
 	tg := newTestGateway(t, srv.URL, nil)
 	post(t, tg.URL+"/v1/chat/completions", `{"model":"m","stream":true}`, nil)
 	rec := tg.record(t)
+	if rec.Outcome != llm.OutcomeOK || rec.Stream {
+		t.Errorf("outcome %s, stream %v for a whole JSON answer; want ok, not streamed", rec.Outcome, rec.Stream)
+	}
 	if rec.Outcome == llm.OutcomeOK && rec.Goodput != llm.SLOMet {
 		t.Errorf("ok answer classified goodput=%s (stream=%v, ttft=%v)", rec.Goodput, rec.Stream, rec.TTFT())
 	}

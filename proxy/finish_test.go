@@ -27,8 +27,8 @@ func TestRecordAttemptsKeepTheLast(t *testing.T) {
 	}
 }
 
-// TestUnknownRouteLeavesAccessLogLine: the issue asks for one access-log
-// line per request; a 404 on an unknown route must leave one too.
+// TestUnknownRouteLeavesAccessLogLine: every request leaves one access-log
+// line, a 404 on an unknown route too.
 func TestUnknownRouteLeavesAccessLogLine(t *testing.T) {
 	tg := newTestGateway(t, "http://127.0.0.1:1", nil)
 	resp, _ := post(t, tg.URL+"/v2/nope", `{}`, nil)
@@ -37,6 +37,9 @@ func TestUnknownRouteLeavesAccessLogLine(t *testing.T) {
 	}
 	if !bytes.Contains(tg.logs.Bytes(), []byte(`"status":404`)) {
 		t.Errorf("no access-log line for an unknown route; log: %q", tg.logs.String())
+	}
+	if rec := tg.record(t); rec.Status != http.StatusNotFound || rec.Outcome != llm.OutcomeBadRequest {
+		t.Errorf("record status %d outcome %s, want the 404 as a bad request", rec.Status, rec.Outcome)
 	}
 }
 

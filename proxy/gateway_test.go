@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -334,13 +333,7 @@ func TestUpstreamFaults(t *testing.T) {
 
 func TestUpstreamUnreachableAndTimeout(t *testing.T) {
 	// A port with nothing listening.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
-	tg := newTestGateway(t, dead, nil)
+	tg := newTestGateway(t, closedPortURL(t), nil)
 	resp, body := post(t, tg.URL+"/v1/messages", `{"model":"m","max_tokens":5}`, nil)
 	var e errorShape
 	if resp.StatusCode != 502 || json.Unmarshal(body, &e) != nil || e.Type != "error" || e.Error.Type != "api_error" {

@@ -24,6 +24,14 @@ import (
 	"github.com/tollgate-llm/tollgate/spend"
 )
 
+func messageParams(maxTokens int64) anthropic.MessageNewParams {
+	return anthropic.MessageNewParams{
+		Model:     "claude-test",
+		MaxTokens: maxTokens,
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("How many moons has Saturn?"))},
+	}
+}
+
 // TestKeysMode: in mode "keys" a configured key is admitted and replaced
 // by the upstream's own key; unknown, missing and malformed keys get 401 in
 // the caller's dialect and never reach the upstream.
@@ -669,8 +677,8 @@ func TestCostBudgetRefusesUnpricedModels(t *testing.T) {
 	}
 }
 
-// TestNoWayAroundMetering: the ways a second review found around the
-// metering of governed callers are closed — an escaped path that decodes to
+// TestNoWayAroundMetering: there is no way around the metering of governed
+// callers — an escaped path that decodes to
 // count_tokens, bodies the metering cannot read (a string "stream", a
 // model nested elsewhere, no model), background requests, field names that
 // differ only in case, and in mode "keys" the upstream account's shared

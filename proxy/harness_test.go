@@ -399,7 +399,7 @@ func (u *fixedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	if u.okAuth != "" && auth == u.okAuth {
-		_, _ = io.WriteString(w, `{"id":"chatcmpl-r2","object":"chat.completion","created":1,"model":"gpt-4o-mini",`+
+		_, _ = io.WriteString(w, `{"id":"chatcmpl-fixed","object":"chat.completion","created":1,"model":"gpt-4o-mini",`+
 			`"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],`+
 			`"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 		return
@@ -514,7 +514,7 @@ func upstreamCfg(t *testing.T, c *config.Config, name string) *config.Upstream {
 var tightBreaker = config.Breaker{Enabled: true, ConsecutiveFailures: 2, FailureRatio: 0.5, MinRequests: 20,
 	WindowSeconds: 10, CooldownSeconds: 60, HalfOpenProbes: 1}
 
-// Transcripts from wire.md §7.
+// Transcripts of real upstream streams, one event per constant.
 const (
 	openAIRole  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"q3Zp"}` + "\n\n"
 	openAITok1  = `data: {"id":"chatcmpl-tg0001","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Oslo"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"x9"}` + "\n\n"
@@ -546,13 +546,13 @@ func split(s string, n int) [][]byte {
 
 // chunkEvent is an OpenAI stream chunk with the given delta.
 func chunkEvent(delta string) string {
-	return `data: {"id":"chatcmpl-r2","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini",` +
+	return `data: {"id":"chatcmpl-fixed","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini",` +
 		`"choices":[{"index":0,"delta":` + delta + `,"finish_reason":null}]}` + "\n\n"
 }
 
 // errorEvent is an OpenAI in-stream error event of the given type.
 func errorEvent(typ, code string) string {
-	return `data: {"error":{"message":"r2 stream error","type":"` + typ + `","param":null,"code":"` + code + `"}}` + "\n\n"
+	return `data: {"error":{"message":"stream error","type":"` + typ + `","param":null,"code":"` + code + `"}}` + "\n\n"
 }
 
 // eventPieces splits events into the pieces of a rawUpstream.
@@ -1164,10 +1164,9 @@ func chatParams(maxTokens int64) openai.ChatCompletionNewParams {
 	return p
 }
 
-func messageParams(maxTokens int64) anthropic.MessageNewParams {
-	return anthropic.MessageNewParams{
-		Model:     "claude-test",
-		MaxTokens: maxTokens,
-		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("How many moons has Saturn?"))},
-	}
+// circuitState is the upstream's tollgate_upstream_circuit_state (see
+// metrics.CircuitClosed, CircuitOpen, CircuitHalfOpen), -1 when absent.
+func circuitState(t *testing.T, tg *testGateway, upstream string) float64 {
+	t.Helper()
+	return metricValue(t, tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": upstream})
 }

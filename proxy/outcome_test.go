@@ -27,8 +27,8 @@ func (timeoutErr) Temporary() bool { return true }
 
 // TestConnectTimeoutIsConnectError: a dial that runs out of
 // connect_timeout_seconds is a connect error (502 upstream_unreachable, the
-// attempt's result connect_error), not an upstream timeout. Before the fix
-// the timeout test came first and it was a 504 "timeout".
+// attempt's result connect_error), not an upstream timeout (504 "timeout"):
+// the dial is judged before the timeout.
 func TestConnectTimeoutIsConnectError(t *testing.T) {
 	t.Run("real dial", func(t *testing.T) {
 		// A 1 ns connect timeout expires before the dial starts: the

@@ -166,9 +166,9 @@ func randomSplit(rng *rand.Rand, s string, maxRead int) [][]byte {
 
 // TestHoldRandomSplitsByteExact: whatever the read boundaries and line ends,
 // a held stream reaches the caller byte for byte (the withheld usage chunk
-// aside), and a relayed token sets t_first_token_out. Before the fix a
-// stream with no token lost its held opening when the usage chunk committed
-// it, and CR/CRLF splits at the hold's edge lost or duplicated bytes.
+// aside), and a relayed token sets t_first_token_out: a stream with no
+// token keeps its held opening when the usage chunk commits it, and CR/CRLF
+// splits at the hold's edge neither lose nor duplicate bytes.
 func TestHoldRandomSplitsByteExact(t *testing.T) {
 	ping := "event: ping\ndata: {\"type\":\"ping\"}\n\n"
 	manyPings := strings.Repeat(ping, 40<<10/len(ping)) // more than one relay buffer
@@ -231,8 +231,8 @@ func TestHoldRandomSplitsByteExact(t *testing.T) {
 
 // TestHeldEndKeepsCompleteEvents: a held stream that ends before its
 // first token keeps exactly its complete events, wherever the one read
-// boundary falls, and writes nothing to the caller. Before the fix a CRLF
-// split between reads lost the final LF of the held body.
+// boundary falls (a CRLF split between reads keeps the final LF of the held
+// body), and writes nothing to the caller.
 func TestHeldEndKeepsCompleteEvents(t *testing.T) {
 	opening := anthropicText[:strings.Index(anthropicText, "event: content_block_delta")]
 	for _, eol := range []string{"\n", "\r\n"} {
@@ -313,9 +313,8 @@ func (b *countedBody) Read(p []byte) (int, error) {
 
 // TestHeldStreamWithoutTokenReachesCaller: end to end, a stream with no token
 // (role chunk, finish_reason "length", usage, [DONE], each read apart)
-// reaches the caller whole, the withheld usage chunk aside. Before the fix
-// the usage chunk committed the stream and the held role and finish chunks
-// were dropped.
+// reaches the caller whole, the withheld usage chunk aside: the usage chunk
+// that commits the stream does not drop the held role and finish chunks.
 func TestHeldStreamWithoutTokenReachesCaller(t *testing.T) {
 	length := strings.Replace(openAIStop, `"stop"`, `"length"`, 1)
 	pieces := []string{openAIRole, length, openAIUsage + openAIDone}
@@ -359,8 +358,7 @@ func TestHeldStreamWithoutTokenReachesCaller(t *testing.T) {
 // TestHoldCapCommitsKeepAlives: on the gateway's clock, a stream still
 // without a token 10 s after its hold began is committed at its next read,
 // so its headers, opening events and keep-alives reach the caller (and its
-// proxies) before any token. Before the fix the opening was held until the
-// first token, however long that took.
+// proxies) before any token, however long that token takes.
 func TestHoldCapCommitsKeepAlives(t *testing.T) {
 	ms := anthropicText[:strings.Index(anthropicText, "event: content_block_start")]
 	ping := "event: ping\ndata: {\"type\":\"ping\"}\n\n"
@@ -418,8 +416,8 @@ func TestHoldCapCommitsKeepAlives(t *testing.T) {
 }
 
 // A complete event that precedes the withheld usage chunk in the same read
-// must be flushed before the relay blocks on the next read (DESIGN 1: never
-// buffer a stream), and its flush must set t_first_token_out.
+// must be flushed before the relay blocks on the next read (a stream is
+// never buffered), and its flush must set t_first_token_out.
 func TestRelayFlushesBeforeWithheldChunk(t *testing.T) {
 	g := relayGateway(t, 0)
 	w := &recWriter{h: http.Header{}}

@@ -408,7 +408,7 @@ func statusBody(st int) string { return `{"answer":` + strconv.Itoa(st) + `}` }
 // TestForwardedRepeatOnlyWhenNotActed: a model call on another path
 // (images, embeddings) may have acted on a 500, so it is not sent again; on
 // a 503 or 429 the upstream surely did not act, so it is. GET is always
-// repeated. Before the fix every retryable status repeated the call.
+// repeated. A retryable status alone does not repeat the call.
 func TestForwardedRepeatOnlyWhenNotActed(t *testing.T) {
 	const (
 		image = `{"model":"gpt-image-1","prompt":"a toll gate at dawn"}`

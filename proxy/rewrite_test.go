@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 )
 
@@ -31,8 +32,12 @@ func TestIncludeUsageOff(t *testing.T) {
 	if sent, _ := up.request(); string(sent) != body {
 		t.Errorf("body changed with include_usage=false: %s", sent)
 	}
-	if rec := tg.record(t); !rec.Estimated || rec.Usage.Output != 2 {
+	rec := tg.record(t)
+	if !rec.Estimated || rec.Usage.Output != 2 {
 		t.Errorf("record usage %+v estimated %v", rec.Usage, rec.Estimated)
+	}
+	if rec.Outcome != llm.OutcomeOK || !rec.TerminalSeen {
+		t.Errorf("record outcome %s, terminal seen %v; want ok with [DONE] seen", rec.Outcome, rec.TerminalSeen)
 	}
 }
 
@@ -41,14 +46,14 @@ func TestIncludeUsageOff(t *testing.T) {
 // route matches goes up unchanged.
 func TestRouteRename(t *testing.T) {
 	tests := []struct{ name, path, body string }{
-		{"openai", "/v1/chat/completions", `{"model":"edge-1","messages":[{"role":"user","content":"hi"}],"metadata":{"model":"keep"}}`},
-		{"anthropic", "/v1/messages", `{"model":"edge-1","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
+		{"openai", "/v1/chat/completions", `{"model":"alias-1","messages":[{"role":"user","content":"hi"}],"metadata":{"model":"keep"}}`},
+		{"anthropic", "/v1/messages", `{"model":"alias-1","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			mock, url := mockUpstream(t, mockllm.Options{OutputTokens: 2})
 			tg := newTestGateway(t, url, func(c *config.Config) {
-				c.Routes = []config.Route{{Models: []string{"edge-*"}, Upstreams: []string{"mock"},
+				c.Routes = []config.Route{{Models: []string{"alias-*"}, Upstreams: []string{"mock"},
 					Rename: map[string]string{"mock": "deployment-7"}}}
 			})
 			resp, body := post(t, tg.URL+tc.path, tc.body, nil)
@@ -56,14 +61,14 @@ func TestRouteRename(t *testing.T) {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
 			}
 			reqs := mock.Requests()
-			want := strings.Replace(tc.body, `"model":"edge-1"`, `"model":"deployment-7"`, 1)
+			want := strings.Replace(tc.body, `"model":"alias-1"`, `"model":"deployment-7"`, 1)
 			if len(reqs) != 1 || string(reqs[0].Body) != want {
 				t.Errorf("upstream got %d requests, body %q\nwant %q", len(reqs), lastBody(reqs), want)
 			}
-			if rec := tg.record(t); rec.Model != "edge-1" || rec.Upstream != "mock" {
-				t.Errorf("record model %q upstream %q, want the caller's edge-1 on mock", rec.Model, rec.Upstream)
+			if rec := tg.record(t); rec.Model != "alias-1" || rec.Upstream != "mock" {
+				t.Errorf("record model %q upstream %q, want the caller's alias-1 on mock", rec.Model, rec.Upstream)
 			}
-			plain := strings.Replace(tc.body, "edge-1", "plain-1", 1)
+			plain := strings.Replace(tc.body, "alias-1", "plain-1", 1)
 			post(t, tg.URL+tc.path, plain, nil)
 			tg.record(t)
 			if reqs := mock.Requests(); string(lastBody(reqs)) != plain {

@@ -28,10 +28,9 @@ import (
 	"github.com/tollgate-llm/tollgate/spend"
 )
 
-// The issue 4 must-show scenarios end to end: real loopback mockllm
-// upstreams, the gateway on its own loopback server, and the official SDKs
-// with their own retries off, so that what an SDK sees is what the gateway
-// did.
+// The retry and fallback loop end to end: real loopback mockllm upstreams,
+// the gateway on its own loopback server, and the official SDKs with their
+// own retries off, so that what an SDK sees is what the gateway did.
 
 // TestResilience429ThenSuccess: an upstream 429 with retry-after-ms is
 // retried after at least the hint, and the SDK sees one whole answer.
@@ -435,9 +434,8 @@ func TestResilienceErrorEventThenCallerLeaves(t *testing.T) {
 
 // TestRefusedRetryDoesNotWait: a retry the budget or the breaker will
 // refuse is refused before the Retry-After wait, not after it: the caller
-// gets the upstream's 429 at once and the record shows no wait. Before the
-// fix the gateway slept the 1.5 s hint and only then found the budget empty
-// (or the breaker open).
+// gets the upstream's 429 at once, not after sleeping the 1.5 s hint, and
+// the record shows no wait.
 func TestRefusedRetryDoesNotWait(t *testing.T) {
 	const errBody = `{"error":{"message":"slow down","type":"requests","param":null,"code":"rate_limit_exceeded"}}`
 	cases := []struct {
@@ -580,7 +578,7 @@ func TestShutdownDuringBackoff(t *testing.T) {
 			}
 		}},
 		{"openai_sdk", false, func(ctx context.Context, url string) rawAnswer {
-			c := openai.NewClient(option.WithBaseURL(url+"/v1"), option.WithAPIKey("sk-r2"), option.WithMaxRetries(0))
+			c := openai.NewClient(option.WithBaseURL(url+"/v1"), option.WithAPIKey("sk-shutdown"), option.WithMaxRetries(0))
 			comp, err := c.Chat.Completions.New(ctx, oaiParams)
 			if err == nil && comp != nil {
 				return rawAnswer{chunks: len(comp.Choices)}
@@ -588,7 +586,7 @@ func TestShutdownDuringBackoff(t *testing.T) {
 			return rawAnswer{err: err}
 		}, wantOpenAIShutdownError},
 		{"openai_sdk_stream", false, func(ctx context.Context, url string) rawAnswer {
-			c := openai.NewClient(option.WithBaseURL(url+"/v1"), option.WithAPIKey("sk-r2"), option.WithMaxRetries(0))
+			c := openai.NewClient(option.WithBaseURL(url+"/v1"), option.WithAPIKey("sk-shutdown"), option.WithMaxRetries(0))
 			s := c.Chat.Completions.NewStreaming(ctx, oaiParams)
 			var a rawAnswer
 			for s.Next() {
@@ -599,7 +597,7 @@ func TestShutdownDuringBackoff(t *testing.T) {
 			return a
 		}, wantOpenAIShutdownError},
 		{"anthropic_sdk", true, func(ctx context.Context, url string) rawAnswer {
-			c := anthropic.NewClient(aoption.WithBaseURL(url), aoption.WithAPIKey("sk-ant-r2"), aoption.WithMaxRetries(0))
+			c := anthropic.NewClient(aoption.WithBaseURL(url), aoption.WithAPIKey("sk-ant-shutdown"), aoption.WithMaxRetries(0))
 			m, err := c.Messages.New(ctx, antParams)
 			if err == nil && m != nil {
 				return rawAnswer{chunks: len(m.Content)}
@@ -607,7 +605,7 @@ func TestShutdownDuringBackoff(t *testing.T) {
 			return rawAnswer{err: err}
 		}, wantAnthropicShutdownError},
 		{"anthropic_sdk_stream", true, func(ctx context.Context, url string) rawAnswer {
-			c := anthropic.NewClient(aoption.WithBaseURL(url), aoption.WithAPIKey("sk-ant-r2"), aoption.WithMaxRetries(0))
+			c := anthropic.NewClient(aoption.WithBaseURL(url), aoption.WithAPIKey("sk-ant-shutdown"), aoption.WithMaxRetries(0))
 			s := c.Messages.NewStreaming(ctx, antParams)
 			var a rawAnswer
 			for s.Next() {
@@ -680,8 +678,8 @@ func askRaw(ctx context.Context, url, body string) rawAnswer {
 		return rawAnswer{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer sk-r2")
-	req.Header.Set("X-Api-Key", "sk-ant-r2")
+	req.Header.Set("Authorization", "Bearer sk-shutdown")
+	req.Header.Set("X-Api-Key", "sk-ant-shutdown")
 	req.Header.Set("Anthropic-Version", "2023-06-01")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -759,7 +757,7 @@ func TestFallbackMetricsFromLastAttempt(t *testing.T) {
 		w.inject(t, "b", "status=500", 1)
 		wantSuccess(t, kindOpenAI, w.call(t, kindOpenAI, nil))
 		wantAttempts(t, w.tg.record(t), "a:500:server_error", "b:500:server_error", "c:200:ok")
-		if s := metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "b"}); s != metrics.CircuitOpen {
+		if s := circuitState(t, w.tg, "b"); s != metrics.CircuitOpen {
 			t.Fatalf("b's circuit state %v, want open", s)
 		}
 		fallback := func(from, to, reason string) float64 {
