@@ -692,16 +692,13 @@ func TestHalfOpenProbeReleasedAtFirstToken(t *testing.T) {
 		fastRetry(u)
 		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 1, 5, 1
 	}, func(o *Options) { o.Now = clk.Now })
-	state := func() float64 {
-		return circuitState(t, tg, "mock")
-	}
 
 	// One failure opens the circuit.
 	if resp, _ := post(t, tg.URL+"/v1/chat/completions", plainChat, nil); resp.StatusCode != http.StatusInternalServerError {
 		t.Fatalf("first request: %d, want the upstream's 500", resp.StatusCode)
 	}
 	tg.record(t)
-	if s := state(); s != metrics.CircuitOpen {
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
 		t.Fatalf("circuit state %v after the failure, want open", s)
 	}
 	clk.Advance(6 * time.Second) // past the cooldown: the next request is the probe
@@ -727,7 +724,7 @@ func TestHalfOpenProbeReleasedAtFirstToken(t *testing.T) {
 		}
 	}
 	// The caller has the probe's first token; the probe still streams.
-	if s := state(); s != metrics.CircuitClosed {
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
 		t.Errorf("circuit state %v once the probe's first token is out, want closed", s)
 	}
 	resp, body := post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
@@ -814,16 +811,13 @@ func quotaSparesBreaker(t *testing.T, attempts int) {
 		u.Retry.MaxAttempts = attempts
 		u.Breaker.ConsecutiveFailures = 1
 	}, func(o *Options) { o.Now = newFakeClock().Now })
-	state := func() float64 {
-		return circuitState(t, tg, "mock")
-	}
 	for i := range 2 {
 		resp, body := post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
 		if resp.StatusCode != http.StatusTooManyRequests || string(body) != quota {
 			t.Fatalf("quota request %d: %d %q; want the upstream's 429", i+1, resp.StatusCode, body)
 		}
 		wantAttempts(t, tg.record(t), "mock:429:rate_limited")
-		if s := state(); s != metrics.CircuitClosed {
+		if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
 			t.Errorf("circuit state %v after %d quota answers, want closed", s, i+1)
 		}
 	}
@@ -832,7 +826,7 @@ func quotaSparesBreaker(t *testing.T, attempts int) {
 	if resp.StatusCode != http.StatusInternalServerError {
 		t.Errorf("plain failure: %d, want the upstream's 500", resp.StatusCode)
 	}
-	if s := state(); s != metrics.CircuitOpen {
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
 		t.Errorf("circuit state %v after a 500, want open", s)
 	}
 	if n := hits.Load(); n != 3 {
@@ -861,14 +855,11 @@ func TestHalfOpenProbeBrokenBeforeTokenReopens(t *testing.T) {
 		u.Retry.MaxAttempts = 1
 		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 2, 5, 1
 	}, func(o *Options) { o.Now = clk.Now })
-	state := func() float64 {
-		return circuitState(t, tg, "mock")
-	}
 	post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
 	tg.record(t)
 	post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
 	tg.record(t)
-	if s := state(); s != 2 {
+	if s := circuitState(t, tg, "mock"); s != 2 {
 		t.Fatalf("circuit state %v after 2 failures in a row, want 2 (open)", s)
 	}
 	clk.Advance(6 * time.Second)
@@ -877,7 +868,7 @@ func TestHalfOpenProbeBrokenBeforeTokenReopens(t *testing.T) {
 	if resp.StatusCode != 200 || rec.AttemptCount != 1 || rec.Attempts[0].Result != resultStreamBroken {
 		t.Fatalf("probe: status %d attempts %v, want one stream_broken attempt", resp.StatusCode, attemptList(rec))
 	}
-	if s := state(); s != 2 {
+	if s := circuitState(t, tg, "mock"); s != 2 {
 		t.Errorf("circuit state %v after a probe that broke before its first token, want 2 (open)", s)
 	}
 }
@@ -946,12 +937,9 @@ func TestHalfOpenProbeCallerLeavesNoVerdict(t *testing.T) {
 		u.Retry.MaxAttempts = 1
 		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 1, 5, 1
 	}, func(o *Options) { o.Now = clk.Now })
-	state := func() float64 {
-		return circuitState(t, tg, "mock")
-	}
 	post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
 	tg.record(t)
-	if s := state(); s != metrics.CircuitOpen {
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
 		t.Fatalf("circuit state %v after a 500, want open", s)
 	}
 	clk.Advance(6 * time.Second)
@@ -976,7 +964,7 @@ func TestHalfOpenProbeCallerLeavesNoVerdict(t *testing.T) {
 	if rec := tg.record(t); rec.AttemptCount != 1 || rec.Attempts[0].Result != resultClientGone {
 		t.Fatalf("probe attempts %v, want one client_gone", attemptList(rec))
 	}
-	if s := state(); s != metrics.CircuitHalfOpen {
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitHalfOpen {
 		t.Fatalf("circuit state %v after the probe's caller left, want half-open (no verdict)", s)
 	}
 	resp, body := post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
@@ -984,7 +972,7 @@ func TestHalfOpenProbeCallerLeavesNoVerdict(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("next request: %d %s; want the probe slot free and the upstream's answer", resp.StatusCode, body)
 	}
-	if s := state(); s != metrics.CircuitClosed {
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
 		t.Errorf("circuit state %v after a successful probe, want closed", s)
 	}
 }

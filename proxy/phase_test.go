@@ -13,7 +13,7 @@ import (
 // cause. fire is called by hand, so no timing decides the result.
 func TestPhaseTimerTouchMovesIdleDeadline(t *testing.T) {
 	var causes []error
-	pt := newPhaseTimer(func(c error) { causes = append(causes, c) }, time.Hour)
+	pt := testPhaseTimer(t, func(c error) { causes = append(causes, c) }, time.Hour)
 	pt.t = time.AfterFunc(time.Hour, func() {}) // a timer fire may re-arm; never runs here
 	defer pt.t.Stop()
 	pt.phase.Store(phaseIdle)
@@ -28,6 +28,14 @@ func TestPhaseTimerTouchMovesIdleDeadline(t *testing.T) {
 	if len(causes) != 1 || !errors.Is(causes[0], errIdleTimeout) {
 		t.Fatalf("fire past the deadline: causes %v, want the idle timeout", causes)
 	}
+}
+
+// testPhaseTimer is the phase timer of an attempt whose cancel is cancel,
+// with the idle timeout idle, stopped when the test ends.
+func testPhaseTimer(t *testing.T, cancel context.CancelCauseFunc, idle time.Duration) *phaseTimer {
+	pt := newPhaseTimer(cancel, idle)
+	t.Cleanup(pt.stop)
+	return pt
 }
 
 // touch is touchAt now, on the timer's clock.
@@ -65,8 +73,7 @@ func TestPhaseTimerFiresWithPhaseCause(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
-			pt := newPhaseTimer(cancel, time.Millisecond)
-			defer pt.stop()
+			pt := testPhaseTimer(t, cancel, time.Millisecond)
 			tc.start(pt)
 			if got := phaseTimerCause(t, ctx); !errors.Is(got, tc.want) {
 				t.Errorf("cause %v, want %v", got, tc.want)
@@ -156,8 +163,7 @@ func TestPhaseTimerStaleAndTouch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
-			pt := newPhaseTimer(cancel, tc.idle)
-			defer pt.stop()
+			pt := testPhaseTimer(t, cancel, tc.idle)
 			tc.run(pt)
 			got := context.Cause(ctx)
 			if ctx.Err() == nil {
@@ -177,8 +183,7 @@ func TestPhaseTimerStaleAndTouch(t *testing.T) {
 func TestPhaseTimerTouchRearms(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	pt := newPhaseTimer(cancel, 5*time.Millisecond)
-	defer pt.stop()
+	pt := testPhaseTimer(t, cancel, 5*time.Millisecond)
 	pt.firstToken()
 	for range 3 {
 		pt.touch()

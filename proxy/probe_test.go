@@ -306,9 +306,6 @@ func TestProbeBreaker(t *testing.T) {
 		b.ConsecutiveFailures, b.CooldownSeconds, b.HalfOpenProbes = 2, 10, 1
 	}, func(o *Options) { o.Now = clock.Now })
 	target := llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
-	state := func() float64 {
-		return circuitState(t, w.tg, "mock")
-	}
 	if err := w.mock.Inject("status=500", 2); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +314,7 @@ func TestProbeBreaker(t *testing.T) {
 			t.Fatalf("probe %d: %+v, want server_error", i, res)
 		}
 	}
-	if s := state(); s != 2 {
+	if s := circuitState(t, w.tg, "mock"); s != 2 {
 		t.Fatalf("circuit state %v after 2 failures, want 2 (open)", s)
 	}
 	if res := w.probe(t, target); res.Result != skipBreakerOpen || res.Status != 0 {
@@ -330,7 +327,7 @@ func TestProbeBreaker(t *testing.T) {
 	if res := w.probe(t, target); res.Result != "ok" {
 		t.Errorf("probe after the cooldown: %+v, want ok", res)
 	}
-	if s := state(); s != 0 {
+	if s := circuitState(t, w.tg, "mock"); s != 0 {
 		t.Errorf("circuit state %v after a successful half-open probe, want 0 (closed)", s)
 	}
 	if v := userTotals(t, w.tg)["tollgate_requests_total"]; v != 0 {
