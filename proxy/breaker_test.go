@@ -1,11 +1,27 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/openai/openai-go/v3"
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
 )
 
 // breakerRig is a breaker on a hand-moved clock that remembers its
@@ -483,6 +499,628 @@ func TestBreakerConcurrent(t *testing.T) {
 	}
 }
 
+func TestBreakerClosingForgetsTheOutage(t *testing.T) {
+	r := newBreakerRig(breakerConfig{})
+	r.feed(t, strings.Repeat("SF", 10)) // opens on the ratio rule
+	r.clock.Advance(r.b.cfg.cooldown)   // the outage is still inside the window
+	r.feed(t, "SS")                     // probes close it
+	r.feed(t, "FSF")                    // 12 of 23 would reopen if the outage still counted
+	if got := r.b.state(); got != breakerClosed {
+		t.Fatalf("state = %s, want closed", got)
+	}
+}
+
+// The gateway's verdicts: which answers of an upstream open its breaker
+// and which spare it, through a real gateway in front of loopback upstreams.
+// An answer that says nothing of the upstream's health (a caller's own rate
+// limit, a quota, a request error, a caller who left) must not open it; a
+// half-open probe is judged as soon as its answer is.
+
+// TestBreakerCycleEndToEnd: on the gateway's clock, a breaker opens after
+// its consecutive failures, makes requests skip its upstream, half-opens
+// after the cooldown, and closes on a successful probe.
+func TestBreakerCycleEndToEnd(t *testing.T) {
+	breakerEdit := func(u *config.Upstream) {
+		u.Retry.MaxAttempts = 1
+		u.Breaker = config.Breaker{Enabled: true, ConsecutiveFailures: 2, FailureRatio: 0.5, MinRequests: 20,
+			WindowSeconds: 10, CooldownSeconds: 5, HalfOpenProbes: 1}
+	}
+	state := func(t *testing.T, w *resWorld, name string) float64 {
+		t.Helper()
+		return circuitState(t, w.tg, name)
+	}
+	transitions := func(t *testing.T, w *resWorld, to string) float64 {
+		t.Helper()
+		return metricValue(t, w.tg, "tollgate_upstream_circuit_transitions_total", map[string]string{"upstream": "primary", "to": to})
+	}
+
+	t.Run("with a backup", func(t *testing.T) {
+		w := newResWorld(t, resSetup{upstreams: []string{"primary", "backup"}, clock: true, edit: func(c *config.Config) {
+			breakerEdit(upstreamCfg(t, c, "primary"))
+		}})
+		// Two failures in a row on primary, each served by backup.
+		for i, k := range []sdkKind{kindOpenAI, kindAnthropicStream} {
+			w.inject(t, "primary", "status=500", 1)
+			wantSuccess(t, k, w.call(t, k, nil))
+			rec := w.tg.record(t)
+			wantAttempts(t, rec, "primary:500:server_error", "backup:200:ok")
+			if want := []float64{0, 2}[i]; state(t, w, "primary") != want {
+				t.Errorf("after %d failures the circuit state is %v, want %v", i+1, state(t, w, "primary"), want)
+			}
+		}
+		if transitions(t, w, "open") != 1 {
+			t.Errorf("transitions to open: %v, want 1", transitions(t, w, "open"))
+		}
+		// Open: primary is skipped without being touched, until the
+		// cooldown has passed.
+		for _, adv := range []time.Duration{0, 4 * time.Second} {
+			w.clock.Advance(adv)
+			wantSuccess(t, kindOpenAIStream, w.call(t, kindOpenAIStream, nil))
+			rec := w.tg.record(t)
+			wantAttempts(t, rec, "primary:0:breaker_open", "backup:200:ok")
+			if rec.Upstream != "backup" {
+				t.Errorf("record upstream %q, want backup", rec.Upstream)
+			}
+		}
+		if n := w.requests("primary"); n != 2 {
+			t.Errorf("primary saw %d requests while open, want the 2 failures only", n)
+		}
+		wantMetric(t, w.tg, "tollgate_upstream_fallbacks_total",
+			map[string]string{"from": "primary", "to": "backup", "reason": "breaker_open"}, 2)
+		// Past the cooldown: the next request is a probe to primary, which
+		// succeeds and closes the circuit.
+		w.clock.Advance(time.Second)
+		wantSuccess(t, kindAnthropic, w.call(t, kindAnthropic, nil))
+		rec := w.tg.record(t)
+		wantAttempts(t, rec, "primary:200:ok")
+		if rec.Upstream != "primary" || w.requests("primary") != 3 || w.requests("backup") != 4 {
+			t.Errorf("probe served by %q; primary saw %d requests, backup %d", rec.Upstream, w.requests("primary"),
+				w.requests("backup"))
+		}
+		if state(t, w, "primary") != 0 || transitions(t, w, "half_open") != 1 || transitions(t, w, "closed") != 1 ||
+			transitions(t, w, "open") != 1 {
+			t.Errorf("after the probe: state %v, transitions open %v half_open %v closed %v; want 0, 1, 1, 1",
+				state(t, w, "primary"), transitions(t, w, "open"), transitions(t, w, "half_open"), transitions(t, w, "closed"))
+		}
+		if state(t, w, "backup") != 0 {
+			t.Errorf("backup circuit state %v, want 0", state(t, w, "backup"))
+		}
+	})
+
+	t.Run("no upstream left", func(t *testing.T) {
+		w := newResWorld(t, resSetup{upstreams: []string{"primary"}, clock: true, edit: func(c *config.Config) {
+			breakerEdit(upstreamCfg(t, c, "primary"))
+		}})
+		// Two failures, relayed as they came (nothing to retry on).
+		w.inject(t, "primary", "status=500", 2)
+		for range 2 {
+			a := w.call(t, kindOpenAI, nil)
+			var oe *openai.Error
+			if !errors.As(a.err, &oe) || oe.StatusCode != http.StatusInternalServerError {
+				t.Fatalf("failing upstream: %v; want its 500", a.err)
+			}
+			w.tg.record(t)
+		}
+		if state(t, w, "primary") != 2 {
+			t.Fatalf("circuit state %v after 2 failures, want 2 (open)", state(t, w, "primary"))
+		}
+		retryAfter := func(h http.Header) {
+			t.Helper()
+			s, err := strconv.Atoi(h.Get("Retry-After"))
+			if err != nil || s < 1 || s > 5 {
+				t.Errorf("Retry-After %q; want whole seconds in [1, 5]", h.Get("Retry-After"))
+			}
+		}
+		a := w.call(t, kindOpenAI, nil)
+		var oe *openai.Error
+		if !errors.As(a.err, &oe) || oe.StatusCode != http.StatusServiceUnavailable || oe.Code != "upstream_unavailable" {
+			t.Errorf("OpenAI SDK with the circuit open: %v; want a 503 upstream_unavailable", a.err)
+		} else {
+			retryAfter(oe.Response.Header)
+		}
+		rec := w.tg.record(t)
+		if rec.Status != http.StatusServiceUnavailable {
+			t.Errorf("record status %d", rec.Status)
+		}
+		wantAttempts(t, rec, "primary:0:breaker_open")
+		a = w.call(t, kindAnthropicStream, nil)
+		var ae *anthropic.Error
+		if !errors.As(a.err, &ae) || ae.StatusCode != http.StatusServiceUnavailable || ae.Type() != "overloaded_error" {
+			t.Errorf("Anthropic SDK with the circuit open: %v; want a 503 overloaded_error", a.err)
+		} else {
+			retryAfter(ae.Response.Header)
+		}
+		w.tg.record(t)
+		if n := w.requests("primary"); n != 2 {
+			t.Errorf("primary saw %d requests, want the 2 failures only", n)
+		}
+		// After the cooldown a probe goes through and closes the circuit.
+		w.clock.Advance(5 * time.Second)
+		wantSuccess(t, kindOpenAIStream, w.call(t, kindOpenAIStream, nil))
+		wantAttempts(t, w.tg.record(t), "primary:200:ok")
+		if state(t, w, "primary") != 0 {
+			t.Errorf("circuit state %v after a good probe, want 0", state(t, w, "primary"))
+		}
+	})
+}
+
+// halfOpenProbeUpstream answers its first request 500, its second with a stream
+// that sends its first token and waits for release, and later ones with a
+// whole stream.
+type halfOpenProbeUpstream struct {
+	hits    atomic.Int32
+	release chan struct{}
+}
+
+func (u *halfOpenProbeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	switch u.hits.Add(1) {
+	case 1:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"error":{"message":"boom","type":"server_error","param":null,"code":null}}`)
+	case 2:
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, openAIRole+openAITok1)
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-u.release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, openAITok2+openAIStop+openAIUsage+openAIDone)
+	default:
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, openAIRole+openAITok1+openAIStop+openAIUsage+openAIDone)
+	}
+}
+
+// TestHalfOpenProbeReleasedAtFirstToken: a half-open probe that is a stream
+// reports the upstream healthy at its first token, so the breaker closes
+// and the next request reaches the upstream while the probe still streams,
+// instead of getting 503 until the probe's stream ends.
+func TestHalfOpenProbeReleasedAtFirstToken(t *testing.T) {
+	clk := newFakeClock()
+	up := &halfOpenProbeUpstream{release: make(chan struct{})}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(up.release) }) }
+	us := httptest.NewServer(up)
+	defer us.Close()
+	defer release() // before us.Close: the probe's handler must end
+	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
+		u := &c.Upstreams[0]
+		fastRetry(u)
+		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 1, 5, 1
+	}, func(o *Options) { o.Now = clk.Now })
+
+	// One failure opens the circuit.
+	if resp, _ := post(t, tg.URL+"/v1/chat/completions", plainChat, nil); resp.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("first request: %d, want the upstream's 500", resp.StatusCode)
+	}
+	tg.record(t)
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
+		t.Fatalf("circuit state %v after the failure, want open", s)
+	}
+	clk.Advance(6 * time.Second) // past the cooldown: the next request is the probe
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, tg.URL+"/v1/chat/completions", strings.NewReader(streamChat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Body.Close()
+	var got bytes.Buffer
+	br := bufio.NewReader(probe.Body)
+	for !strings.Contains(got.String(), openAITok1) {
+		line, err := br.ReadBytes('\n')
+		got.Write(line)
+		if err != nil {
+			t.Fatalf("probe stream ended before its first token (%v): %q", err, got.String())
+		}
+	}
+	// The caller has the probe's first token; the probe still streams.
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
+		t.Errorf("circuit state %v once the probe's first token is out, want closed", s)
+	}
+	resp, body := post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
+	if want := openAIRole + openAITok1 + openAIStop + openAIDone; resp.StatusCode != http.StatusOK || string(body) != want {
+		t.Errorf("request during the probe stream: %d %q; want the upstream's stream", resp.StatusCode, body)
+	}
+	if n := up.hits.Load(); n != 3 {
+		t.Errorf("upstream hits %d, want 3 (failure, probe, the request during the probe)", n)
+	}
+	release()
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("reading the rest of the probe: %v", err)
+	}
+	got.Write(rest)
+	if want := openAIRole + openAITok1 + openAITok2 + openAIStop + openAIDone; got.String() != want {
+		t.Errorf("probe stream: %s", firstDiff(got.Bytes(), want))
+	}
+}
+
+// TestBreakAfterFirstTokenCountsAsFailure: a stream reported healthy at its
+// first token and broken by the upstream later still counts as a failure:
+// one such break opens a breaker set to open after one failure. The early
+// report at the first token must not lose the later failure.
+func TestBreakAfterFirstTokenCountsAsFailure(t *testing.T) {
+	var hits atomic.Int32
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, openAIRole+openAITok1) // then the body ends, no [DONE]
+	}))
+	defer us.Close()
+	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
+		c.Upstreams[0].Breaker.ConsecutiveFailures = 1
+	}, func(o *Options) { o.Now = newFakeClock().Now })
+	resp, body := post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
+	rec := tg.record(t)
+	if want := openAIRole + openAITok1 + string(openAIBrokenEvent); resp.StatusCode != http.StatusOK || string(body) != want {
+		t.Errorf("caller got %d %q; want the token, then the gateway's error event", resp.StatusCode, body)
+	}
+	if rec.Interruption != llm.InterruptUpstreamEOF || hits.Load() != 1 {
+		t.Errorf("record interruption %s, upstream hits %d; want upstream_eof, 1", rec.Interruption, hits.Load())
+	}
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
+		t.Errorf("circuit state %v after a stream broken after its first token, want open (%d)", s, metrics.CircuitOpen)
+	}
+	if n := metricValue(t, tg, "tollgate_upstream_circuit_transitions_total",
+		map[string]string{"upstream": "mock", "to": "open"}); n != 1 {
+		t.Errorf("transitions to open: %v, want 1", n)
+	}
+}
+
+// TestQuotaDoesNotOpenBreaker: insufficient_quota (a 429 no retry can
+// fix) says nothing about the upstream's health, so two of them leave a
+// breaker set to open after one failure closed (the second request reaches
+// the upstream, not the gateway's 503); a plain 500 then opens it.
+func TestQuotaDoesNotOpenBreaker(t *testing.T) {
+	// With retries possible the error body is read before deciding; on the
+	// last attempt (max_attempts 1) it is relayed first and judged after.
+	for _, attempts := range []int{3, 1} {
+		t.Run(fmt.Sprintf("max_attempts=%d", attempts), func(t *testing.T) { quotaSparesBreaker(t, attempts) })
+	}
+}
+
+func quotaSparesBreaker(t *testing.T, attempts int) {
+	const quota = `{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`
+	var hits atomic.Int32
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if hits.Add(1) <= 2 {
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, quota)
+			return
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"error":{"message":"boom","type":"server_error","param":null,"code":null}}`)
+	}))
+	defer us.Close()
+	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
+		u := &c.Upstreams[0]
+		fastRetry(u)
+		u.Retry.MaxAttempts = attempts
+		u.Breaker.ConsecutiveFailures = 1
+	}, func(o *Options) { o.Now = newFakeClock().Now })
+	for i := range 2 {
+		resp, body := post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
+		if resp.StatusCode != http.StatusTooManyRequests || string(body) != quota {
+			t.Fatalf("quota request %d: %d %q; want the upstream's 429", i+1, resp.StatusCode, body)
+		}
+		wantAttempts(t, tg.record(t), "mock:429:rate_limited")
+		if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
+			t.Errorf("circuit state %v after %d quota answers, want closed", s, i+1)
+		}
+	}
+	resp, _ := post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
+	tg.record(t)
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("plain failure: %d, want the upstream's 500", resp.StatusCode)
+	}
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
+		t.Errorf("circuit state %v after a 500, want open", s)
+	}
+	if n := hits.Load(); n != 3 {
+		t.Errorf("upstream hits %d, want 3", n)
+	}
+}
+
+// A half-open probe whose stream breaks before its first token is a failed
+// probe: the circuit opens again (the ticket is reported healthy only at the
+// first token, not when the stream is committed).
+func TestHalfOpenProbeBrokenBeforeTokenReopens(t *testing.T) {
+	clk := newFakeClock()
+	var hits atomic.Int32
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if hits.Add(1) <= 2 {
+			w.WriteHeader(500)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, openAIRole) // headers, then the body ends: no token
+	}))
+	defer us.Close()
+	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
+		u := &c.Upstreams[0]
+		u.Retry.MaxAttempts = 1
+		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 2, 5, 1
+	}, func(o *Options) { o.Now = clk.Now })
+	post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
+	tg.record(t)
+	post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
+	tg.record(t)
+	if s := circuitState(t, tg, "mock"); s != 2 {
+		t.Fatalf("circuit state %v after 2 failures in a row, want 2 (open)", s)
+	}
+	clk.Advance(6 * time.Second)
+	resp, _ := post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
+	rec := tg.record(t)
+	if resp.StatusCode != 200 || rec.AttemptCount != 1 || rec.Attempts[0].Result != resultStreamBroken {
+		t.Fatalf("probe: status %d attempts %v, want one stream_broken attempt", resp.StatusCode, attemptList(rec))
+	}
+	if s := circuitState(t, tg, "mock"); s != 2 {
+		t.Errorf("circuit state %v after a probe that broke before its first token, want 2 (open)", s)
+	}
+}
+
+// TestErrorEventBeforeTokenHealth: an error event before the first token whose type
+// is a quota, billing, key or request error is not an outage (the breaker
+// stays closed); one of an unknown type is taken for one.
+func TestErrorEventBeforeTokenHealth(t *testing.T) {
+	for _, c := range []struct {
+		typ       string
+		wantState float64
+	}{
+		{"insufficient_quota", metrics.CircuitClosed},
+		{"invalid_request_error", metrics.CircuitClosed},
+		{"mystery_error", metrics.CircuitOpen},
+	} {
+		t.Run(c.typ, func(t *testing.T) {
+			ev := `data: {"error":{"message":"no","type":"` + c.typ + `","param":null,"code":null}}` + "\n\n"
+			us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, openAIRole+ev)
+			}))
+			defer us.Close()
+			tg := newTestGatewayWith(t, us.URL, func(cfg *config.Config) {
+				cfg.Upstreams[0].Breaker.ConsecutiveFailures = 1
+			}, func(o *Options) { o.Now = newFakeClock().Now })
+			resp, body := post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
+			rec := tg.record(t)
+			if resp.StatusCode != 200 || !strings.Contains(string(body), c.typ) || rec.AttemptCount != 1 {
+				t.Fatalf("status %d attempts %v body %q: want the upstream's error event, not retried",
+					resp.StatusCode, attemptList(rec), body)
+			}
+			s := circuitState(t, tg, "mock")
+			if s != c.wantState {
+				t.Errorf("circuit state %v, want %v", s, c.wantState)
+			}
+		})
+	}
+}
+
+// TestHalfOpenProbeCallerLeavesNoVerdict: a half-open probe whose caller gives
+// up on a hanging upstream is no verdict: the breaker stays half-open (it
+// does not close and flood a dead upstream), and the probe slot is free for
+// the next request, whose success closes it.
+func TestHalfOpenProbeCallerLeavesNoVerdict(t *testing.T) {
+	clk := newFakeClock()
+	var hits atomic.Int32
+	got := make(chan struct{}, 1)
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch hits.Add(1) {
+		case 1:
+			w.WriteHeader(http.StatusInternalServerError)
+		case 2: // hangs until the caller leaves
+			got <- struct{}{}
+			<-r.Context().Done()
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+		}
+	}))
+	defer us.Close()
+	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
+		u := &c.Upstreams[0]
+		u.Retry.MaxAttempts = 1
+		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds, u.Breaker.HalfOpenProbes = 1, 5, 1
+	}, func(o *Options) { o.Now = clk.Now })
+	post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
+	tg.record(t)
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
+		t.Fatalf("circuit state %v after a 500, want open", s)
+	}
+	clk.Advance(6 * time.Second)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tg.URL+"/v1/chat/completions", strings.NewReader(plainChat))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	await(t, got, "the probe to reach the upstream")
+	cancel()
+	if err := <-done; err == nil {
+		t.Error("the probe's caller had an answer from a hanging upstream")
+	}
+	if rec := tg.record(t); rec.AttemptCount != 1 || rec.Attempts[0].Result != resultClientGone {
+		t.Fatalf("probe attempts %v, want one client_gone", attemptList(rec))
+	}
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitHalfOpen {
+		t.Fatalf("circuit state %v after the probe's caller left, want half-open (no verdict)", s)
+	}
+	resp, body := post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
+	tg.record(t)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("next request: %d %s; want the probe slot free and the upstream's answer", resp.StatusCode, body)
+	}
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
+		t.Errorf("circuit state %v after a successful probe, want closed", s)
+	}
+}
+
+// TestPassthrough429SparesBreaker: in passthrough the caller's own
+// key goes upstream, so a 429 (a plain rate limit, not a quota) is that
+// account's limit: three of them in a row leave a consecutive_failures 2
+// breaker closed, and another caller still reaches the upstream. In mode
+// "keys" the gateway's own upstream key got the same 429s: they are the
+// upstream's trouble and open the breaker.
+func TestPassthrough429SparesBreaker(t *testing.T) {
+	const rateLimited = `{"error":{"message":"Rate limit reached for gpt-4o-mini","type":"requests","param":null,"code":"rate_limit_exceeded"}}`
+	state := func(t *testing.T, tg *testGateway) float64 {
+		t.Helper()
+		return circuitState(t, tg, "mock")
+	}
+	edit := func(c *config.Config) {
+		u := &c.Upstreams[0]
+		u.Retry.MaxAttempts = 1
+		u.Breaker = tightBreaker
+	}
+
+	t.Run("passthrough", func(t *testing.T) {
+		up := newFixedUpstream(http.StatusTooManyRequests, rateLimited, "")
+		up.okAuth = "Bearer sk-b"
+		us := httptest.NewServer(up)
+		defer us.Close()
+		tg := newTestGateway(t, us.URL, edit)
+		for i := range 3 {
+			resp, b := post(t, tg.URL+"/v1/chat/completions", plainChat, map[string]string{"Authorization": "Bearer sk-a"})
+			if resp.StatusCode != http.StatusTooManyRequests {
+				t.Errorf("sk-a call %d: %d %s, want the upstream's 429", i+1, resp.StatusCode, b)
+			}
+			wantAttempts(t, tg.record(t), "mock:429:rate_limited")
+		}
+		if s := state(t, tg); s != metrics.CircuitClosed {
+			t.Errorf("circuit state %v after 3 passthrough 429s, want closed", s)
+		}
+		if n := up.count("Bearer sk-a"); n != 3 {
+			t.Errorf("upstream saw %d requests with sk-a, want 3", n)
+		}
+		resp, b := post(t, tg.URL+"/v1/chat/completions", plainChat, map[string]string{"Authorization": "Bearer sk-b"})
+		tg.record(t)
+		if resp.StatusCode != http.StatusOK || up.count("Bearer sk-b") != 1 {
+			t.Errorf("another caller: %d %s, upstream saw it %d times; want 200 from the upstream", resp.StatusCode, b,
+				up.count("Bearer sk-b"))
+		}
+	})
+
+	t.Run("keys_mode", func(t *testing.T) {
+		up := newFixedUpstream(http.StatusTooManyRequests, rateLimited, "")
+		us := httptest.NewServer(up)
+		defer us.Close()
+		tg := newTestGateway(t, us.URL, func(c *config.Config) {
+			edit(c)
+			c.Auth.Mode = "keys"
+			c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", upstreamKey
+			c.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha)}, {Name: "beta", SHA256: sha(keyBeta)}}
+		})
+		for range 2 {
+			resp, b := post(t, tg.URL+"/v1/chat/completions", plainChat, map[string]string{"Authorization": "Bearer " + keyAlpha})
+			if resp.StatusCode != http.StatusTooManyRequests {
+				t.Errorf("alpha: %d %s, want the upstream's 429", resp.StatusCode, b)
+			}
+			wantAttempts(t, tg.record(t), "mock:429:rate_limited")
+		}
+		if s := state(t, tg); s != metrics.CircuitOpen {
+			t.Errorf("circuit state %v after 2 429s on the gateway's key, want open", s)
+		}
+		resp, b := post(t, tg.URL+"/v1/chat/completions", plainChat, map[string]string{"Authorization": "Bearer " + keyBeta})
+		wantAttempts(t, tg.record(t), "mock:0:breaker_open")
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("beta with the circuit open: %d %s, want 503", resp.StatusCode, b)
+		}
+		if n, want := up.count("Bearer "+upstreamKey), 2; n != want || up.requests() != want {
+			t.Errorf("upstream saw %d requests (%d with the gateway's key), want %d", up.requests(), n, want)
+		}
+	})
+}
+
+// TestCommittedClientErrorEventSparesBreaker: a stream that relayed a
+// token and then carried an error event of a request type
+// (invalid_request_error, context_length_exceeded) says nothing of the
+// upstream's health: a consecutive_failures 1 breaker stays closed and the
+// next request reaches the upstream, whether the opening was held (another
+// attempt could follow) or not. A server_error event opens it.
+func TestCommittedClientErrorEventSparesBreaker(t *testing.T) {
+	for _, attempts := range []int{1, 2} {
+		for _, c := range []struct {
+			typ, code string
+			open      bool
+		}{
+			{"invalid_request_error", "context_length_exceeded", false},
+			{"server_error", "", true},
+		} {
+			t.Run(c.typ+"/max_attempts="+strconv.Itoa(attempts), func(t *testing.T) {
+				up := &rawUpstream{pieces: eventPieces(chunkEvent(`{"role":"assistant","content":""}`),
+					chunkEvent(`{"content":"Hello"}`), errorEvent(c.typ, c.code))}
+				var hits atomic.Int32
+				us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					hits.Add(1)
+					up.ServeHTTP(w, r)
+				}))
+				defer us.Close()
+				tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
+					u := &cf.Upstreams[0]
+					u.Retry.MaxAttempts = attempts
+					fastRetry(u)
+					u.Breaker = tightBreaker
+					u.Breaker.ConsecutiveFailures = 1
+				}, func(o *Options) { o.Now = newFakeClock().Now })
+
+				resp, b := post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
+				rec := tg.record(t)
+				if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "Hello") ||
+					!strings.Contains(string(b), c.typ) {
+					t.Fatalf("caller got %d %q; want the token, then the error event", resp.StatusCode, b)
+				}
+				if rec.Interruption != llm.InterruptUpstreamErrorEvent || rec.TokenEvents != 1 {
+					t.Errorf("record interruption %s, %d tokens; want upstream_error_event after 1 token",
+						rec.Interruption, rec.TokenEvents)
+				}
+				wantAttempts(t, rec, "mock:200:error_event")
+				want := float64(metrics.CircuitClosed)
+				if c.open {
+					want = metrics.CircuitOpen
+				}
+				if s := circuitState(t, tg, "mock"); s != want {
+					t.Errorf("circuit state %v after a committed %s event, want %v", s, c.typ, want)
+				}
+				resp, b = post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
+				rec = tg.record(t)
+				if c.open {
+					if resp.StatusCode != http.StatusServiceUnavailable || hits.Load() != 1 {
+						t.Errorf("next request: %d %.80q, upstream hits %d; want 503 without reaching it", resp.StatusCode, b, hits.Load())
+					}
+					wantAttempts(t, rec, "mock:0:breaker_open")
+				} else {
+					if resp.StatusCode != http.StatusOK || hits.Load() != 2 {
+						t.Errorf("next request: %d %.80q, upstream hits %d; want it to reach the upstream", resp.StatusCode, b, hits.Load())
+					}
+					wantAttempts(t, rec, "mock:200:error_event")
+				}
+			})
+		}
+	}
+}
+
 func BenchmarkBreakerAllowDone(b *testing.B) {
 	br := newBreaker(defaultBreakerConfig(), nil, nil)
 	b.ReportAllocs()
@@ -507,15 +1145,4 @@ func BenchmarkBreakerAllowDoneParallel(b *testing.B) {
 			tk.done(true)
 		}
 	})
-}
-
-func TestBreakerClosingForgetsTheOutage(t *testing.T) {
-	r := newBreakerRig(breakerConfig{})
-	r.feed(t, strings.Repeat("SF", 10)) // opens on the ratio rule
-	r.clock.Advance(r.b.cfg.cooldown)   // the outage is still inside the window
-	r.feed(t, "SS")                     // probes close it
-	r.feed(t, "FSF")                    // 12 of 23 would reopen if the outage still counted
-	if got := r.b.state(); got != breakerClosed {
-		t.Fatalf("state = %s, want closed", got)
-	}
 }

@@ -5,10 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -333,13 +333,7 @@ func TestUpstreamFaults(t *testing.T) {
 
 func TestUpstreamUnreachableAndTimeout(t *testing.T) {
 	// A port with nothing listening.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
-	tg := newTestGateway(t, dead, nil)
+	tg := newTestGateway(t, closedPortURL(t), nil)
 	resp, body := post(t, tg.URL+"/v1/messages", `{"model":"m","max_tokens":5}`, nil)
 	var e errorShape
 	if resp.StatusCode != 502 || json.Unmarshal(body, &e) != nil || e.Type != "error" || e.Error.Type != "api_error" {
@@ -503,5 +497,40 @@ func TestHealthAndReady(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 {
 		t.Errorf("/readyz while draining = %d", resp.StatusCode)
+	}
+}
+
+// TestStatsLimitedInFlight: /stats serves at most statsInFlight requests at
+// once; one more gets 503 with Retry-After instead of queueing work.
+func TestStatsLimitedInFlight(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, statsInFlight)
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	})
+	h := limitInFlight(slow, statsInFlight)
+	var wg sync.WaitGroup
+	for range statsInFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/stats", nil))
+		}()
+	}
+	for range statsInFlight {
+		<-entered
+	}
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/stats", nil))
+	close(release)
+	wg.Wait()
+	if rr.Code != http.StatusServiceUnavailable || rr.Header().Get("Retry-After") != "1" {
+		t.Fatalf("request over the limit: %d, Retry-After %q; want 503 with Retry-After 1", rr.Code, rr.Header().Get("Retry-After"))
+	}
+	rr = httptest.NewRecorder()
+	h.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/stats", nil))
+	if rr.Code != http.StatusOK {
+		t.Errorf("after the others finished: %d, want 200", rr.Code)
 	}
 }

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -26,133 +24,12 @@ import (
 	"github.com/tollgate-llm/tollgate/spend"
 )
 
-// Gateway keys of the governance tests. Only their hashes go in the config.
-const (
-	keyAlpha    = "tg-test-alpha-0123456789"
-	keyBeta     = "tg-test-beta-0123456789"
-	upstreamKey = "sk-upstream-own-key"
-)
-
-func sha(k string) string {
-	s := sha256.Sum256([]byte(k))
-	return hex.EncodeToString(s[:])
-}
-
-func i64(v int64) *int64     { return &v }
-func f64(v float64) *float64 { return &v }
-
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-// govWorld is a gateway with keys, teams, a Local limiter and a memory
-// ledger in front of a mockllm.
-type govWorld struct {
-	tg      *testGateway
-	mock    *mockllm.Server
-	limiter *ratelimit.Local
-	ledger  *spend.Local
-	clock   *fakeClock // nil: real time
-}
-
-// newGovWorld builds a world: two teams ("search" and "ads") with keys
-// alpha and beta, mode "keys", prices for gpt-test* and claude-test*. edit
-// may set limits.
-func newGovWorld(t *testing.T, mo mockllm.Options, frozen bool, edit func(*config.Config)) *govWorld {
-	t.Helper()
-	w := &govWorld{}
-	if frozen {
-		w.clock = newFakeClock()
-	}
-	mo.RequireKey = upstreamKey
-	w.mock = mockllm.New(mo)
-	up := httptest.NewServer(w.mock)
-	t.Cleanup(up.Close)
-	var now func() time.Time
-	if w.clock != nil {
-		now = w.clock.Now
-	}
-	w.limiter = ratelimit.NewLocal(ratelimit.LocalOptions{Now: now})
-	t.Cleanup(func() { _ = w.limiter.Close() })
-	w.ledger = newLocalLedger(t)
-	w.tg = newTestGatewayWith(t, up.URL, func(c *config.Config) {
-		c.Auth.Mode = "keys"
-		c.Upstreams[0].APIKeyEnv = "UPSTREAM_KEY"
-		c.Upstreams[0].APIKey = upstreamKey
-		c.Models = []config.Model{
-			{Pattern: "gpt-test*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10, CacheReadUSDPerMTok: f64(1.25)},
-			{Pattern: "claude-test*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15},
-		}
-		c.Teams = []config.Team{{Name: "search"}, {Name: "ads"}}
-		c.Keys = []config.Key{
-			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"},
-			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
-		}
-		if edit != nil {
-			edit(c)
-		}
-	}, func(o *Options) {
-		o.Limiter, o.Ledger = w.limiter, w.ledger
-		if now != nil {
-			o.Now = now
-		}
-	})
-	return w
-}
-
-func (w *govWorld) openai(key string, opts ...option.RequestOption) *openai.Client {
-	c := openai.NewClient(append([]option.RequestOption{option.WithBaseURL(w.tg.URL + "/v1"),
-		option.WithAPIKey(key), option.WithMaxRetries(0)}, opts...)...)
-	return &c
-}
-
-func (w *govWorld) anthropic(key string, opts ...aoption.RequestOption) *anthropic.Client {
-	c := anthropic.NewClient(append([]aoption.RequestOption{aoption.WithBaseURL(w.tg.URL),
-		aoption.WithAPIKey(key), aoption.WithMaxRetries(0)}, opts...)...)
-	return &c
-}
-
-func chatParams(maxTokens int64) openai.ChatCompletionNewParams {
-	p := openai.ChatCompletionNewParams{
-		Model:    "gpt-test",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("How many moons has Jupiter?")},
-	}
-	if maxTokens > 0 {
-		p.MaxTokens = openai.Int(maxTokens)
-	}
-	return p
-}
-
 func messageParams(maxTokens int64) anthropic.MessageNewParams {
 	return anthropic.MessageNewParams{
 		Model:     "claude-test",
 		MaxTokens: maxTokens,
 		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("How many moons has Saturn?"))},
 	}
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // TestKeysMode: in mode "keys" a configured key is admitted and replaced
@@ -591,38 +468,6 @@ func TestSpendEqualsUsage(t *testing.T) {
 	}
 }
 
-// metricValue returns the value of the counter or gauge series name with
-// exactly the given labels (constant labels aside), or -1 when it is absent.
-func metricValue(t *testing.T, tg *testGateway, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := tg.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			if m.Counter != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return -1
-}
-
 // TestPassthroughNamedKey: in mode "passthrough" a caller key listed in
 // [[keys]] gets its name, team and limits while the key itself still goes
 // upstream; an unlisted key passes under its hash id, with no team.
@@ -832,22 +677,8 @@ func TestCostBudgetRefusesUnpricedModels(t *testing.T) {
 	}
 }
 
-func TestCeilSecond(t *testing.T) {
-	base := time.Date(2026, 11, 30, 12, 0, 7, 0, time.UTC)
-	for _, tc := range []struct{ in, want time.Time }{
-		{base, base},
-		{base.Add(time.Nanosecond), base.Add(time.Second)},
-		{base.Add(999 * time.Millisecond), base.Add(time.Second)},
-		{base.In(time.FixedZone("x", 3600)), base},
-	} {
-		if got := ceilSecond(tc.in); !got.Equal(tc.want) || got.Location() != time.UTC {
-			t.Errorf("ceilSecond(%v) = %v, want %v UTC", tc.in, got, tc.want)
-		}
-	}
-}
-
-// TestNoWayAroundMetering: the ways a second review found around the
-// metering of governed callers are closed — an escaped path that decodes to
+// TestNoWayAroundMetering: there is no way around the metering of governed
+// callers — an escaped path that decodes to
 // count_tokens, bodies the metering cannot read (a string "stream", a
 // model nested elsewhere, no model), background requests, field names that
 // differ only in case, and in mode "keys" the upstream account's shared
@@ -958,5 +789,20 @@ func TestNoWayAroundMetering(t *testing.T) {
 	}, nil)
 	if code, body := send(modelsOnly, "POST", "/v1/responses", `{"model":"gpt-forbidden","stream":true}`, beta); code != 400 {
 		t.Errorf("team held to models, forwarded stream: %d %s", code, body)
+	}
+}
+
+// TestRejectionOf: every limit kind is recorded under the name the
+// ratelimit_rejections_total metric gives it, so /stats and the metrics
+// agree.
+func TestRejectionOf(t *testing.T) {
+	for k := ratelimit.KindRPM; k <= ratelimit.KindCostPerMonth; k++ {
+		r := rejectionOf(k)
+		if r == llm.RejectNone || r == llm.RejectOther || r.String() != k.String() {
+			t.Errorf("kind %s recorded as %q", k, r)
+		}
+	}
+	if r := rejectionOf(ratelimit.Kind(200)); r != llm.RejectOther {
+		t.Errorf("unknown kind recorded as %q", r)
 	}
 }

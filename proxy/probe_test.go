@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -263,12 +262,7 @@ func TestProbeDoesNotFallBack(t *testing.T) {
 	backup := mockllm.New(mockllm.Options{OutputTokens: 3})
 	bsrv := httptest.NewServer(backup)
 	t.Cleanup(bsrv.Close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := "http://" + ln.Addr().String()
-	ln.Close() // nothing listens there now: connection refused
+	down := closedPortURL(t) // connection refused
 	w := newProbeWorld(t, mockllm.Options{}, func(c *config.Config) {
 		c.Upstreams[0].BaseURL = down
 		b := config.DefaultUpstream()
@@ -312,9 +306,6 @@ func TestProbeBreaker(t *testing.T) {
 		b.ConsecutiveFailures, b.CooldownSeconds, b.HalfOpenProbes = 2, 10, 1
 	}, func(o *Options) { o.Now = clock.Now })
 	target := llm.ProbeTarget{Upstream: "mock", Model: "m", Prompt: "hi", MaxTokens: 8}
-	state := func() float64 {
-		return metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"})
-	}
 	if err := w.mock.Inject("status=500", 2); err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +314,7 @@ func TestProbeBreaker(t *testing.T) {
 			t.Fatalf("probe %d: %+v, want server_error", i, res)
 		}
 	}
-	if s := state(); s != 2 {
+	if s := circuitState(t, w.tg, "mock"); s != 2 {
 		t.Fatalf("circuit state %v after 2 failures, want 2 (open)", s)
 	}
 	if res := w.probe(t, target); res.Result != skipBreakerOpen || res.Status != 0 {
@@ -336,7 +327,7 @@ func TestProbeBreaker(t *testing.T) {
 	if res := w.probe(t, target); res.Result != "ok" {
 		t.Errorf("probe after the cooldown: %+v, want ok", res)
 	}
-	if s := state(); s != 0 {
+	if s := circuitState(t, w.tg, "mock"); s != 0 {
 		t.Errorf("circuit state %v after a successful half-open probe, want 0 (closed)", s)
 	}
 	if v := userTotals(t, w.tg)["tollgate_requests_total"]; v != 0 {
@@ -432,7 +423,7 @@ func TestProbeTimeoutAndCancel(t *testing.T) {
 		map[string]string{"upstream": "mock", "result": resultClientGone}); got != 2 {
 		t.Errorf("client_gone attempts %v, want 2", got)
 	}
-	if s := metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"}); s != 0 {
+	if s := circuitState(t, w.tg, "mock"); s != 0 {
 		t.Errorf("circuit state %v: a probe that gave up opened the breaker", s)
 	}
 	if res := w.probe(t, target); res.Result != "ok" {
@@ -467,8 +458,8 @@ func TestProbeBadTarget(t *testing.T) {
 // TestProbe429InPassthroughNoVerdict: in passthrough mode with require_key,
 // a probe goes with the upstream's key that no caller uses, so its 429s are
 // that key's limit, not the upstream's health: they must not open the
-// circuit for callers who bring their own keys (review: five 429s opened it
-// and callers got 503). Where callers meet the same 429 (mode keys, keyless
+// circuit for callers who bring their own keys (five 429s would, and those
+// callers would get 503). Where callers meet the same 429 (mode keys, keyless
 // callers on the upstream's key, no key at all), they count.
 func TestProbe429InPassthroughNoVerdict(t *testing.T) {
 	for _, tc := range []struct {
@@ -507,7 +498,7 @@ func TestProbe429InPassthroughNoVerdict(t *testing.T) {
 					t.Fatalf("probe: %+v, want rate_limited (or breaker_open)", res)
 				}
 			}
-			state := metricValue(t, w.tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": "mock"})
+			state := circuitState(t, w.tg, "mock")
 			if state != tc.want {
 				t.Errorf("circuit state %v after five probe 429s, want %v", state, tc.want)
 			}

@@ -12,134 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/stats"
 )
-
-// discardWriter is a ResponseWriter that drops the body and counts flushes.
-type discardWriter struct {
-	h       http.Header
-	flushes int
-}
-
-func (d *discardWriter) Header() http.Header         { return d.h }
-func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) WriteHeader(int)             {}
-func (d *discardWriter) Flush()                      { d.flushes++ }
-
-var _ http.Flusher = (*discardWriter)(nil)
-
-// piecesReader returns one piece per Read, as a socket delivering one event
-// per packet would.
-type piecesReader struct {
-	pieces [][]byte
-	i      int
-}
-
-func (p *piecesReader) Read(b []byte) (int, error) {
-	if p.i == len(p.pieces) {
-		return 0, io.EOF
-	}
-	n := copy(b, p.pieces[p.i])
-	if n == len(p.pieces[p.i]) {
-		p.i++
-	} else {
-		p.pieces[p.i] = p.pieces[p.i][n:]
-	}
-	return n, nil
-}
-
-// openAIStream returns an OpenAI stream of n token chunks, split one event per
-// piece, ending with the usage chunk and [DONE].
-func openAIStream(n int) [][]byte {
-	pieces := [][]byte{[]byte(openAIRole)}
-	for i := range n {
-		pieces = append(pieces, fmt.Appendf(nil,
-			`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","system_fingerprint":"fp_b","choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"x9"}`+"\n\n", i))
-	}
-	return append(pieces, []byte(openAIStop), []byte(openAIUsage), []byte(openAIDone))
-}
-
-var sseHeader = http.Header{"Content-Type": {"text/event-stream"}}
-
-// relayHarness runs ex.relay in process, with no sockets, so the relay's own
-// cost is what is measured.
-type relayHarness struct {
-	g   *Gateway
-	req *http.Request
-	w   *discardWriter
-	src [][]byte
-	// resp and pt are reused so the harness adds no allocation per run.
-	resp http.Response
-	pt   phaseTimer
-	// hold relays as when another attempt could follow: the opening
-	// events wait for the first token.
-	hold bool
-	// idle arms the phase timer's idle timeout (as the default 300 s does
-	// in production), so every read pays for touch.
-	idle time.Duration
-}
-
-func newRelayHarness(tb testing.TB, events int, native bool) *relayHarness {
-	tb.Helper()
-	g := bareGateway(tb, "http://127.0.0.1:1", func(c *config.Config) { c.Metrics.NativeHistograms = native })
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	return &relayHarness{g: g, req: req, w: &discardWriter{h: http.Header{}}, src: openAIStream(events)}
-}
-
-// run relays one whole stream and returns its record.
-func (h *relayHarness) run(ex *exchange, body *piecesReader) {
-	*ex = exchange{g: h.g, w: h.w, r: h.req, up: h.g.upstreams[0], modelLabel: "gpt-4o-mini"}
-	ex.rec.Route, ex.rec.Dialect, ex.rec.Status = llm.RouteChatCompletions, llm.DialectOpenAI, 200
-	ex.info.suppressUsage = true
-	body.pieces = append(body.pieces[:0], h.src...)
-	body.i = 0
-	h.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
-	h.pt.idle = h.idle
-	if h.pt.cancel == nil {
-		h.pt.cancel = func(error) {}
-	}
-	ex.relay(context.Background(), func() {}, &h.resp, h.hold, &h.pt)
-}
-
-// TestRelayAllocationsDoNotGrowWithEvents proves that the relay allocates
-// nothing per event: a stream of 1,024 events costs the same number of
-// allocations as one of 16 (only per-request costs remain).
-//
-// Native histograms are off here: client_golang allocates a sparse bucket
-// the first time an ITL value lands in a new bucket (at most
-// NativeHistogramMaxBucketNumber of them, so amortised to zero, as
-// BenchmarkRelay shows), which would make an exact count depend on timing.
-func TestRelayAllocationsDoNotGrowWithEvents(t *testing.T) {
-	for _, hold := range []bool{false, true} {
-		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) { relayAllocations(t, hold) })
-	}
-}
-
-func relayAllocations(t *testing.T, hold bool) {
-	allocs := func(events int) float64 {
-		h := newRelayHarness(t, events, false)
-		h.hold = hold
-		var ex exchange
-		var body piecesReader
-		h.run(&ex, &body) // warm the pools and the metric children
-		if ex.rec.Outcome != llm.OutcomeOK || ex.rec.TokenEvents != events || ex.rec.Usage.Output != 8 {
-			t.Fatalf("relay of %d events: outcome %s, %d token events, usage %+v", events, ex.rec.Outcome,
-				ex.rec.TokenEvents, ex.rec.Usage)
-		}
-		return testing.AllocsPerRun(50, func() { h.run(&ex, &body) })
-	}
-	small, large := allocs(16), allocs(1024)
-	// One allocation per event would add 1,008; a few of slack absorb the
-	// race detector, which makes sync.Pool drop items at random (seen: 2 vs
-	// 3 under -race).
-	if large > small+4 {
-		t.Fatalf("relay allocations grow with events: %.1f for 16 events, %.1f for 1024", small, large)
-	}
-	t.Logf("allocations per stream: %.1f (16 events), %.1f (1024 events)", small, large)
-}
 
 // BenchmarkRelay measures the relay loop alone (framer, decoder, tap, ITL
 // observation, write and flush to a discarding writer), per event.
@@ -153,24 +29,27 @@ func BenchmarkRelay(b *testing.B) {
 		{1024, true, 300 * time.Second, false}, {1024, true, 300 * time.Second, true}} {
 		events := c.events
 		b.Run(fmt.Sprintf("events=%d/hold=%v/idle=%s/stats=%v", events, c.hold, c.idle, c.stats), func(b *testing.B) {
-			h := newRelayHarness(b, events, true)
-			h.hold, h.idle = c.hold, c.idle
+			rb := newRelayBench(b, events, true)
+			// An idle timeout (as the default 300 s in production) makes
+			// every read pay for touch.
+			rb.hold, rb.pt.idle = c.hold, c.idle
 			if c.stats { // as serve runs it: the live windows behind /stats
-				h.g.stats = stats.New(nil)
+				rb.g.stats = stats.New(nil)
 			}
-			defer h.pt.stop()
-			var ex exchange
-			var body piecesReader
-			h.run(&ex, &body)
+			defer rb.pt.stop()
+			rb.run()
+			if rb.ex.rec.Outcome != llm.OutcomeOK || rb.ex.rec.TokenEvents != events {
+				b.Fatalf("relay of %d events: outcome %s, %d token events", events, rb.ex.rec.Outcome, rb.ex.rec.TokenEvents)
+			}
 			var bytes int64
-			for _, p := range h.src {
+			for _, p := range rb.src {
 				bytes += int64(len(p))
 			}
 			b.SetBytes(bytes)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				h.run(&ex, &body)
+				rb.run()
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*(events+4)), "ns/event")
 		})

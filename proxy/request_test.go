@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -103,52 +104,6 @@ func TestInspectRequest(t *testing.T) {
 	}
 }
 
-func TestHopHeaders(t *testing.T) {
-	in := http.Header{
-		"Connection":        {"keep-alive, X-Secret-Hop"},
-		"X-Secret-Hop":      {"1"},
-		"Keep-Alive":        {"timeout=5"},
-		"Te":                {"trailers"},
-		"Transfer-Encoding": {"chunked"},
-		"Upgrade":           {"h2c"},
-		"Forwarded":         {"for=1.2.3.4"},
-		"X-Forwarded-For":   {"1.2.3.4"},
-		"Accept-Encoding":   {"gzip"},
-		"Authorization":     {"Bearer sk-test"},
-		"Anthropic-Beta":    {"a,b"},
-	}
-	out := upstreamRequestHeaders(in)
-	for _, k := range []string{"Connection", "X-Secret-Hop", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade",
-		"Forwarded", "X-Forwarded-For", "Accept-Encoding"} {
-		if _, ok := out[k]; ok {
-			t.Errorf("%s forwarded upstream", k)
-		}
-	}
-	if out.Get("Authorization") != "Bearer sk-test" || out.Get("Anthropic-Beta") != "a,b" {
-		t.Errorf("end-to-end headers changed: %v", out)
-	}
-	if v, ok := out["User-Agent"]; !ok || len(v) != 1 || v[0] != "" {
-		t.Errorf("missing User-Agent should stay empty, got %q", v)
-	}
-	if in.Get("Connection") == "" {
-		t.Error("the caller's header map was modified")
-	}
-
-	dst := http.Header{}
-	copyResponseHeaders(dst, http.Header{
-		"Connection": {"X-Hop"}, "X-Hop": {"1"}, "Content-Length": {"10"}, "Keep-Alive": {"x"},
-		"Content-Type": {"text/event-stream"}, "X-Request-Id": {"req_1"},
-	})
-	for _, k := range []string{"Connection", "X-Hop", "Content-Length", "Keep-Alive"} {
-		if _, ok := dst[k]; ok {
-			t.Errorf("%s copied to the client", k)
-		}
-	}
-	if dst.Get("Content-Type") != "text/event-stream" || dst.Get("X-Request-Id") != "req_1" {
-		t.Errorf("end-to-end response headers lost: %v", dst)
-	}
-}
-
 func TestCallerKey(t *testing.T) {
 	tests := []struct {
 		h             http.Header
@@ -176,4 +131,67 @@ func TestCallerKey(t *testing.T) {
 	if keyID("a") == keyID("b") {
 		t.Error("different keys share an id")
 	}
+}
+
+// FuzzAddIncludeUsage checks the request rewrite on arbitrary bodies: it
+// never panics; when it edits, the result is valid JSON asking for usage and
+// every other top-level member decodes exactly as before; when it does not,
+// the body is returned unchanged.
+func FuzzAddIncludeUsage(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","stream":true}`,
+		`{}`,
+		`{"stream_options":null}`,
+		`{"stream_options":{}}`,
+		`{"stream_options":{"include_usage":false,"x":[1,{"y":"}"}]}}`,
+		`{"stream_options":"x"}`,
+		`{"a":"\"stream_options\":{}","stream_options":{"include_usage":null}}`,
+		` { "model" : "m" } `,
+		`[1,2]`,
+		`{"model":`,
+		`{"stream_options":{},"stream_options":{"include_usage":true}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		orig := bytes.Clone(body)
+		out, ok := addIncludeUsage(body)
+		if !bytes.Equal(body, orig) {
+			t.Fatal("the input was modified in place")
+		}
+		if !ok {
+			if !bytes.Equal(out, body) {
+				t.Fatalf("not ok but changed: %q -> %q", body, out)
+			}
+			return
+		}
+		var before, after map[string]json.RawMessage
+		if json.Unmarshal(body, &before) != nil {
+			// The gateway validates bodies before rewriting; an invalid one
+			// may be edited but must not be made valid-looking garbage.
+			return
+		}
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("rewrite of valid %q is invalid %q: %v", body, out, err)
+		}
+		var so struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(after["stream_options"], &so); err != nil || !so.IncludeUsage {
+			t.Fatalf("rewrite %q does not ask for usage", out)
+		}
+		for k, v := range before {
+			if k == "stream_options" {
+				continue
+			}
+			if !bytes.Equal(v, after[k]) {
+				t.Fatalf("member %q changed: %s -> %s", k, v, after[k])
+			}
+		}
+		if _, aerr := inspectRequest(llm.DialectOpenAI, out); aerr == nil {
+			if info, _ := inspectRequest(llm.DialectOpenAI, out); !info.IncludeUsage {
+				t.Fatalf("inspectRequest does not see include_usage in %q", out)
+			}
+		}
+	})
 }

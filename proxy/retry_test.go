@@ -1,8 +1,14 @@
 package proxy
 
 import (
+	"bytes"
+	"context"
+	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +16,8 @@ import (
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/retryhint"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
 )
 
 // retryJustBelowOne is the largest float64 below 1, the top of rnd's range.
@@ -391,5 +399,370 @@ func BenchmarkRetryBackoffBudget(b *testing.B) {
 	}
 	if granted == 0 || sink < 0 {
 		b.Fatal("benchmark did no work")
+	}
+}
+
+// statusBody is the body of an upstream answer with status st, naming it.
+func statusBody(st int) string { return `{"answer":` + strconv.Itoa(st) + `}` }
+
+// TestForwardedRepeatOnlyWhenNotActed: a model call on another path
+// (images, embeddings) may have acted on a 500, so it is not sent again; on
+// a 503 or 429 the upstream surely did not act, so it is. GET is always
+// repeated. A retryable status alone does not repeat the call.
+func TestForwardedRepeatOnlyWhenNotActed(t *testing.T) {
+	const (
+		image = `{"model":"gpt-image-1","prompt":"a toll gate at dawn"}`
+		embed = `{"model":"text-embedding-3-small","input":"toll"}`
+	)
+	cases := []struct {
+		name, method, path, body string
+		statuses                 []int
+		wantStatus               int
+		wantHits                 int32
+	}{
+		{"images 500", http.MethodPost, "/v1/images/generations", image, []int{500, 200}, 500, 1},
+		{"embeddings 500", http.MethodPost, "/v1/embeddings", embed, []int{500, 200}, 500, 1},
+		{"images 502", http.MethodPost, "/v1/images/generations", image, []int{502, 200}, 502, 1},
+		{"images 503", http.MethodPost, "/v1/images/generations", image, []int{503, 200}, 200, 2},
+		{"embeddings 429", http.MethodPost, "/v1/embeddings", embed, []int{429, 200}, 200, 2},
+		{"models GET 500", http.MethodGet, "/v1/models", "", []int{500, 200}, 200, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			up := &scriptUpstream{respond: func(n int, _ *http.Request) scriptStep {
+				st := c.statuses[min(n, len(c.statuses))-1] // the last one repeats
+				return scriptStep{st, nil, statusBody(st)}
+			}}
+			us := httptest.NewServer(up)
+			defer us.Close()
+			tg := newTestGateway(t, us.URL, func(cfg *config.Config) { fastRetry(&cfg.Upstreams[0]) })
+			ctype := ""
+			if c.body != "" {
+				ctype = "application/json"
+			}
+			r := sendRequest(context.Background(), c.method, tg.URL+c.path, ctype, c.body, nil)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if rec := tg.record(t); rec.AttemptCount != int(c.wantHits) {
+				t.Errorf("record lists %d attempts, want %d (%v)", rec.AttemptCount, c.wantHits, attemptList(rec))
+			}
+			if r.resp.StatusCode != c.wantStatus || string(r.body) != statusBody(c.wantStatus) {
+				t.Errorf("caller got %d %q; want %d %q", r.resp.StatusCode, r.body, c.wantStatus, statusBody(c.wantStatus))
+			}
+			if n := up.count(c.path); n != int(c.wantHits) {
+				t.Errorf("upstream hits %d, want %d", n, c.wantHits)
+			}
+		})
+	}
+}
+
+// TestInsufficientQuotaNotRetried: a 429 whose type or code is
+// insufficient_quota goes to the caller at once, retries on or not.
+func TestInsufficientQuotaNotRetried(t *testing.T) {
+	for _, spec := range []string{
+		"status=429;type=insufficient_quota;code=insufficient_quota",
+		"status=429;code=insufficient_quota",
+		"status=429;type=insufficient_quota",
+	} {
+		t.Run(spec, func(t *testing.T) {
+			mock, url := mockUpstream(t, mockllm.Options{OutputTokens: 2})
+			tg := newTestGateway(t, url, func(c *config.Config) { fastRetry(&c.Upstreams[0]) })
+			if err := mock.Inject(spec, 1); err != nil {
+				t.Fatal(err)
+			}
+			resp, body := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+			if resp.StatusCode != http.StatusTooManyRequests || !bytes.Contains(body, []byte("insufficient_quota")) {
+				t.Errorf("caller got %d %s, want the upstream's 429 insufficient_quota", resp.StatusCode, body)
+			}
+			if st := mock.Stats(); st.Requests != 1 {
+				t.Errorf("mock saw %d requests, want 1", st.Requests)
+			}
+			rec := tg.record(t)
+			if got, want := attemptList(rec), []string{"mock:429:rate_limited"}; !slices.Equal(got, want) {
+				t.Errorf("attempts %v, want %v", got, want)
+			}
+			if rec.RetryWait != 0 || rec.Outcome != llm.OutcomeUpstreamError {
+				t.Errorf("retry wait %v outcome %s", rec.RetryWait, rec.Outcome)
+			}
+		})
+	}
+}
+
+// scriptStep is one scripted upstream answer.
+type scriptStep struct {
+	status int
+	hdr    map[string]string
+	body   string
+}
+
+// scriptUpstream is an upstream that answers the n-th request (1-based) on each
+// path with respond(n, r), and counts requests per path.
+type scriptUpstream struct {
+	respond func(n int, r *http.Request) scriptStep
+	mu      sync.Mutex
+	counts  map[string]int
+}
+
+func (s *scriptUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	s.mu.Lock()
+	if s.counts == nil {
+		s.counts = map[string]int{}
+	}
+	s.counts[r.URL.Path]++
+	n := s.counts[r.URL.Path]
+	s.mu.Unlock()
+	st := s.respond(n, r)
+	w.Header().Set("Content-Type", "application/json")
+	for k, v := range st.hdr {
+		w.Header().Set(k, v)
+	}
+	w.WriteHeader(st.status)
+	_, _ = io.WriteString(w, st.body)
+}
+
+func (s *scriptUpstream) count(path string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts[path]
+}
+
+const (
+	chatOKBody     = `{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+	serverErrBody  = `{"error":{"message":"boom","type":"server_error","param":null,"code":null}}`
+	badRequestBody = `{"error":{"message":"bad","type":"invalid_request_error","param":null,"code":null}}`
+	conflictBody   = `{"error":{"message":"a concurrent request holds this resource; try again"}}`
+)
+
+// TestXShouldRetry: the upstream's x-should-retry wins over the status
+// list both ways, as in the official SDKs.
+func TestXShouldRetry(t *testing.T) {
+	tests := []struct {
+		name     string
+		first    scriptStep
+		want     int
+		requests int
+		attempts []string
+	}{
+		{"503 with x-should-retry false is not retried",
+			scriptStep{503, map[string]string{"X-Should-Retry": "false"}, serverErrBody}, 503, 1, []string{"up:503:server_error"}},
+		{"400 with x-should-retry true is retried",
+			scriptStep{400, map[string]string{"X-Should-Retry": "true"}, conflictBody}, 200, 2, []string{"up:400:client_error", "up:200:ok"}},
+		{"400 without it is not",
+			scriptStep{400, nil, conflictBody}, 400, 1, []string{"up:400:client_error"}},
+		// shouldRetry's documented precedence: an error no retry can fix
+		// is not retried even when the upstream says true (the SDKs would).
+		{"400 invalid_request_error with x-should-retry true is not",
+			scriptStep{400, map[string]string{"X-Should-Retry": "true"}, badRequestBody}, 400, 1, []string{"up:400:client_error"}},
+		{"429 insufficient_quota with x-should-retry true is not",
+			scriptStep{429, map[string]string{"X-Should-Retry": "true"},
+				`{"error":{"message":"quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`},
+			429, 1, []string{"up:429:rate_limited"}},
+		{"503 without it is",
+			scriptStep{503, nil, serverErrBody}, 200, 2, []string{"up:503:server_error", "up:200:ok"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			script := &scriptUpstream{respond: func(n int, _ *http.Request) scriptStep {
+				if n == 1 {
+					return tc.first
+				}
+				return scriptStep{200, nil, chatOKBody}
+			}}
+			up := httptest.NewServer(script)
+			defer up.Close()
+			tg := newTestGateway(t, up.URL, func(c *config.Config) {
+				c.Upstreams[0].Name = "up"
+				fastRetry(&c.Upstreams[0])
+			})
+			resp, body := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+			if resp.StatusCode != tc.want {
+				t.Errorf("caller got %d %s, want %d", resp.StatusCode, body, tc.want)
+			}
+			if n := script.count("/v1/chat/completions"); n != tc.requests {
+				t.Errorf("upstream saw %d requests, want %d", n, tc.requests)
+			}
+			if got := attemptList(tg.record(t)); !slices.Equal(got, tc.attempts) {
+				t.Errorf("attempts %v, want %v", got, tc.attempts)
+			}
+		})
+	}
+}
+
+// TestRetryAfterTooLongNotWaited: a Retry-After longer than max_wait_seconds,
+// with no upstream to fall back to, is not waited for: the caller gets the
+// upstream's 429 with its Retry-After, so its own SDK can decide.
+func TestRetryAfterTooLongNotWaited(t *testing.T) {
+	mock, url := mockUpstream(t, mockllm.Options{OutputTokens: 2})
+	tg := newTestGateway(t, url, func(c *config.Config) {
+		c.Upstreams[0].Retry.MaxWaitSeconds = 5
+		fastRetry(&c.Upstreams[0])
+	})
+	if err := mock.Inject("status=429;retry-after=60", 1); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "60" {
+		t.Errorf("caller got %d Retry-After %q (%s), want 429 with Retry-After 60", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if st := mock.Stats(); st.Requests != 1 {
+		t.Errorf("mock saw %d requests, want 1", st.Requests)
+	}
+	rec := tg.record(t)
+	if rec.AttemptCount != 1 || rec.RetryWait != 0 {
+		t.Errorf("attempts %d retry wait %v", rec.AttemptCount, rec.RetryWait)
+	}
+	if v := metricValue(t, tg, "tollgate_upstream_retries_skipped_total",
+		map[string]string{"upstream": "mock", "why": "wait_too_long"}); v != 1 {
+		t.Errorf("retries_skipped_total{why=wait_too_long} = %v, want 1", v)
+	}
+}
+
+// TestRetryBudgetSendsFailingRequestsOnce: with budget_ratio 0 and a floor of 0.2 retries a
+// second over the 10 s window, two retries are allowed; the failing
+// requests after them are sent once, and each refusal is counted.
+func TestRetryBudgetSendsFailingRequestsOnce(t *testing.T) {
+	mock, url := mockUpstream(t, mockllm.Options{OutputTokens: 2})
+	tg := newTestGateway(t, url, func(c *config.Config) {
+		u := &c.Upstreams[0]
+		u.Retry.MaxAttempts = 2
+		u.Retry.BudgetRatio = 0
+		u.Retry.BudgetMinPerSecond = 0.2
+		u.Breaker.Enabled = false // every attempt fails; the breaker is not under test
+		fastRetry(u)
+	})
+	var sent []int64
+	prev := int64(0)
+	for range 4 {
+		resp, body := post(t, tg.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{"X-Mock-Fault": "status=500"})
+		if resp.StatusCode != http.StatusInternalServerError {
+			t.Errorf("caller got %d %s, want the upstream's 500", resp.StatusCode, body)
+		}
+		tg.record(t)
+		n := mock.Stats().Requests
+		sent = append(sent, n-prev)
+		prev = n
+	}
+	if want := []int64{2, 2, 1, 1}; len(sent) != 4 || sent[0] != want[0] || sent[1] != want[1] || sent[2] != want[2] || sent[3] != want[3] {
+		t.Errorf("upstream requests per caller request %v, want %v", sent, want)
+	}
+	if v := metricValue(t, tg, "tollgate_upstream_retries_skipped_total",
+		map[string]string{"upstream": "mock", "why": "budget"}); v != 2 {
+		t.Errorf("retries_skipped_total{why=budget} = %v, want 2", v)
+	}
+}
+
+// TestForwardedRetryRules: on other /v1/* paths a GET is always
+// repeatable; a POST naming a model (metered: embeddings, responses...) may
+// have created something upstream, so it is repeated only when the upstream
+// surely did not act on it (429, 503, 529, connection refused), not on a
+// 500; a POST that is no model call (a file upload) is never repeated.
+func TestForwardedRetryRules(t *testing.T) {
+	const embed = `{"model":"text-embedding-3-small","input":"hi"}`
+	tests := []struct {
+		name, method, path, ctype, body string
+		first, want, requests           int
+	}{
+		{"embeddings 503", http.MethodPost, "/v1/embeddings", "application/json", embed, 503, 200, 2},
+		{"embeddings 429", http.MethodPost, "/v1/embeddings", "application/json", embed, 429, 200, 2},
+		{"embeddings 500", http.MethodPost, "/v1/embeddings", "application/json", embed, 500, 500, 1},
+		{"GET models 500", http.MethodGet, "/v1/models", "", "", 500, 200, 2},
+		{"file upload, not JSON, 503", http.MethodPost, "/v1/files", "application/octet-stream",
+			"\x00\x01 raw file bytes, not JSON", 503, 503, 1},
+		{"JSON without a model, 503", http.MethodPost, "/v1/responses", "application/json", `{"input":"hi"}`, 503, 503, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			script := &scriptUpstream{respond: func(n int, r *http.Request) scriptStep {
+				if n == 1 {
+					return scriptStep{tc.first, nil, serverErrBody}
+				}
+				if r.Method == http.MethodGet {
+					return scriptStep{200, nil, `{"object":"list","data":[{"id":"m","object":"model"}]}`}
+				}
+				return scriptStep{200, nil, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],` +
+					`"model":"text-embedding-3-small","usage":{"prompt_tokens":2,"total_tokens":2}}`}
+			}}
+			up := httptest.NewServer(script)
+			defer up.Close()
+			tg := newTestGateway(t, up.URL, func(c *config.Config) { fastRetry(&c.Upstreams[0]) })
+			ctx, cancel := context.WithTimeout(context.Background(), testWait)
+			defer cancel()
+			r := sendRequest(ctx, tc.method, tg.URL+tc.path, tc.ctype, tc.body, nil)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if r.resp.StatusCode != tc.want {
+				t.Errorf("caller got %d %s, want %d", r.resp.StatusCode, r.body, tc.want)
+			}
+			if n := script.count(tc.path); n != tc.requests {
+				t.Errorf("upstream saw %d requests, want %d", n, tc.requests)
+			}
+			if rec := tg.record(t); rec.AttemptCount != tc.requests {
+				t.Errorf("record lists %d attempts, want %d (%v)", rec.AttemptCount, tc.requests, attemptList(rec))
+			}
+		})
+	}
+}
+
+func TestShouldRetry(t *testing.T) {
+	def := defaultRetryPolicy()
+	custom := retryPolicy{maxAttempts: 3, statuses: map[int]bool{418: true}}
+	none := retryPolicy{}
+	hdr := func(v string) http.Header {
+		h := http.Header{}
+		if v != "" {
+			h.Set("X-Should-Retry", v)
+		}
+		return h
+	}
+	tests := []struct {
+		name          string
+		p             retryPolicy
+		status        int
+		should        string // X-Should-Retry
+		errType, code string
+		want          bool
+	}{
+		{"429", def, 429, "", "requests", "rate_limit_exceeded", true},
+		{"408", def, 408, "", "", "", true},
+		{"409", def, 409, "", "", "", true},
+		{"500", def, 500, "", "server_error", "", true},
+		{"502", def, 502, "", "", "", true},
+		{"503", def, 503, "", "", "", true},
+		{"504", def, 504, "", "", "", true},
+		{"529", def, 529, "", "overloaded_error", "", true},
+		{"400", def, 400, "", "invalid_request_error", "", false},
+		{"401", def, 401, "", "", "invalid_api_key", false},
+		{"404", def, 404, "", "", "model_not_found", false},
+		{"422", def, 422, "", "", "", false},
+		{"501 not listed", def, 501, "", "", "", false},
+		{"503 x-should-retry false", def, 503, "false", "", "", false},
+		{"429 x-should-retry false", def, 429, "false", "", "", false},
+		{"400 x-should-retry true", def, 400, "true", "", "", true},
+		{"501 x-should-retry true", def, 501, "true", "", "", true},
+		{"x-should-retry is case sensitive like the SDKs", def, 400, "TRUE", "", "", false},
+		{"x-should-retry other value ignored", def, 503, "no", "", "", true},
+		{"insufficient_quota type", def, 429, "", "insufficient_quota", "", false},
+		{"insufficient_quota code", def, 429, "", "requests", "insufficient_quota", false},
+		{"insufficient_quota beats x-should-retry true", def, 429, "true", "insufficient_quota", "insufficient_quota", false},
+		{"billing code", def, 429, "", "insufficient_quota", "credit_balance_exhausted", false},
+		{"anthropic billing_error", def, 500, "", "billing_error", "", false},
+		{"authentication_error on a 500", def, 500, "", "authentication_error", "", false},
+		{"invalid_request_error code on a 503", def, 503, "", "", "invalid_request_error", false},
+		{"custom statuses: listed", custom, 418, "", "", "", true},
+		{"custom statuses: default one not listed", custom, 429, "", "", "", false},
+		{"zero policy", none, 500, "", "", "", false},
+		{"zero policy, x-should-retry true", none, 500, "true", "", "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := shouldRetry(tc.p, tc.status, hdr(tc.should), tc.errType, tc.code); got != tc.want {
+				t.Errorf("shouldRetry(status %d, x-should-retry %q, type %q, code %q) = %v, want %v",
+					tc.status, tc.should, tc.errType, tc.code, got, tc.want)
+			}
+		})
 	}
 }

@@ -2,9 +2,9 @@ package proxy
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -72,71 +72,6 @@ func TestEstimatedInputCountedAsBilled(t *testing.T) {
 	}
 }
 
-// TestMalformedAnswerIsAnUpstreamError: a non-streamed 200 on a dialect
-// route whose body is not JSON (cut short by a broken proxy, say) is no
-// success: the caller's SDK cannot parse it. It is relayed as it came, and
-// recorded as an upstream error with a protocol_error interruption, not as
-// ok and goodput met, and it is not billed. A whole JSON answer stays ok
-// and billed; other statuses (a redirect, a 204) are not judged by their
-// body.
-func TestMalformedAnswerIsAnUpstreamError(t *testing.T) {
-	for _, c := range []struct {
-		name, body string
-		status     int
-		ok, billed bool
-	}{
-		{"truncated", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hel`, 200, false, false},
-		{"html", `<html>upstream gateway hiccup</html>`, 200, false, false},
-		{"empty", ``, 200, false, false},
-		{"whole", `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`, 200, true, true},
-		{"redirect", `<html>moved</html>`, http.StatusTemporaryRedirect, true, false},
-		{"no content", ``, http.StatusNoContent, true, true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(c.body)}, contentType: "application/json", status: c.status})
-			defer us.Close()
-			ledger := newLocalLedger(t)
-			tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
-				cf.Upstreams[0].Retry.MaxAttempts = 1
-				cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
-			}, func(o *Options) { o.Ledger = ledger })
-			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-			req, _ := http.NewRequest(http.MethodPost, tg.URL+"/v1/chat/completions",
-				strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`))
-			resp, err := client.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != c.status || string(got) != c.body {
-				t.Fatalf("caller got %d %q; want the upstream's answer as it came", resp.StatusCode, got)
-			}
-			rec := tg.record(t)
-			rows, err := ledger.Query(context.Background(), spend.Filter{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if billed := len(rows) == 1 && rec.CostMicros > 0; billed != c.billed {
-				t.Errorf("billed %v (ledger %+v, record %d µ$), want %v", billed, rows, rec.CostMicros, c.billed)
-			}
-			if c.ok {
-				if rec.Outcome != llm.OutcomeOK || rec.Interruption != llm.InterruptNone || (c.status == 200 && rec.Usage.Input != 3) {
-					t.Errorf("outcome %s, interruption %s, usage %+v; want ok", rec.Outcome, rec.Interruption, rec.Usage)
-				}
-				return
-			}
-			if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptProtocolError || rec.Goodput == llm.SLOMet {
-				t.Errorf("outcome %s, interruption %s, goodput %s; want upstream_error, protocol_error, not met",
-					rec.Outcome, rec.Interruption, rec.Goodput)
-			}
-			if rec.AttemptCount != 1 || rec.Attempts[0].Result != resultStreamBroken {
-				t.Errorf("%d attempts, first %+v; want one, %s", rec.AttemptCount, rec.Attempts[0], resultStreamBroken)
-			}
-		})
-	}
-}
-
 // TestForwardedWithoutUsageCountsBilledOutput: a metered forwarded answer
 // without usage is billed max_tokens as its output (never nothing); the
 // record, tollgate_tokens_total and the ledger carry the same tokens,
@@ -163,5 +98,95 @@ func TestForwardedWithoutUsageCountsBilledOutput(t *testing.T) {
 	}
 	if out := metricValue(t, tg, "tollgate_tokens_total", map[string]string{"type": "output", "estimated": "true"}); out != 7 {
 		t.Errorf("tollgate_tokens_total output (estimated) %v, want 7", out)
+	}
+}
+
+// TestStreamBrokenBeforeTokenNotBilled: a stream the upstream breaks
+// before any token and any usage is not billed, like an error answer; one
+// that broke after a token is.
+func TestStreamBrokenBeforeTokenNotBilled(t *testing.T) {
+	for _, c := range []struct {
+		fault  string
+		billed bool
+	}{{"disconnect=0", false}, {"disconnect=1", true}} {
+		t.Run(c.fault, func(t *testing.T) {
+			m := mockllm.New(mockllm.Options{OutputTokens: 4})
+			us := httptest.NewServer(m)
+			defer us.Close()
+			ledger := newLocalLedger(t)
+			tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
+				cf.Upstreams[0].Retry.MaxAttempts = 1
+				cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}
+			}, func(o *Options) { o.Ledger = ledger })
+			body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"` +
+				strings.Repeat("x", 4000) + `"}]}`
+			post(t, tg.URL+"/v1/chat/completions", body, map[string]string{"X-Mock-Fault": c.fault})
+			rec := tg.record(t)
+			if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptUpstreamEOF {
+				t.Fatalf("record %s / %s, want upstream_error / upstream_eof", rec.Outcome, rec.Interruption)
+			}
+			rows, err := ledger.Query(context.Background(), spend.Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if billed := rec.CostMicros > 0 && len(rows) == 1; billed != c.billed {
+				t.Errorf("billed %v (record %d µ$, ledger %+v), want %v", billed, rec.CostMicros, rows, c.billed)
+			}
+		})
+	}
+}
+
+// TestErrorEventOnlyStreamNotBilled: a 200 stream whose only event
+// is an error event (no token, no usage) is what an error status would
+// have been: nothing is billed, in the ledger or the record, whether the
+// opening was held or not. The same stream with one token before the error
+// is billed (the token and the prompt estimate).
+func TestErrorEventOnlyStreamNotBilled(t *testing.T) {
+	errEv := errorEvent("invalid_request_error", "context_length_exceeded")
+	for _, attempts := range []int{1, 3} {
+		for _, c := range []struct {
+			name   string
+			pieces [][]byte
+			tokens int
+			billed bool
+		}{
+			{"error_only", eventPieces(errEv), 0, false},
+			{"token_then_error", eventPieces(chunkEvent(`{"role":"assistant","content":""}`), chunkEvent(`{"content":"Hello"}`), errEv), 1, true},
+		} {
+			t.Run(c.name+"/max_attempts="+strconv.Itoa(attempts), func(t *testing.T) {
+				us := httptest.NewServer(&rawUpstream{pieces: c.pieces})
+				defer us.Close()
+				ledger := newLocalLedger(t)
+				tg := newTestGatewayWith(t, us.URL, func(cf *config.Config) {
+					cf.Upstreams[0].Retry.MaxAttempts = attempts
+					cf.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}
+				}, func(o *Options) { o.Ledger = ledger })
+				body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"` +
+					strings.Repeat("x", 4000) + `"}]}`
+				resp, b := post(t, tg.URL+"/v1/chat/completions", body, nil)
+				rec := tg.record(t)
+				if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "context_length_exceeded") {
+					t.Fatalf("caller got %d %q; want the stream with its error event", resp.StatusCode, b)
+				}
+				if rec.Interruption != llm.InterruptUpstreamErrorEvent || rec.TokenEvents != c.tokens {
+					t.Errorf("record interruption %s, %d tokens; want upstream_error_event, %d tokens",
+						rec.Interruption, rec.TokenEvents, c.tokens)
+				}
+				rows, err := ledger.Query(context.Background(), spend.Filter{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !c.billed {
+					if rec.CostMicros != 0 || len(rows) != 0 {
+						t.Errorf("an error-only stream was billed: record %d µ$ (usage %+v), ledger %+v",
+							rec.CostMicros, rec.Usage, rows)
+					}
+					return
+				}
+				if rec.CostMicros <= 0 || len(rows) != 1 || rows[0].CostMicros != rec.CostMicros || rows[0].Output != 1 {
+					t.Errorf("a stream with a token was not billed as such: record %d µ$, ledger %+v", rec.CostMicros, rows)
+				}
+			})
+		}
 	}
 }

@@ -1,0 +1,194 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestPhaseTimerTouchMovesIdleDeadline: a read during the idle phase moves the
+// deadline, and a timer that fires before it sleeps again instead of
+// cutting the stream; once the deadline has passed, it cuts it with the idle
+// cause. fire is called by hand, so no timing decides the result.
+func TestPhaseTimerTouchMovesIdleDeadline(t *testing.T) {
+	var causes []error
+	pt := testPhaseTimer(t, func(c error) { causes = append(causes, c) }, time.Hour)
+	pt.t = time.AfterFunc(time.Hour, func() {}) // a timer fire may re-arm; never runs here
+	defer pt.t.Stop()
+	pt.phase.Store(phaseIdle)
+	pt.deadline.Store(0) // the idle phase ran out...
+	pt.touch()           // ...but a read just came
+	pt.fire()
+	if len(causes) != 0 {
+		t.Fatalf("fire after a read cut the stream with %v", causes)
+	}
+	pt.deadline.Store(0)
+	pt.fire()
+	if len(causes) != 1 || !errors.Is(causes[0], errIdleTimeout) {
+		t.Fatalf("fire past the deadline: causes %v, want the idle timeout", causes)
+	}
+}
+
+// testPhaseTimer is the phase timer of an attempt whose cancel is cancel,
+// with the idle timeout idle, stopped when the test ends.
+func testPhaseTimer(t *testing.T, cancel context.CancelCauseFunc, idle time.Duration) *phaseTimer {
+	pt := newPhaseTimer(cancel, idle)
+	t.Cleanup(pt.stop)
+	return pt
+}
+
+// touch is touchAt now, on the timer's clock.
+func (pt *phaseTimer) touch() { pt.touchAt(pt.clock()) }
+
+// phaseTimerCause waits (bounded) for ctx to end and returns its cause.
+func phaseTimerCause(t *testing.T, ctx context.Context) error {
+	t.Helper()
+	await(t, ctx.Done(), "the phase timer to fire")
+	return context.Cause(ctx)
+}
+
+// The phase timer fires with the cause of the phase it is in, on a real
+// timer with tiny durations; only the cause is checked.
+func TestPhaseTimerFiresWithPhaseCause(t *testing.T) {
+	tests := []struct {
+		name  string
+		start func(pt *phaseTimer)
+		want  error
+	}{
+		{"headers", func(pt *phaseTimer) { pt.enter(phaseHeaders, time.Millisecond) }, errHeaderTimeout},
+		{"first token", func(pt *phaseTimer) { pt.enter(phaseFirstToken, time.Millisecond) }, errFirstTokenTimeout},
+		{"idle after the first token", func(pt *phaseTimer) { pt.firstToken() }, errIdleTimeout},
+		{"timer reused by the next phase", func(pt *phaseTimer) {
+			pt.enter(phaseHeaders, time.Hour)
+			pt.enter(phaseFirstToken, time.Millisecond)
+		}, errFirstTokenTimeout},
+		{"timer stopped by a phase without timeout, then reused", func(pt *phaseTimer) {
+			pt.enter(phaseHeaders, time.Hour)
+			pt.enter(phaseNone, 0)
+			pt.enter(phaseIdle, time.Millisecond)
+		}, errIdleTimeout},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			pt := testPhaseTimer(t, cancel, time.Millisecond)
+			tc.start(pt)
+			if got := phaseTimerCause(t, ctx); !errors.Is(got, tc.want) {
+				t.Errorf("cause %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A fire whose phase has moved on (or whose timer was stopped) does
+// nothing; touch moves the idle deadline, and only in the idle phase. The
+// timer's callback is called by hand with the deadline set as if its time
+// had come, so nothing depends on the scheduler.
+func TestPhaseTimerStaleAndTouch(t *testing.T) {
+	expired := func(pt *phaseTimer) { pt.deadline.Store(0) }
+	tests := []struct {
+		name string
+		idle time.Duration
+		run  func(pt *phaseTimer)
+		want error // nil: not cancelled
+	}{
+		{"expired headers phase fires", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseHeaders, time.Hour)
+			expired(pt)
+			pt.fire()
+		}, errHeaderTimeout},
+		{"headers timer firing after the first-token phase began", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseHeaders, time.Hour)
+			pt.enter(phaseFirstToken, time.Hour)
+			pt.fire()
+		}, nil},
+		{"first-token timer firing after the first token", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseFirstToken, time.Hour)
+			pt.firstToken()
+			pt.fire()
+		}, nil},
+		{"phase without timeout", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseHeaders, time.Hour)
+			pt.enter(phaseNone, 0)
+			pt.fire()
+		}, nil},
+		{"phase with timeout 0", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseFirstToken, 0)
+			pt.fire()
+		}, nil},
+		{"stopped", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseFirstToken, time.Hour)
+			pt.stop()
+			pt.fire()
+		}, nil},
+		{"stopped with an expired deadline", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseFirstToken, time.Hour)
+			pt.stop()
+			expired(pt)
+			pt.fire()
+		}, nil},
+		{"expired idle phase fires", time.Hour, func(pt *phaseTimer) {
+			pt.firstToken()
+			expired(pt)
+			pt.fire()
+		}, errIdleTimeout},
+		{"touch extends the idle phase", time.Hour, func(pt *phaseTimer) {
+			pt.firstToken()
+			expired(pt)
+			pt.touch()
+			pt.fire()
+		}, nil},
+		{"touch does not extend the first-token phase", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseFirstToken, time.Hour)
+			expired(pt)
+			pt.touch()
+			pt.fire()
+		}, errFirstTokenTimeout},
+		{"touch does not extend the headers phase", time.Hour, func(pt *phaseTimer) {
+			pt.enter(phaseHeaders, time.Hour)
+			expired(pt)
+			pt.touch()
+			pt.fire()
+		}, errHeaderTimeout},
+		{"idle timeout off: no timer after the first token", 0, func(pt *phaseTimer) {
+			pt.enter(phaseFirstToken, time.Hour)
+			pt.firstToken()
+			pt.touch()
+			pt.fire()
+		}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			pt := testPhaseTimer(t, cancel, tc.idle)
+			tc.run(pt)
+			got := context.Cause(ctx)
+			if ctx.Err() == nil {
+				got = nil
+			}
+			if !errors.Is(got, tc.want) || (got == nil) != (tc.want == nil) {
+				t.Errorf("cause %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Touching the idle phase on a real timer keeps it from firing at its
+// first deadline: the timer is re-armed for a full idle period from the
+// touch, so a touch made long before the deadline cannot end the stream
+// early. Only the cause is checked once the stream is left alone.
+func TestPhaseTimerTouchRearms(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	pt := testPhaseTimer(t, cancel, 5*time.Millisecond)
+	pt.firstToken()
+	for range 3 {
+		pt.touch()
+	}
+	if got := phaseTimerCause(t, ctx); !errors.Is(got, errIdleTimeout) {
+		t.Errorf("cause %v, want %v", got, errIdleTimeout)
+	}
+}
