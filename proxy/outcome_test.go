@@ -366,19 +366,28 @@ func pinAnswer(status int, body string) pinUp {
 	return func(_ *pinUpstream, w http.ResponseWriter, _ *http.Request, _ int) { pinJSON(w, status, body) }
 }
 
+// pinCases is the ending table: streams, timers and callers, answers.
 func pinCases() []pinCase {
-	ok := func(st int) pinWant {
-		return pinWant{outcome: llm.OutcomeOK, results: []string{"ok"}, status: st, verdicts: 1}
-	}
-	whole := pinStream(pinRole, pinTok, pinStop, pinUse, pinDone)
-	big := "data: " + strings.Repeat("x", 70<<10) + "\n\n"
-	serverErr := `{"error":{"message":"down","type":"server_error","code":null}}`
-	embed := `{"model":"e","input":"hi"}`
+	return slices.Concat(pinStreamCases(), pinTimerCases(), pinAnswerCases())
+}
+
+var (
+	pinWhole     = pinStream(pinRole, pinTok, pinStop, pinUse, pinDone)
+	pinBig       = "data: " + strings.Repeat("x", 70<<10) + "\n\n"
+	pinServerErr = `{"error":{"message":"down","type":"server_error","code":null}}`
+)
+
+func pinOK(st int) pinWant {
+	return pinWant{outcome: llm.OutcomeOK, results: []string{"ok"}, status: st, verdicts: 1}
+}
+
+// pinStreamCases: how a stream ends, committed or held.
+func pinStreamCases() []pinCase {
 	return []pinCase{
-		{name: "stream whole", attempts: 1, up: whole, want: ok(200)},
-		{name: "stream whole, held", attempts: 2, up: whole, want: ok(200)},
+		{name: "stream whole", attempts: 1, up: pinWhole, want: pinOK(200)},
+		{name: "stream whole, held", attempts: 2, up: pinWhole, want: pinOK(200)},
 		{name: "stream whole, anthropic", path: "/v1/messages", body: pinMessages, attempts: 1,
-			up: pinStream(pinMsgStart, pinMsgTok, pinMsgDelta, pinMsgStop), want: ok(200)},
+			up: pinStream(pinMsgStart, pinMsgTok, pinMsgDelta, pinMsgStop), want: pinOK(200)},
 		{name: "eof after token, committed", attempts: 1, up: pinStream(pinRole, pinTok),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, interrupt: llm.InterruptUpstreamEOF,
 				results: []string{"stream_broken"}, status: 200, verdicts: 2, unhealthy: 1}},
@@ -408,7 +417,7 @@ func pinCases() []pinCase {
 					pinSSE(w, pinRole)
 					return
 				}
-				whole(u, w, r, n)
+				pinWhole(u, w, r, n)
 			},
 			want: pinWant{outcome: llm.OutcomeOK, results: []string{"stream_broken", "ok"}, status: 200, verdicts: 2, unhealthy: 1}},
 		{name: "error event first, committed", attempts: 1, up: pinStream(pinErr),
@@ -430,14 +439,21 @@ func pinCases() []pinCase {
 		{name: "error event, then done", attempts: 1, up: pinStream(pinRole, pinTok, pinErr, pinDone),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, interrupt: llm.InterruptUpstreamErrorEvent,
 				results: []string{"error_event"}, errType: "server_error", status: 200, verdicts: 2, unhealthy: 1}},
-		{name: "event too large, committed", attempts: 1, up: pinStream(pinRole, pinTok, big, pinDone),
+		{name: "event too large, committed", attempts: 1, up: pinStream(pinRole, pinTok, pinBig, pinDone),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, interrupt: llm.InterruptProtocolError,
 				results: []string{"stream_broken"}, errType: "event_too_large", status: 200, verdicts: 2, unhealthy: 1}},
 		// A preamble that fills the relay buffer is committed, so this one
 		// is not retried.
-		{name: "event too large before token", attempts: 2, up: pinStream(pinRole, big, pinDone),
+		{name: "event too large before token", attempts: 2, up: pinStream(pinRole, pinBig, pinDone),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, interrupt: llm.InterruptProtocolError,
 				results: []string{"stream_broken"}, errType: "event_too_large", status: 200, verdicts: 1, unhealthy: 1}},
+	}
+}
+
+// pinTimerCases: the phase and attempt timers, a caller that leaves, a
+// shutdown.
+func pinTimerCases() []pinCase {
+	return []pinCase{
 		{name: "header timeout", attempts: 1, edit: pinTimeouts(0.15, 0, 0, 0), up: pinStall(),
 			want: pinWant{outcome: llm.OutcomeUpstreamTimeout, results: []string{"header_timeout"}, status: 504, verdicts: 1, unhealthy: 1}},
 		{name: "header timeout, retried", attempts: 2, edit: pinTimeouts(0.15, 0, 0, 0), up: pinStall(),
@@ -509,11 +525,18 @@ func pinCases() []pinCase {
 			},
 			want: pinWant{outcome: llm.OutcomeShutdown, results: []string{"rate_limited"}, status: 503, verdicts: 1, unhealthy: 1}},
 		{name: "terminal relayed, upstream holds the body open", attempts: 1,
-			up: pinStall(pinRole, pinTok, pinStop, pinUse, pinDone), want: ok(200)},
-		{name: "500, committed", attempts: 1, up: pinAnswer(500, serverErr),
+			up: pinStall(pinRole, pinTok, pinStop, pinUse, pinDone), want: pinOK(200)},
+	}
+}
+
+// pinAnswerCases: error answers, plain answers, forwarded paths.
+func pinAnswerCases() []pinCase {
+	embed := `{"model":"e","input":"hi"}`
+	return []pinCase{
+		{name: "500, committed", attempts: 1, up: pinAnswer(500, pinServerErr),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, results: []string{"server_error"}, errType: "server_error",
 				status: 500, verdicts: 1, unhealthy: 1}},
-		{name: "500, retried", attempts: 2, up: pinAnswer(500, serverErr),
+		{name: "500, retried", attempts: 2, up: pinAnswer(500, pinServerErr),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, results: []string{"server_error", "server_error"}, errType: "server_error",
 				status: 500, verdicts: 2, unhealthy: 2}},
 		{name: "429 quota, not retried", attempts: 2,
@@ -529,7 +552,7 @@ func pinCases() []pinCase {
 				pinAbort()
 			},
 			want: pinWant{outcome: llm.OutcomeUpstreamError, results: []string{"server_error"}, status: 500, verdicts: 1, unhealthy: 1}},
-		{name: "plain answer", body: pinChatPlain, attempts: 2, up: pinAnswer(200, pinChatAnswer), want: ok(200)},
+		{name: "plain answer", body: pinChatPlain, attempts: 2, up: pinAnswer(200, pinChatAnswer), want: pinOK(200)},
 		{name: "plain answer not JSON", body: pinChatPlain, attempts: 2, up: pinAnswer(200, `<html>proxy error</html>`),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, interrupt: llm.InterruptProtocolError,
 				results: []string{"stream_broken"}, errType: "invalid_json", status: 200, verdicts: 1, unhealthy: 1}},
@@ -539,19 +562,19 @@ func pinCases() []pinCase {
 				pinAbort()
 			},
 			want: pinWant{outcome: llm.OutcomeUpstreamError, results: []string{"stream_broken"}, status: 200, verdicts: 1, unhealthy: 1}},
-		{name: "stream answered as JSON", attempts: 2, up: pinAnswer(200, pinChatAnswer), want: ok(200)},
-		{name: "plain request answered as a stream", body: pinChatPlain, attempts: 1, up: whole, want: ok(200)},
+		{name: "stream answered as JSON", attempts: 2, up: pinAnswer(200, pinChatAnswer), want: pinOK(200)},
+		{name: "plain request answered as a stream", body: pinChatPlain, attempts: 1, up: pinWhole, want: pinOK(200)},
 		{name: "connection closed before an answer", attempts: 2,
 			up: func(*pinUpstream, http.ResponseWriter, *http.Request, int) { pinAbort() },
 			want: pinWant{outcome: llm.OutcomeUpstreamError, results: []string{"connection_error", "connection_error"},
 				status: 502, verdicts: 2, unhealthy: 2}},
 		{name: "forwarded 200", path: "/v1/embeddings", body: embed, attempts: 2,
-			up: pinAnswer(200, `{"object":"list","data":[],"usage":{"prompt_tokens":2,"total_tokens":2}}`), want: ok(200)},
-		{name: "forwarded 500, not repeated", path: "/v1/embeddings", body: embed, attempts: 2, up: pinAnswer(500, serverErr),
+			up: pinAnswer(200, `{"object":"list","data":[],"usage":{"prompt_tokens":2,"total_tokens":2}}`), want: pinOK(200)},
+		{name: "forwarded 500, not repeated", path: "/v1/embeddings", body: embed, attempts: 2, up: pinAnswer(500, pinServerErr),
 			want: pinWant{outcome: llm.OutcomeUpstreamError, results: []string{"server_error"}, errType: "server_error",
 				status: 500, verdicts: 1, unhealthy: 1}},
 		{name: "forwarded stream", path: "/v1/files", body: `{"purpose":"x"}`, attempts: 1,
-			up: pinStream("data: a\n\n", "data: b\n\n"), want: ok(200)},
+			up: pinStream("data: a\n\n", "data: b\n\n"), want: pinOK(200)},
 	}
 }
 
@@ -624,21 +647,8 @@ func runPinCase(t *testing.T, c pinCase) pinWant {
 	srv.Start()
 	t.Cleanup(srv.Close)
 
-	path, body := c.path, c.body
-	if path == "" {
-		path = "/v1/chat/completions"
-	}
-	if body == "" {
-		body = pinChat
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-
 	what, when, _ := strings.Cut(c.caller, "@")
 	end := func() {
 		if what == "leave" {
@@ -654,7 +664,45 @@ func runPinCase(t *testing.T, c pinCase) pinWant {
 			t.Error("the upstream never stalled")
 		}
 	}
-	done := make(chan struct{})
+	done := pinCall(t, ctx, srv.URL, c, when, stalled, end)
+	switch when {
+	case "stall":
+		stalled()
+		end()
+	case "retry":
+		// The retry is counted just before its wait starts.
+		for i := 0; i < 2000 && metricValue(t, tg, "tollgate_upstream_retries_total", map[string]string{"upstream": "mock"}) <= 0; i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+		end()
+	}
+	rec := tg.record(t)
+	<-done
+	var w pinWant
+	w.outcome, w.interrupt, w.results, w.errType, w.status = rec.Outcome, rec.Interruption, pinResults(rec), rec.ErrorType, rec.Status
+	w.verdicts, w.unhealthy = breakerVerdicts(tg.gw.upstreams[0].breaker)
+	return w
+}
+
+// pinCall sends the case's request as a caller on its own goroutine, which
+// ends the exchange (end) once it has the headers and the upstream stalled,
+// or once it read the first token, as when says; done closes when the
+// caller is through.
+func pinCall(t *testing.T, ctx context.Context, base string, c pinCase, when string, stalled, end func()) (done chan struct{}) {
+	t.Helper()
+	path, body := c.path, c.body
+	if path == "" {
+		path = "/v1/chat/completions"
+	}
+	if body == "" {
+		body = pinChat
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	done = make(chan struct{})
 	go func() {
 		defer close(done)
 		resp, err := http.DefaultClient.Do(req)
@@ -678,23 +726,7 @@ func runPinCase(t *testing.T, c pinCase) pinWant {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 	}()
-	switch when {
-	case "stall":
-		stalled()
-		end()
-	case "retry":
-		// The retry is counted just before its wait starts.
-		for i := 0; i < 2000 && metricValue(t, tg, "tollgate_upstream_retries_total", map[string]string{"upstream": "mock"}) <= 0; i++ {
-			time.Sleep(5 * time.Millisecond)
-		}
-		end()
-	}
-	rec := tg.record(t)
-	<-done
-	var w pinWant
-	w.outcome, w.interrupt, w.results, w.errType, w.status = rec.Outcome, rec.Interruption, pinResults(rec), rec.ErrorType, rec.Status
-	w.verdicts, w.unhealthy = breakerVerdicts(tg.gw.upstreams[0].breaker)
-	return w
+	return done
 }
 
 // breakerVerdicts counts the verdicts a breaker has taken and how many of

@@ -112,7 +112,7 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	}
 	bp := g.bufPool.Get().(*[]byte)
 	defer g.bufPool.Put(bp) // a stream that grew a larger buffer drops that one, not this
-	l := relayLoop{ex: ex, st: st, resp: resp, rc: http.NewResponseController(ex.w), ctx: ctx, cancel: cancel,
+	l := relayLoop{ex: ex, st: st, resp: resp, rc: *http.NewResponseController(ex.w), ctx: ctx, cancel: cancel,
 		pt: pt, buf: *bp, suppress: ex.info.suppressUsage}
 	defer func() {
 		if l.grace != nil {
@@ -141,7 +141,7 @@ type relayLoop struct {
 	ex     *exchange
 	st     *streamState
 	resp   *http.Response
-	rc     *http.ResponseController
+	rc     http.ResponseController // a value: a pointer would escape with the timer
 	ctx    context.Context
 	cancel context.CancelFunc
 	pt     *phaseTimer
