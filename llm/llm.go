@@ -21,6 +21,9 @@ const (
 	DialectOpenAI
 	// DialectAnthropic is Anthropic Messages (POST /v1/messages).
 	DialectAnthropic
+	// DialectResponses is OpenAI's Responses API (POST /v1/responses). Only
+	// sseparse decodes it so far; no route produces it yet.
+	DialectResponses
 )
 
 // String returns the dialect's name as used in config files and logs.
@@ -30,6 +33,8 @@ func (d Dialect) String() string {
 		return "openai"
 	case DialectAnthropic:
 		return "anthropic"
+	case DialectResponses:
+		return "responses"
 	default:
 		return "none"
 	}

@@ -40,8 +40,15 @@ type Observation struct {
 	// a numeric code (vLLM sends "code": 500).
 	ErrorType []byte
 	// Terminal reports the end-of-stream marker: OpenAI `data: [DONE]`,
-	// Anthropic message_stop.
+	// Anthropic message_stop, Responses response.completed,
+	// response.incomplete and response.failed (the last also an Error).
 	Terminal bool
+	// Incomplete marks a Responses stream cut short by the upstream
+	// (response.incomplete), IncompleteReason its
+	// incomplete_details.reason (max_output_tokens, content_filter) as raw
+	// JSON string contents aliasing the event.
+	Incomplete       bool
+	IncompleteReason []byte
 
 	usage usageReport
 }

@@ -49,6 +49,8 @@ func (t *Tap) Observe(ev *Event, now time.Time) *Observation {
 		DecodeOpenAI(ev, o)
 	case llm.DialectAnthropic:
 		DecodeAnthropic(ev, o)
+	case llm.DialectResponses:
+		DecodeResponses(ev, o)
 	default:
 		*o = Observation{}
 	}
@@ -69,7 +71,7 @@ func (t *Tap) Observe(ev *Event, now time.Time) *Observation {
 		t.tokens += o.Tokens
 	}
 	if o.usage.has&hasObject != 0 {
-		if t.dialect == llm.DialectOpenAI {
+		if t.dialect != llm.DialectAnthropic {
 			t.usage = o.usage // the last usage object wins whole
 		} else {
 			t.usage.mergeFields(&o.usage)
