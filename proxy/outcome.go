@@ -121,8 +121,11 @@ func cutOf(ctx context.Context) cut {
 	return cutAttempt
 }
 
-// classify decides how an attempt ended. Every path that sees an attempt
-// end calls it; nothing else names an outcome, an interruption or a result.
+// classify decides how an attempt that reached the upstream ended. Every
+// path that sees such an attempt end calls it. The rest is decided where it
+// happens: the retry loop names an upstream it skipped, and respond.go
+// records the outcome of the gateway's own answers (its errors, a caller
+// gone before any answer).
 func (ex *exchange) classify(s stop) ending {
 	gone := s.writeErr != nil || ex.r.Context().Err() != nil
 	c := cutOf(s.ctx)
@@ -193,6 +196,8 @@ func (ex *exchange) errorAnswerEnding(s stop, gone bool, c cut) ending {
 		e.outcome, _ = ex.cancelledBy()
 	case c == cutAttempt:
 		e.outcome = llm.OutcomeUpstreamTimeout
+	case s.err != nil:
+		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", s.err)
 	}
 	e.errType = sseparse.ErrorTypeFromBody(ex.captured)
 	return e
