@@ -58,6 +58,9 @@ const (
 	RouteOther Route = iota
 	RouteChatCompletions
 	RouteMessages
+	// RouteResponses is POST /v1/responses; the gateway forwards it as
+	// another path so far (only mockllm serves it as a route).
+	RouteResponses
 )
 
 // String returns the route's metric label value.
@@ -67,6 +70,8 @@ func (r Route) String() string {
 		return "chat_completions"
 	case RouteMessages:
 		return "messages"
+	case RouteResponses:
+		return "responses"
 	default:
 		return "other"
 	}

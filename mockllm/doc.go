@@ -1,6 +1,7 @@
-// Package mockllm is a fake OpenAI and Anthropic upstream. It speaks both
+// Package mockllm is a fake OpenAI and Anthropic upstream. It speaks their
 // wire formats the way the real APIs do (the chunk, event, usage and error
-// shapes of Chat Completions and Messages, streamed or not), with a set
+// shapes of Chat Completions, Messages and the Responses API, streamed or
+// not), with a set
 // time to first token, inter-token latency, token counts and faults, so that
 // tests, `gateway demo` and benchmarks have something predictable to proxy.
 //
@@ -8,6 +9,7 @@
 //
 //	POST /v1/chat/completions     OpenAI Chat Completions, streamed or not
 //	POST /v1/messages             Anthropic Messages, streamed or not
+//	POST /v1/responses            OpenAI Responses API, streamed or not
 //	POST /v1/messages/count_tokens {"input_tokens": N}
 //	GET  /v1/models               OpenAI list shape
 //	POST /v1/embeddings           a small deterministic embedding list with usage
@@ -28,6 +30,14 @@
 //   - OpenAI: the role-only chunk, delta {"role":"assistant","content":""}.
 //   - Anthropic: message_start (usage with the input counts and
 //     output_tokens 1), content_block_start of the first block, and a ping.
+//   - Responses: response.created and response.in_progress. A reasoning
+//     item's and the message's added events go out with their first delta;
+//     a function call's output_item.added, which names the tool, is its
+//     first token event. The stream ends with response.completed (or
+//     response.incomplete, reason max_output_tokens, when max_output_tokens
+//     cut it), the only event with usage, and no [DONE]; the error-event
+//     fault sends the nested error event then response.failed, as the
+//     real API does.
 //
 // Token-bearing event k (0-based, counted across reasoning and answer) is
 // written at
@@ -120,7 +130,7 @@
 // due at the same n fire in the order malformed, error-event, disconnect,
 // hang, and the first that ends the body wins. A status answers at once
 // (after any stall) and the stream faults do not fire. Faults apply to the
-// two generation routes. On a non-streamed request disconnect sends half of
+// three generation routes. On a non-streamed request disconnect sends half of
 // the body and aborts, malformed sends a truncated body, hang writes nothing,
 // headers included, until the client leaves, and error-event is a 400 (it
 // needs a stream).

@@ -21,8 +21,9 @@ type request struct {
 	} `json:"stream_options"`
 	MaxTokens           *int64 `json:"max_tokens"`
 	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+	MaxOutputTokens     *int64 `json:"max_output_tokens"` // Responses
 	Tools               []struct {
-		Name     string `json:"name"` // Anthropic
+		Name     string `json:"name"` // Anthropic, Responses
 		Function *struct {
 			Name string `json:"name"`
 		} `json:"function"` // OpenAI
@@ -71,6 +72,10 @@ type exchange struct {
 	toolID    string
 	// ended is set when a fault ended the body early (error event).
 	ended bool
+	// respSeq is the next sequence_number of a Responses stream;
+	// reasoningClosed is set once its reasoning item is done.
+	respSeq         int64
+	reasoningClosed bool
 	// injected is set when the fault came from Server.Inject.
 	injected bool
 }
@@ -143,6 +148,8 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 	switch {
 	case x.req.Stream && x.dialect == llm.DialectAnthropic:
 		oc = x.streamAnthropic()
+	case x.req.Stream && x.dialect == llm.DialectResponses:
+		oc = x.streamResponses()
 	case x.req.Stream:
 		oc = x.streamOpenAI()
 	default:
@@ -181,6 +188,9 @@ func (x *exchange) parseBody(body []byte) (apiError, bool) {
 		x.maxTokens = *x.req.MaxTokens
 		return apiError{}, true
 	}
+	if x.dialect == llm.DialectResponses {
+		return x.parseResponses(bad)
+	}
 	if x.req.Model == "" {
 		return bad("you must provide a model parameter")
 	}
@@ -199,6 +209,28 @@ func (x *exchange) parseBody(body []byte) (apiError, bool) {
 			return e, false
 		}
 		x.maxTokens = *limit
+	}
+	return apiError{}, true
+}
+
+// parseResponses validates a Responses API body as the real API does.
+func (x *exchange) parseResponses(bad func(string) (apiError, bool)) (apiError, bool) {
+	if x.req.Model == "" {
+		e, _ := bad("Missing required parameter: 'model'.")
+		e.param, e.code = "model", "missing_required_parameter"
+		return e, false
+	}
+	if x.req.StreamOptions != nil && !x.req.Stream {
+		return bad("The 'stream_options' parameter is only allowed when 'stream' is enabled.")
+	}
+	if l := x.req.MaxOutputTokens; l != nil {
+		if *l < 16 {
+			e, _ := bad("Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got " +
+				strconv.FormatInt(*l, 10) + " instead.")
+			e.param, e.code = "max_output_tokens", "integer_below_min_value"
+			return e, false
+		}
+		x.maxTokens = *l
 	}
 	return apiError{}, true
 }
@@ -297,9 +329,12 @@ func (x *exchange) whole() outcome {
 		return outcomeCanceled
 	}
 	var body []byte
-	if x.dialect == llm.DialectAnthropic {
+	switch x.dialect {
+	case llm.DialectAnthropic:
 		body = x.anthropicMessage()
-	} else {
+	case llm.DialectResponses:
+		body = x.responsesObject()
+	default:
 		body = x.openAICompletion()
 	}
 	f := &x.p.fault

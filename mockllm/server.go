@@ -282,10 +282,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		route = llm.RouteChatCompletions
 	case "/v1/messages":
 		route = llm.RouteMessages
+	case "/v1/responses":
+		route = llm.RouteResponses
 	}
 	dialect := llm.DialectOpenAI
-	if strings.HasPrefix(r.URL.Path, "/v1/messages") {
+	switch {
+	case strings.HasPrefix(r.URL.Path, "/v1/messages"):
 		dialect = llm.DialectAnthropic
+	case r.URL.Path == "/v1/responses":
+		dialect = llm.DialectResponses
 	}
 	seq := s.seq.Add(1)
 	reqID := "req_mock" + pad(seq)
@@ -315,7 +320,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		method = http.MethodGet
-	case "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/embeddings":
+	case "/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens", "/v1/embeddings":
 	default:
 		// OpenAI's answer to an unknown route; its code is null, unlike a
 		// 404 for an unknown model.
