@@ -77,21 +77,21 @@ func TestEstimatedInputCountedAsBilled(t *testing.T) {
 // record, tollgate_tokens_total and the ledger carry the same tokens,
 // flagged estimated.
 func TestForwardedWithoutUsageCountsBilledOutput(t *testing.T) {
-	us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(`{"id":"resp_1","object":"response","output":[]}`)},
+	us := httptest.NewServer(&rawUpstream{pieces: [][]byte{[]byte(`{"id":"cmpl_1","object":"text_completion","choices":[]}`)},
 		contentType: "application/json"})
 	defer us.Close()
 	ledger := newLocalLedger(t)
 	tg := newTestGatewayWith(t, us.URL, func(c *config.Config) {
 		c.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
 	}, func(o *Options) { o.Ledger = ledger })
-	resp, _ := post(t, tg.URL+"/v1/responses", `{"model":"gpt-4o-mini","input":"hi","max_output_tokens":7}`, nil)
+	resp, _ := post(t, tg.URL+"/v1/completions", `{"model":"gpt-4o-mini","prompt":"hi","max_tokens":7}`, nil)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	rec := tg.record(t)
 	rows, err := ledger.Query(context.Background(), spend.Filter{})
 	if err != nil || len(rows) != 1 || rows[0].Output != 7 {
-		t.Fatalf("ledger %+v %v; want max_output_tokens 7 billed as output", rows, err)
+		t.Fatalf("ledger %+v %v; want max_tokens 7 billed as output", rows, err)
 	}
 	if !rec.Estimated || rec.Usage.Output != 7 || !rec.InputEstimated || rec.Usage.Input != rows[0].Input {
 		t.Errorf("record usage %+v (estimated %v/%v); want the billed %d in and 7 out", rec.Usage, rec.InputEstimated, rec.Estimated, rows[0].Input)

@@ -96,6 +96,8 @@ func (ex *exchange) usageFromBody() {
 		u, ok = sseparse.UsageFromOpenAIBody(ex.captured)
 	case llm.DialectAnthropic:
 		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+	case llm.DialectResponses:
+		u, ok = sseparse.UsageFromResponsesBody(ex.captured)
 	default: // a metered forwarded answer: prompt_tokens or input_tokens
 		if u, ok = sseparse.UsageFromOpenAIBody(ex.captured); !ok {
 			u, ok = sseparse.UsageFromAnthropicBody(ex.captured)

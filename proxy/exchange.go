@@ -157,6 +157,11 @@ func (ex *exchange) serve() {
 		ex.info = info
 		ex.rec.Model = info.Model
 		ex.rec.Stream = info.Stream
+		if aerr := ex.meterBackground(); aerr != nil {
+			ex.rec.Rejection = llm.RejectNotMeterable
+			ex.fail(aerr, llm.OutcomeRejected)
+			return
+		}
 	}
 	if d == llm.DialectNone {
 		if aerr := ex.meterForwarded(body); aerr != nil {

@@ -48,9 +48,12 @@ func TestMeasurementAccuracy(t *testing.T) {
 	defer mock.Close()
 	tg := newTestGateway(t, mock.URL, nil)
 
-	for _, route := range []string{"/v1/chat/completions", "/v1/messages"} {
+	for _, route := range []string{"/v1/chat/completions", "/v1/messages", "/v1/responses"} {
 		t.Run(route, func(t *testing.T) {
 			body := `{"model":"m","stream":true,"max_tokens":1000,"messages":[{"role":"user","content":"hello there"}]}`
+			if route == "/v1/responses" {
+				body = `{"model":"m","stream":true,"max_output_tokens":1000,"input":"hello there"}`
+			}
 			req, _ := http.NewRequest(http.MethodPost, tg.URL+route, strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
 			start := time.Now()
@@ -62,10 +65,12 @@ func TestMeasurementAccuracy(t *testing.T) {
 			sc := bufio.NewScanner(resp.Body)
 			for sc.Scan() {
 				line := sc.Text()
-				if clientTTFT == 0 && (strings.Contains(line, `"content":" tok1`) || strings.Contains(line, `"text":" tok1`)) {
+				if clientTTFT == 0 && (strings.Contains(line, `"content":" tok1`) || strings.Contains(line, `"text":" tok1`) ||
+					strings.Contains(line, `"delta":" tok1`)) {
 					clientTTFT = time.Since(start)
 				}
-				if clientSecond == 0 && (strings.Contains(line, `"content":" tok2`) || strings.Contains(line, `"text":" tok2`)) {
+				if clientSecond == 0 && (strings.Contains(line, `"content":" tok2`) || strings.Contains(line, `"text":" tok2`) ||
+					strings.Contains(line, `"delta":" tok2`)) {
 					clientSecond = time.Since(start)
 				}
 			}

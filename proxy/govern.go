@@ -242,6 +242,25 @@ func (ex *exchange) admit() bool {
 	return true
 }
 
+// governed reports whether the gateway governs the caller: mode "keys", or
+// a key with limits, or a team held to some models. A governed caller may
+// send only what the gateway can meter.
+func (ex *exchange) governed() bool {
+	return ex.g.gov.keysMode || len(ex.subjects()) > 0 ||
+		ex.key != nil && ex.key.team != nil && len(ex.key.team.patterns) > 0
+}
+
+// meterBackground refuses a governed caller's background request on the
+// Responses API: its usage arrives later, on requests the gateway does not
+// see, so it could be neither reserved nor billed.
+func (ex *exchange) meterBackground() *apiError {
+	if !ex.info.Background || !ex.governed() {
+		return nil
+	}
+	return errUnmetered(ex.r.URL.Path, "a background response reports its usage later, elsewhere; "+
+		"send it without \"background\": true")
+}
+
 // meterForwarded decides how a request to another /v1/* path is governed.
 // A POST whose JSON body names a top-level model (embeddings, responses,
 // completions) is metered: identified, checked against the team's models,
@@ -256,8 +275,7 @@ func (ex *exchange) meterForwarded(body []byte) *apiError {
 	r, gv := ex.r, ex.g.gov
 	path := r.URL.Path
 	exact := r.URL.RawPath == "" // no escaped characters in the path
-	strict := gv.keysMode || len(ex.subjects()) > 0 ||
-		ex.key != nil && ex.key.team != nil && len(ex.key.team.patterns) > 0
+	strict := ex.governed()
 	if r.Method != http.MethodPost || exact && path == "/v1/messages/count_tokens" {
 		if !gv.keysMode {
 			if strict && r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodPost {
@@ -283,7 +301,7 @@ func (ex *exchange) meterForwarded(body []byte) *apiError {
 	case !ok:
 		return nil
 	case (info.Stream || info.Background) && strict:
-		return errUnmetered(path, "streamed and background requests are metered only on /v1/chat/completions and /v1/messages")
+		return errUnmetered(path, "streamed requests are metered only on /v1/chat/completions, /v1/messages and /v1/responses, and background requests nowhere")
 	case info.Stream || info.Background:
 		return nil
 	}

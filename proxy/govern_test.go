@@ -16,6 +16,7 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -630,7 +631,7 @@ func TestForwardedPathsAreGoverned(t *testing.T) {
 	}
 	tg.record(t)
 	// A stream on a path the gateway cannot meter.
-	if resp, body := post(t, tg.URL+"/v1/responses", `{"model":"claude-test","stream":true,"input":"hi"}`, beta); resp.StatusCode != http.StatusBadRequest ||
+	if resp, body := post(t, tg.URL+"/v1/completions", `{"model":"claude-test","stream":true,"prompt":"hi"}`, beta); resp.StatusCode != http.StatusBadRequest ||
 		!strings.Contains(string(body), "unmetered_request") {
 		t.Errorf("forwarded stream in keys mode: %d %s", resp.StatusCode, body)
 	}
@@ -727,7 +728,8 @@ func TestNoWayAroundMetering(t *testing.T) {
 	}{
 		{"POST", "/v1/chat/completions%3Fx=/count_tokens", `{"model":"gpt-forbidden","stream":true}`, 400, "unmetered_request"},
 		{"POST", "/v1/chat/completions%3Fx=/count_tokens", `{"model":"gpt-forbidden"}`, 403, "model_not_allowed"},
-		{"POST", "/v1/responses", `{"model":"claude-test","stream":"true","input":"hi"}`, 400, "unmetered_request"},
+		{"POST", "/v1/completions", `{"model":"claude-test","stream":"true","prompt":"hi"}`, 400, "unmetered_request"},
+		{"POST", "/v1/responses", `{"model":"claude-test","stream":"true","input":"hi"}`, 400, `\"stream\" must be a boolean`},
 		{"POST", "/v1/responses", `{"model":"claude-test","background":true,"input":"hi"}`, 400, "unmetered_request"},
 		{"POST", "/v1/messages/batches", `{"requests":[{"custom_id":"a","params":{"model":"gpt-forbidden"}}]}`, 400, "cannot meter"}, // Anthropic dialect: no code field
 		{"POST", "/v1/embeddings", `{"model":"gpt-forbidden","MODEL":"claude-test","input":"x"}`, 400, "ambiguous_field"},
@@ -762,7 +764,7 @@ func TestNoWayAroundMetering(t *testing.T) {
 
 	// Passthrough: a listed key with limits is metered strictly; another is not.
 	pass := newGW("passthrough")
-	if code, body := send(pass, "POST", "/v1/responses", `{"model":"claude-test","stream":true,"input":"hi"}`, beta); code != 400 {
+	if code, body := send(pass, "POST", "/v1/completions", `{"model":"claude-test","stream":true,"prompt":"hi"}`, beta); code != 400 {
 		t.Errorf("passthrough key with limits, forwarded stream: %d %s", code, body)
 	}
 	if code, body := send(pass, "PUT", "/v1/chat/completions", `{"model":"gpt-forbidden","stream":true}`, beta); code != 400 {
@@ -773,7 +775,7 @@ func TestNoWayAroundMetering(t *testing.T) {
 		t.Errorf("case variant inside stream_options: %d %s", code, body)
 	}
 	other := map[string]string{"Authorization": "Bearer sk-unlisted"}
-	if code, body := send(pass, "POST", "/v1/responses", `{"model":"gpt-anything","stream":true,"input":"hi"}`, other); code != 200 {
+	if code, body := send(pass, "POST", "/v1/completions", `{"model":"gpt-anything","stream":true,"prompt":"hi"}`, other); code != 200 {
 		t.Errorf("passthrough key without limits, forwarded stream: %d %s", code, body)
 	}
 	if code, body := send(pass, "GET", "/v1/files", ``, other); code != 200 {
@@ -787,7 +789,7 @@ func TestNoWayAroundMetering(t *testing.T) {
 		c.Teams = []config.Team{{Name: "ads", Models: []string{"claude-test*"}}}
 		c.Keys = []config.Key{{Name: "beta", SHA256: sha(keyBeta), Team: "ads"}}
 	}, nil)
-	if code, body := send(modelsOnly, "POST", "/v1/responses", `{"model":"gpt-forbidden","stream":true}`, beta); code != 400 {
+	if code, body := send(modelsOnly, "POST", "/v1/completions", `{"model":"gpt-forbidden","stream":true}`, beta); code != 400 {
 		t.Errorf("team held to models, forwarded stream: %d %s", code, body)
 	}
 }
@@ -805,4 +807,63 @@ func TestRejectionOf(t *testing.T) {
 	if r := rejectionOf(ratelimit.Kind(200)); r != llm.RejectOther {
 		t.Errorf("unknown kind recorded as %q", r)
 	}
+}
+
+// A governed caller streams on the Responses API: admitted, its tokens
+// reserved from max_output_tokens and billed from the terminal event's
+// usage (the ledger equals what the SDK read), then refused with a 429 the
+// SDK parses; a background request is refused with a message saying why.
+func TestResponsesStreamGoverned(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 5}, true, func(c *config.Config) {
+		c.Keys[0].RPM = i64(2)
+	})
+	ctx := testCtx(t)
+	oc := w.openai(keyAlpha)
+	p := responses.ResponseNewParams{Model: "gpt-test-1",
+		Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("hello there")},
+		MaxOutputTokens: openai.Int(64)}
+	var in, out int64
+	for i := range 2 {
+		stream := oc.Responses.NewStreaming(ctx, p)
+		var final *responses.Response
+		for stream.Next() {
+			if ev := stream.Current(); ev.Type == "response.completed" {
+				final = &ev.Response
+			}
+		}
+		if err := stream.Err(); err != nil || final == nil {
+			t.Fatalf("stream %d: %v (terminal %v)", i, err, final != nil)
+		}
+		_ = stream.Close()
+		in, out = in+final.Usage.InputTokens, out+final.Usage.OutputTokens
+		rec := w.tg.record(t)
+		if rec.Outcome != llm.OutcomeOK || rec.Team != "search" || rec.Usage.Output != final.Usage.OutputTokens ||
+			rec.CostMicros == 0 || rec.Timing.FirstTokenOut.IsZero() {
+			t.Errorf("stream %d record %+v", i, rec)
+		}
+	}
+	rows, err := w.ledger.Query(ctx, spend.Filter{Team: "search"})
+	if err != nil || len(rows) != 1 || rows[0].Requests != 2 || rows[0].Input != in || rows[0].Output != out {
+		t.Errorf("ledger %+v %v; want 2 requests, %d in, %d out as the SDK read", rows, err, in, out)
+	}
+	stream := oc.Responses.NewStreaming(ctx, p)
+	for stream.Next() {
+	}
+	var oe *openai.Error
+	if err := stream.Err(); !errors.As(err, &oe) || oe.StatusCode != http.StatusTooManyRequests ||
+		oe.Code != "rate_limit_exceeded" || oe.Response.Header.Get("X-Ratelimit-Remaining-Requests") != "0" {
+		t.Errorf("third stream with RPM 2: %v", err)
+	}
+	_ = stream.Close()
+	if rec := w.tg.record(t); rec.Outcome != llm.OutcomeRejected || rec.Rejection != llm.RejectRPM {
+		t.Errorf("refused stream record %+v", rec)
+	}
+
+	p.Background = openai.Bool(true)
+	_, err = w.openai(keyBeta).Responses.New(ctx, p)
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusBadRequest || oe.Code != "unmetered_request" ||
+		!strings.Contains(oe.Message, "background") {
+		t.Errorf("background request of a governed key: %v", err)
+	}
+	w.tg.record(t)
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -573,6 +574,29 @@ func openAIStream(n int) [][]byte {
 			`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1767225600,"model":"gpt-4o-mini","system_fingerprint":"fp_b","choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"x9"}`+"\n\n", i))
 	}
 	return append(pieces, []byte(openAIStop), []byte(openAIUsage), []byte(openAIDone))
+}
+
+// responsesStream is a Responses API stream of n text deltas, one event a
+// piece: the recorded stream's opening and closing events around them.
+func responsesStream(t testing.TB, n int) [][]byte {
+	t.Helper()
+	b, err := os.ReadFile("../sseparse/testdata/transcripts/9.9.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := strings.SplitAfter(string(b), "\n\n")
+	var pieces [][]byte
+	for _, e := range events[:4] {
+		pieces = append(pieces, []byte(e))
+	}
+	for i := range n {
+		pieces = append(pieces, fmt.Appendf(nil, "event: response.output_text.delta\n"+
+			`data: {"type":"response.output_text.delta","sequence_number":%d,"item_id":"msg_045d","output_index":0,"content_index":0,"delta":" tok%d","logprobs":[],"obfuscation":"mvkAadO"}`+"\n\n", 4+i, i))
+	}
+	for _, e := range events[8:12] {
+		pieces = append(pieces, []byte(e))
+	}
+	return pieces
 }
 
 // firstDiff describes where got first differs from want.

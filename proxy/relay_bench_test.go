@@ -25,11 +25,22 @@ func BenchmarkRelay(b *testing.B) {
 		hold   bool
 		idle   time.Duration
 		stats  bool
-	}{{64, false, 0, false}, {1024, false, 0, false}, {64, true, 0, false}, {1024, true, 0, false},
-		{1024, true, 300 * time.Second, false}, {1024, true, 300 * time.Second, true}} {
+		// responses relays a Responses API stream instead of a chat one.
+		responses bool
+	}{{64, false, 0, false, false}, {1024, false, 0, false, false}, {64, true, 0, false, false}, {1024, true, 0, false, false},
+		{1024, true, 300 * time.Second, false, false}, {1024, true, 300 * time.Second, true, false},
+		{1024, true, 300 * time.Second, false, true}} {
 		events := c.events
-		b.Run(fmt.Sprintf("events=%d/hold=%v/idle=%s/stats=%v", events, c.hold, c.idle, c.stats), func(b *testing.B) {
+		name := fmt.Sprintf("events=%d/hold=%v/idle=%s/stats=%v", events, c.hold, c.idle, c.stats)
+		if c.responses {
+			name = fmt.Sprintf("responses/events=%d/hold=%v/idle=%s", events, c.hold, c.idle)
+		}
+		b.Run(name, func(b *testing.B) {
 			rb := newRelayBench(b, events, true)
+			if c.responses {
+				rb.src, rb.d, rb.suppress = responsesStream(b, events), llm.DialectResponses, false
+				rb.r = httptest.NewRequest(http.MethodPost, "/v1/responses", nil)
+			}
 			// An idle timeout (as the default 300 s in production) makes
 			// every read pay for touch.
 			rb.hold, rb.pt.idle = c.hold, c.idle
@@ -51,7 +62,7 @@ func BenchmarkRelay(b *testing.B) {
 			for b.Loop() {
 				rb.run()
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*(events+4)), "ns/event")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(rb.src)), "ns/event")
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +30,11 @@ func TestRelayByteFidelity(t *testing.T) {
 	malformed := `data: {"id":"chatcmpl-tg0001","choices":[{"delta":{"content":` + "\n\n"
 	cr := strings.ReplaceAll(openAIRole+openAITok1+openAITok2+openAIStop+openAIDone, "\n", "\r")
 	crlfAnthropic := strings.ReplaceAll(anthropicText, "\n", "\r\n")
+	rs := responsesTranscript(t)
+	rsEvents := strings.SplitAfter(rs, "\n\n")
+	rsBig := "event: response.output_text.delta\n" +
+		`data: {"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_045d","output_index":0,"content_index":0,"delta":"` + bigContent + `"}` + "\n\n"
+	rsMalformed := "event: response.output_text.delta\n" + `data: {"type":"response.output_text.delta","delta":` + "\n\n"
 
 	tests := []struct {
 		name      string
@@ -57,6 +63,14 @@ func TestRelayByteFidelity(t *testing.T) {
 			want: cr, tokens: 2, output: 2, estimated: true, terminal: true},
 		{name: "anthropic CRLF", path: "/v1/messages", upstream: crlfAnthropic, pieces: 11, want: crlfAnthropic,
 			tokens: 2, output: 9, terminal: true},
+		{name: "responses", path: "/v1/responses", upstream: rs, pieces: 9, want: rs, tokens: 4, output: 12, terminal: true},
+		{name: "responses CRLF", path: "/v1/responses", upstream: strings.ReplaceAll(rs, "\n", "\r\n"), pieces: 17,
+			want: strings.ReplaceAll(rs, "\n", "\r\n"), tokens: 4, output: 12, terminal: true},
+		{name: "responses 1 MiB delta", path: "/v1/responses", upstream: rsEvents[0] + rsBig + rsEvents[11], pieces: 7 << 10,
+			want: rsEvents[0] + rsBig + rsEvents[11], tokens: 1, output: 12, terminal: true},
+		{name: "responses malformed event relayed as sent", path: "/v1/responses",
+			upstream: strings.Join(rsEvents[:5], "") + rsMalformed + strings.Join(rsEvents[5:], ""), pieces: 5,
+			want: strings.Join(rsEvents[:5], "") + rsMalformed + strings.Join(rsEvents[5:], ""), tokens: 4, output: 12, terminal: true},
 		{name: "comments and keep-alives", path: "/v1/messages",
 			upstream: ": keep-alive\n\n" + anthropicText[:200] + anthropicText[200:] + ": bye\n\n", pieces: 64,
 			want: ": keep-alive\n\n" + anthropicText + ": bye\n\n", tokens: 2, output: 9, terminal: true},
@@ -102,6 +116,17 @@ func TestRelayByteFidelity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// responsesTranscript is the recorded Responses API stream of the sseparse
+// transcripts (12 events, 4 of them token-bearing, usage 13 in / 12 out).
+func responsesTranscript(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../sseparse/testdata/transcripts/9.9.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func TestRelayEventTooLarge(t *testing.T) {

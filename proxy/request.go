@@ -38,8 +38,8 @@ func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
 type requestInfo struct {
 	Model  string
 	Stream bool
-	// MaxTokens is max_completion_tokens (preferred) or max_tokens; -1 when
-	// the request sets neither.
+	// MaxTokens is max_completion_tokens (preferred) or max_tokens, on the
+	// Responses API max_output_tokens; -1 when the request sets none.
 	MaxTokens int64
 	// Background is set for an asynchronous request (OpenAI Responses
 	// "background": true), whose answer carries no usage to bill.
@@ -60,6 +60,8 @@ type requestFields struct {
 	Stream              json.RawMessage `json:"stream"`
 	MaxTokens           json.RawMessage `json:"max_tokens"`
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"` // Responses
+	Background          json.RawMessage `json:"background"`        // Responses
 	StreamOptions       *struct {
 		IncludeUsage json.RawMessage `json:"include_usage"`
 	} `json:"stream_options"`
@@ -101,13 +103,22 @@ func inspectRequest(d llm.Dialect, body []byte) (requestInfo, *apiError) {
 			return info, errBadRequest("\"stream\" must be a boolean", "stream")
 		}
 	}
-	for _, raw := range [][]byte{f.MaxCompletionTokens, f.MaxTokens} {
+	limits, limitName := [][]byte{f.MaxCompletionTokens, f.MaxTokens}, "max_tokens"
+	if d == llm.DialectResponses {
+		limits, limitName = [][]byte{f.MaxOutputTokens}, "max_output_tokens"
+		if len(f.Background) > 0 && !bytes.Equal(f.Background, jsonNull) {
+			if err := json.Unmarshal(f.Background, &info.Background); err != nil {
+				return info, errBadRequest("\"background\" must be a boolean", "background")
+			}
+		}
+	}
+	for _, raw := range limits {
 		if len(raw) == 0 || bytes.Equal(raw, jsonNull) {
 			continue
 		}
 		var n int64
 		if err := json.Unmarshal(raw, &n); err != nil {
-			return info, errBadRequest("max tokens must be an integer", "max_tokens")
+			return info, errBadRequest("max tokens must be an integer", limitName)
 		}
 		info.MaxTokens = n
 		break

@@ -152,12 +152,17 @@ func (ex *exchange) sseHeaders() {
 }
 
 // streamErrorEvent is the error event that ends a stream the upstream broke
-// after bytes were sent, in the caller's dialect: OpenAI
-// SDKs raise on a data payload with a top-level "error" object, Anthropic
-// SDKs on `event: error`.
+// after bytes were sent, in the caller's dialect: OpenAI SDKs raise on a data
+// payload with a top-level "error" object, Anthropic SDKs on `event: error`,
+// and on the Responses API all three SDKs on an `error` event whose error is
+// nested (the flat form only Node's helper raises on).
 func streamErrorEvent(d llm.Dialect, why llm.Interruption) []byte {
 	timeout := why == llm.InterruptIdleTimeout || why == llm.InterruptTimeout
 	switch {
+	case d == llm.DialectResponses && timeout:
+		return responsesTimeoutEvent
+	case d == llm.DialectResponses:
+		return responsesBrokenEvent
 	case d == llm.DialectAnthropic && timeout:
 		return anthropicTimeoutEvent
 	case d == llm.DialectAnthropic:
@@ -175,6 +180,10 @@ var (
 		`data: {"type":"error","error":{"type":"api_error","message":"the upstream stream ended before it was complete; the answer is cut"}}` + "\n\n")
 	anthropicTimeoutEvent = []byte("event: error\n" +
 		`data: {"type":"error","error":{"type":"timeout_error","message":"the upstream stream timed out before it was complete; the answer is cut"}}` + "\n\n")
+	responsesBrokenEvent = []byte("event: error\n" +
+		`data: {"type":"error","error":{"type":"server_error","code":"upstream_stream_broken","message":"the upstream stream ended before it was complete; the answer is cut","param":null}}` + "\n\n")
+	responsesTimeoutEvent = []byte("event: error\n" +
+		`data: {"type":"error","error":{"type":"server_error","code":"upstream_timeout","message":"the upstream stream timed out before it was complete; the answer is cut","param":null}}` + "\n\n")
 )
 
 // write sends p to the client and counts it.

@@ -671,7 +671,7 @@ func TestForwardedRetryRules(t *testing.T) {
 		{"GET models 500", http.MethodGet, "/v1/models", "", "", 500, 200, 2},
 		{"file upload, not JSON, 503", http.MethodPost, "/v1/files", "application/octet-stream",
 			"\x00\x01 raw file bytes, not JSON", 503, 503, 1},
-		{"JSON without a model, 503", http.MethodPost, "/v1/responses", "application/json", `{"input":"hi"}`, 503, 503, 1},
+		{"JSON without a model, 503", http.MethodPost, "/v1/completions", "application/json", `{"prompt":"hi"}`, 503, 503, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

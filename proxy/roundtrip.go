@@ -21,13 +21,17 @@ func (ex *exchange) targets(model string) []target {
 	return t
 }
 
-// routeDialect is the dialect that picks a request's upstreams: its own, or
-// for another /v1/* path the one its path and headers suggest.
+// routeDialect is the dialect that picks a request's upstreams: its own (the
+// Responses API's is OpenAI's), or for another /v1/* path the one its path
+// and headers suggest.
 func (ex *exchange) routeDialect() llm.Dialect {
-	if ex.rec.Dialect != llm.DialectNone {
-		return ex.rec.Dialect
+	switch ex.rec.Dialect {
+	case llm.DialectNone:
+		return guessDialect(ex.r)
+	case llm.DialectResponses:
+		return llm.DialectOpenAI // OpenAI's upstreams serve its Responses API
 	}
-	return guessDialect(ex.r)
+	return ex.rec.Dialect
 }
 
 // roundTrip sends the request to its route's upstreams and relays the

@@ -3,8 +3,11 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http/httptest"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,8 +15,11 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/openai/openai-go/v3/shared"
 
+	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 )
@@ -234,5 +240,129 @@ func TestAnthropicSDKThroughGateway(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// responsesResult is the comparable part of a Responses API answer.
+type responsesResult struct {
+	Status, Text       string
+	ToolName, ToolArgs string
+	Input, Output      int64
+	Cached, Reasoning  int64
+	Items              []string
+}
+
+func fromResponse(r *responses.Response) responsesResult {
+	out := responsesResult{Status: string(r.Status), Text: r.OutputText(), Input: r.Usage.InputTokens,
+		Output: r.Usage.OutputTokens, Cached: r.Usage.InputTokensDetails.CachedTokens,
+		Reasoning: r.Usage.OutputTokensDetails.ReasoningTokens}
+	for _, item := range r.Output {
+		out.Items = append(out.Items, item.Type)
+		if item.Type == "function_call" {
+			out.ToolName, out.ToolArgs = item.Name, item.Arguments.OfString
+		}
+	}
+	return out
+}
+
+// responsesRun asks base once non-streamed and once streamed, and returns
+// both answers (the streamed one as its terminal event carries it) and the
+// text the streamed deltas add up to.
+func responsesRun(t *testing.T, base string, tools bool) (plain, streamed responsesResult, deltas string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("sk-test-openai"),
+		option.WithMaxRetries(0), option.WithHeader("X-Mock-Reasoning-Tokens", "4"),
+		option.WithHeader("X-Mock-Cached-Tokens", "32"))
+	p := responses.ResponseNewParams{Model: "gpt-test",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("What is the weather in Bergen?")}}
+	if tools {
+		p.Tools = []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "get_weather",
+			Parameters: map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}}}}}
+	}
+	r, err := client.Responses.New(ctx, p)
+	if err != nil {
+		t.Fatalf("non-streamed: %v", err)
+	}
+	plain = fromResponse(r)
+	stream := client.Responses.NewStreaming(ctx, p)
+	var b strings.Builder
+	var final *responses.Response
+	for stream.Next() {
+		switch ev := stream.Current(); ev.Type {
+		case "response.output_text.delta":
+			b.WriteString(ev.Delta)
+		case "response.completed", "response.incomplete":
+			final = &ev.Response
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	_ = stream.Close()
+	if final == nil {
+		t.Fatal("the stream had no terminal event")
+	}
+	return plain, fromResponse(final), b.String()
+}
+
+// openai-go's Responses client through the gateway gets what it gets
+// directly, streamed and not, text, reasoning and function calls; the
+// gateway records exact usage (cached and reasoning tokens too) and a
+// stream's first token.
+func TestResponsesSDKThroughGateway(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 12, TokensPerChunk: 2}))
+	defer mock.Close()
+	tg := newTestGateway(t, mock.URL, nil)
+	for _, tools := range []bool{false, true} {
+		t.Run(map[bool]string{false: "text", true: "function call"}[tools], func(t *testing.T) {
+			directPlain, directStream, directDeltas := responsesRun(t, mock.URL, tools)
+			gwPlain, gwStream, gwDeltas := responsesRun(t, tg.URL, tools)
+			if !reflect.DeepEqual(gwPlain, directPlain) || !reflect.DeepEqual(gwStream, directStream) || gwDeltas != directDeltas {
+				t.Errorf("through the gateway %+v / %+v / %q\ndirect %+v / %+v / %q",
+					gwPlain, gwStream, gwDeltas, directPlain, directStream, directDeltas)
+			}
+			if gwStream.Status != "completed" || gwStream.Output != 16 || gwStream.Reasoning != 4 || gwStream.Cached != 32 ||
+				!tools && (gwDeltas != gwStream.Text || gwStream.Text == "") ||
+				tools && (gwStream.ToolName != "get_weather" || !strings.Contains(gwStream.ToolArgs, "Bergen")) {
+				t.Errorf("streamed answer %+v (deltas %q)", gwStream, gwDeltas)
+			}
+			for i, want := range []responsesResult{gwPlain, gwStream} {
+				rec := tg.record(t)
+				if rec.Route != llm.RouteResponses || rec.Outcome != llm.OutcomeOK || rec.Estimated || rec.InputEstimated ||
+					rec.Usage.Input != want.Input || rec.Usage.Output != want.Output || rec.Usage.CacheRead != want.Cached ||
+					rec.Usage.Reasoning != want.Reasoning || rec.Stream != (i == 1) || i == 1 && rec.Timing.FirstTokenOut.IsZero() {
+					t.Errorf("record %d: %+v; want ok on route responses with usage %+v", i, rec, want)
+				}
+			}
+		})
+	}
+}
+
+// A Responses stream the upstream breaks after its first tokens ends, for
+// the caller, with the nested error event all three SDKs raise on (never a
+// synthesized response.completed); openai-go's stream reports it.
+func TestResponsesStreamBrokenIsAnErrorForTheSDK(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 8}))
+	defer mock.Close()
+	tg := newTestGateway(t, mock.URL, func(c *config.Config) { c.Upstreams[0].Retry.MaxAttempts = 1 })
+	client := openai.NewClient(option.WithBaseURL(tg.URL+"/v1"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0),
+		option.WithHeader("X-Mock-Fault", "disconnect=3"))
+	stream := client.Responses.NewStreaming(testCtx(t), responses.ResponseNewParams{Model: "gpt-test",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+	var kinds []string
+	for stream.Next() {
+		kinds = append(kinds, stream.Current().Type)
+	}
+	var se *ssestream.StreamError
+	if err := stream.Err(); !errors.As(err, &se) || !strings.Contains(err.Error(), "upstream_stream_broken") ||
+		slices.Contains(kinds, "response.completed") {
+		t.Errorf("broken stream: events %v, error %v", kinds, err)
+	}
+	_ = stream.Close()
+	if rec := tg.record(t); rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptUpstreamEOF ||
+		rec.TokenEvents != 3 {
+		t.Errorf("record %+v", rec)
 	}
 }

@@ -649,6 +649,13 @@ func UsageFromOpenAIBody(body []byte) (llm.Usage, bool) {
 // UsageFromAnthropicBody returns the usage of a non-streamed Messages
 // response body (the Message's top-level "usage"), with Input counting cache
 // reads and writes. It follows the rules of UsageFromOpenAIBody.
+// UsageFromResponsesBody returns the usage of a non-streamed Responses API
+// body (its top-level "usage": input_tokens with the cached ones,
+// output_tokens with the reasoning ones), like UsageFromOpenAIBody.
+func UsageFromResponsesBody(body []byte) (llm.Usage, bool) {
+	return usageFromBody(body, llm.DialectResponses)
+}
+
 func UsageFromAnthropicBody(body []byte) (llm.Usage, bool) {
 	return usageFromBody(body, llm.DialectAnthropic)
 }
@@ -660,10 +667,14 @@ func usageFromBody(body []byte, d llm.Dialect) (llm.Usage, bool) {
 		if !it.KeyIs("usage") || it.Kind() != jsonscan.KindObject {
 			continue
 		}
-		if d == llm.DialectAnthropic {
+		switch d {
+		case llm.DialectAnthropic:
 			child := it.Enter()
 			u = anthropicUsage(&child)
-		} else {
+		case llm.DialectResponses:
+			child := it.Enter()
+			u = responsesUsage(&child)
+		default:
 			_, u, _ = openAIUsage(body, it.Offset(), 2)
 		}
 	}
