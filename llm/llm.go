@@ -322,8 +322,12 @@ type Record struct {
 	Outcome      Outcome
 	Interruption Interruption
 	ErrorType    string // upstream error type (from an error body or event), if any
-	TerminalSeen bool   // [DONE] or message_stop was seen
-	Goodput      SLO
+	TerminalSeen bool   // [DONE], message_stop or a Responses terminal event was seen
+	// IncompleteReason is why a Responses API answer is incomplete
+	// (incomplete_details.reason: max_output_tokens, content_filter); the
+	// answer is still a success.
+	IncompleteReason string
+	Goodput          SLO
 	// Rejection says why the gateway refused the request when Outcome is
 	// OutcomeRejected.
 	Rejection Rejection

@@ -48,6 +48,9 @@ func logRecord(l *slog.Logger, rec *llm.Record, probe bool) {
 	if rec.ErrorType != "" {
 		attrs = append(attrs, slog.String("error_type", rec.ErrorType))
 	}
+	if rec.IncompleteReason != "" {
+		attrs = append(attrs, slog.String("incomplete_reason", rec.IncompleteReason))
+	}
 	attrs = attemptAttrs(attrs, rec)
 	l.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }

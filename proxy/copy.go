@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
@@ -98,6 +99,9 @@ func (ex *exchange) usageFromBody() {
 		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
 	case llm.DialectResponses:
 		u, ok = sseparse.UsageFromResponsesBody(ex.captured)
+		if r := sseparse.IncompleteFromResponsesBody(ex.captured); len(r) > 0 {
+			ex.rec.IncompleteReason = string(jsonscan.AppendUnescape(nil, r))
+		}
 	default: // a metered forwarded answer: prompt_tokens or input_tokens
 		if u, ok = sseparse.UsageFromOpenAIBody(ex.captured); !ok {
 			u, ok = sseparse.UsageFromAnthropicBody(ex.captured)

@@ -366,3 +366,36 @@ func TestResponsesStreamBrokenIsAnErrorForTheSDK(t *testing.T) {
 		t.Errorf("record %+v", rec)
 	}
 }
+
+// An answer max_output_tokens cut short (response.incomplete) is a success
+// with its reason on the record and in the access log, streamed or not.
+func TestResponsesIncompleteIsOK(t *testing.T) {
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 20}))
+	defer mock.Close()
+	tg := newTestGateway(t, mock.URL, nil)
+	client := openai.NewClient(option.WithBaseURL(tg.URL+"/v1"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
+	p := responses.ResponseNewParams{Model: "gpt-test", MaxOutputTokens: openai.Int(16),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
+	r, err := client.Responses.New(testCtx(t), p)
+	if err != nil || r.Status != "incomplete" {
+		t.Fatalf("non-streamed: %v (status %v)", err, r)
+	}
+	stream := client.Responses.NewStreaming(testCtx(t), p)
+	var last string
+	for stream.Next() {
+		last = stream.Current().Type
+	}
+	if err := stream.Err(); err != nil || last != "response.incomplete" {
+		t.Fatalf("streamed: %v, last event %q", err, last)
+	}
+	_ = stream.Close()
+	for i := range 2 {
+		rec := tg.record(t)
+		if rec.Outcome != llm.OutcomeOK || rec.IncompleteReason != "max_output_tokens" || rec.Usage.Output != 16 {
+			t.Errorf("record %d: outcome %s, incomplete reason %q, output %d", i, rec.Outcome, rec.IncompleteReason, rec.Usage.Output)
+		}
+	}
+	if n := strings.Count(tg.logs.String(), `"incomplete_reason":"max_output_tokens"`); n != 2 {
+		t.Errorf("%d access-log lines carry the incomplete reason, want 2", n)
+	}
+}

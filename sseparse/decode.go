@@ -649,6 +649,23 @@ func UsageFromOpenAIBody(body []byte) (llm.Usage, bool) {
 // UsageFromAnthropicBody returns the usage of a non-streamed Messages
 // response body (the Message's top-level "usage"), with Input counting cache
 // reads and writes. It follows the rules of UsageFromOpenAIBody.
+// IncompleteFromResponsesBody returns incomplete_details.reason of a
+// non-streamed Responses API body whose status is "incomplete" (raw JSON
+// string contents aliasing body), or nil.
+func IncompleteFromResponsesBody(body []byte) []byte {
+	st, _ := jsonscan.Get(body, "status")
+	if s, ok := jsonscan.String(st); !ok || !jsonscan.Equal(s, "incomplete") {
+		return nil
+	}
+	d, ok := jsonscan.Get(body, "incomplete_details")
+	if !ok || jsonscan.KindOf(d) != jsonscan.KindObject {
+		return nil
+	}
+	r, _ := jsonscan.Get(d, "reason")
+	s, _ := jsonscan.String(r)
+	return s
+}
+
 // UsageFromResponsesBody returns the usage of a non-streamed Responses API
 // body (its top-level "usage": input_tokens with the cached ones,
 // output_tokens with the reasoning ones), like UsageFromOpenAIBody.

@@ -132,6 +132,16 @@ func TestResponsesTranscripts(t *testing.T) {
 		}
 	}
 
+	var inc Tap
+	inc.Reset(llm.DialectResponses)
+	inc.Observe(&Event{Data: []byte(rsTextDelta)}, at(0))
+	inc.Observe(&Event{Data: []byte(rsIncomplete)}, at(1))
+	var incRec llm.Record
+	inc.Fill(&incRec)
+	if incRec.IncompleteReason != "max_output_tokens" || !incRec.TerminalSeen || incRec.Usage.Output != 16 {
+		t.Errorf("incomplete stream: record %+v", incRec)
+	}
+
 	var tap Tap
 	tap.Reset(llm.DialectResponses)
 	rd := NewReader(bytes.NewReader(loadTranscript(t, "9.9-failed.sse")), 0)

@@ -30,12 +30,13 @@ type Tap struct {
 	terminal    bool
 	errSeen     bool
 	errType     []byte // decoded type of the first typed error event
+	incomplete  []byte // decoded reason of a response.incomplete
 }
 
 // Reset prepares the tap for a new stream in dialect d, keeping its buffers.
 // It sets ITL to nil.
 func (t *Tap) Reset(d llm.Dialect) {
-	*t = Tap{dialect: d, errType: t.errType[:0]}
+	*t = Tap{dialect: d, errType: t.errType[:0], incomplete: t.incomplete[:0]}
 }
 
 // Observe decodes ev and records it at instant now, which should come from
@@ -79,6 +80,9 @@ func (t *Tap) Observe(ev *Event, now time.Time) *Observation {
 	}
 	if o.Terminal {
 		t.terminal = true
+	}
+	if o.Incomplete {
+		t.incomplete = jsonscan.AppendUnescape(t.incomplete[:0], o.IncompleteReason)
 	}
 	if o.Error {
 		t.errSeen = true
@@ -139,6 +143,9 @@ func (t *Tap) Fill(r *llm.Record) {
 	}
 	r.Usage = u
 	r.TerminalSeen = t.terminal
+	if len(t.incomplete) > 0 {
+		r.IncompleteReason = string(t.incomplete)
+	}
 	if t.errSeen {
 		r.Interruption = llm.InterruptUpstreamErrorEvent
 		if len(t.errType) > 0 {
