@@ -64,8 +64,20 @@ type anthropicRequest struct {
 	Stream    bool      `json:"stream"`
 }
 
+// responsesRequest is the Responses API body: the messages as input items,
+// system and developer ones included (the API takes those roles in input).
+type responsesRequest struct {
+	Model           string    `json:"model"`
+	Input           []Message `json:"input"`
+	MaxOutputTokens int       `json:"max_output_tokens"`
+	Stream          bool      `json:"stream"`
+}
+
 // requestBody encodes p as a streamed request in dialect d.
 func requestBody(d llm.Dialect, model string, maxTokens int, p *Prompt) ([]byte, error) {
+	if d == llm.DialectResponses {
+		return json.Marshal(responsesRequest{Model: model, Input: p.Messages, MaxOutputTokens: maxTokens, Stream: true})
+	}
 	if d == llm.DialectAnthropic {
 		req := anthropicRequest{Model: model, MaxTokens: maxTokens, Stream: true}
 		var system []string

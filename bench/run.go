@@ -44,7 +44,7 @@ type Config struct {
 	// base_url convention) is accepted and not doubled.
 	BaseURL string
 	// Dialect picks the API: DialectOpenAI posts to /v1/chat/completions,
-	// DialectAnthropic to /v1/messages.
+	// DialectAnthropic to /v1/messages, DialectResponses to /v1/responses.
 	Dialect llm.Dialect
 	// Model is the model named in every request.
 	Model string
@@ -123,9 +123,12 @@ func endpoint(base string, d llm.Dialect) (string, error) {
 		return "", fmt.Errorf("bench: base URL %q: want http:// or https:// and a host", u.Redacted())
 	}
 	path := strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
-	if d == llm.DialectAnthropic {
+	switch d {
+	case llm.DialectAnthropic:
 		u.Path = path + "/v1/messages"
-	} else {
+	case llm.DialectResponses:
+		u.Path = path + "/v1/responses"
+	default:
 		u.Path = path + "/v1/chat/completions"
 	}
 	u.RawPath = ""
@@ -134,8 +137,8 @@ func endpoint(base string, d llm.Dialect) (string, error) {
 
 // settle validates cfg and fills its defaults.
 func settle(cfg Config) (Config, string, error) {
-	if cfg.Dialect != llm.DialectOpenAI && cfg.Dialect != llm.DialectAnthropic {
-		return cfg, "", fmt.Errorf("bench: dialect %q: want openai or anthropic", cfg.Dialect)
+	if cfg.Dialect != llm.DialectOpenAI && cfg.Dialect != llm.DialectAnthropic && cfg.Dialect != llm.DialectResponses {
+		return cfg, "", fmt.Errorf("bench: dialect %q: want openai, anthropic or responses", cfg.Dialect)
 	}
 	u, err := endpoint(cfg.BaseURL, cfg.Dialect)
 	if err != nil {

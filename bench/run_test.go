@@ -80,7 +80,7 @@ func runCtx(t *testing.T) context.Context {
 func msDur(v float64) time.Duration { return time.Duration(math.Round(v * float64(time.Millisecond))) }
 
 func TestScheduleFigures(t *testing.T) {
-	for _, d := range []llm.Dialect{llm.DialectOpenAI, llm.DialectAnthropic} {
+	for _, d := range []llm.Dialect{llm.DialectOpenAI, llm.DialectAnthropic, llm.DialectResponses} {
 		t.Run(d.String(), func(t *testing.T) {
 			m, ts := startMock(t, mockllm.Options{TTFT: schedTTFT, ITL: schedITL,
 				OutputTokens: schedTokens, RequireKey: testKey})

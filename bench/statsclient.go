@@ -76,7 +76,8 @@ type GatewayWatch struct {
 const seriesWindow = "1h"
 
 // WatchGateway fetches statsURL (see StatsURL) once before a run of cfg, and
-// its /stats/series: it asks for cfg's route (chat_completions or messages)
+// its /stats/series: it asks for cfg's route (chat_completions, messages or
+// responses)
 // and model, teams merged, in every window, since the window is chosen from
 // the run's duration once it is known. It fails when the answer is not a
 // tollgate's /stats report. A gateway without /stats/series (404) is read
@@ -84,8 +85,11 @@ const seriesWindow = "1h"
 // own.
 func WatchGateway(ctx context.Context, statsURL string, cfg Config, client *http.Client) (*GatewayWatch, error) {
 	route := llm.RouteChatCompletions
-	if cfg.Dialect == llm.DialectAnthropic {
+	switch cfg.Dialect {
+	case llm.DialectAnthropic:
 		route = llm.RouteMessages
+	case llm.DialectResponses:
+		route = llm.RouteResponses
 	}
 	if client == nil {
 		// A few fetches, one at a time, minutes apart: a connection kept

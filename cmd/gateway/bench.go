@@ -32,7 +32,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 			"it nor credentials in a URL (user:password@) are sent to /stats.", stderr)
 	def := config.Default().SLO
 	url := fs.String("url", "", "base URL of the endpoint, e.g. http://127.0.0.1:8080 (required)")
-	dialect := fs.String("dialect", "openai", "API: openai (POST /v1/chat/completions) or anthropic (POST /v1/messages)")
+	dialect := fs.String("dialect", "openai", "API: openai (POST /v1/chat/completions), anthropic (POST /v1/messages) or responses (POST /v1/responses); -api is the same flag")
+	fs.Var(stringFlag{dialect}, "api", "the same as -dialect")
 	model := fs.String("model", "", "model named in every request (required)")
 	keyEnv := fs.String("key-env", "", "environment variable holding the API key (optional)")
 	requests := fs.Int("requests", 30, "total requests")
@@ -87,8 +88,10 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		cfg.Dialect = llm.DialectOpenAI
 	case "anthropic":
 		cfg.Dialect = llm.DialectAnthropic
+	case "responses":
+		cfg.Dialect = llm.DialectResponses
 	default:
-		fmt.Fprintf(stderr, "-dialect %q: want openai or anthropic\n", *dialect)
+		fmt.Fprintf(stderr, "-dialect %q: want openai, anthropic or responses\n", *dialect)
 		return errUsage
 	}
 	if *url == "" || *model == "" {
@@ -336,3 +339,15 @@ func (g *statsWatch) finish(ctx context.Context, runs ...*bench.Result) *bench.G
 	}
 	return gs
 }
+
+// stringFlag is a second name for a string flag.
+type stringFlag struct{ p *string }
+
+func (f stringFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return *f.p
+}
+
+func (f stringFlag) Set(v string) error { *f.p = v; return nil }

@@ -177,6 +177,29 @@ func TestBenchGatewaySideBySide(t *testing.T) {
 	}
 }
 
+// TestBenchResponsesSideBySide: `gateway bench -api responses` streams the
+// Responses API through a gateway and reads the gateway's own figures for
+// it from /stats: the same requests, output tokens and ITL gaps.
+func TestBenchResponsesSideBySide(t *testing.T) {
+	base, _ := startStatsGateway(t, nil)
+	const n = 6
+	var out, errb strings.Builder
+	if code := run([]string{"bench", "-url", base, "-model", "m", "-api", "responses", "-requests", "6",
+		"-concurrency", "2", "-quiet", "-max-tokens", "64", "-timeout", "10s", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	rep := decodeBench(t, out.String())
+	g := rep.Gateway
+	if g == nil || g.Group == nil {
+		t.Fatalf("no gateway figures in the report:\n%s", out.String())
+	}
+	if g.Route != "responses" || g.Run.Requests != n || g.ClientAttempts != n || g.Group.TTFT.Count != n ||
+		g.Group.ITL.Count != int64(n*7) || g.Client.OutputTokens != g.Run.OutputTokens || g.Run.OutputTokens != n*8 {
+		t.Errorf("route %q, gateway %+v, client %+v; want %d requests of 8 tokens and 7 gaps on route responses",
+			g.Route, g.Run, g.Client, n)
+	}
+}
+
 // TestGatewayWatchOtherClient: another client's requests that end between
 // the two reads of /stats are counted with the run's and flagged.
 func TestGatewayWatchOtherClient(t *testing.T) {
