@@ -49,9 +49,10 @@ type ProbeTarget struct {
 	// Model is the model asked for, sent as it is (no route's rename
 	// applies). Required.
 	Model string `toml:"model"`
-	// Dialect is the API the probe speaks to the upstream, "openai" or
-	// "anthropic"; it must be one the upstream serves. Default: the
-	// upstream's first dialect (filled in at load time).
+	// Dialect is the API the probe speaks to the upstream, "openai",
+	// "anthropic" or "responses" (OpenAI's Responses API, served by an
+	// upstream that serves "openai"); it must be one the upstream serves.
+	// Default: the upstream's first dialect (filled in at load time).
 	Dialect string `toml:"dialect"`
 }
 
@@ -84,8 +85,17 @@ func (c *Config) ProbeDialect(t ProbeTarget) llm.Dialect {
 			name = u.Dialects[0]
 		}
 	}
-	d, _ := llm.ParseDialect(name)
+	d, _ := parseProbeDialect(name)
 	return d
+}
+
+// parseProbeDialect reads a probe target's dialect: an upstream's, or
+// "responses".
+func parseProbeDialect(name string) (llm.Dialect, bool) {
+	if name == "responses" {
+		return llm.DialectResponses, true
+	}
+	return llm.ParseDialect(name)
 }
 
 // normalizeProbe fills in each target's default dialect, so that
@@ -151,10 +161,10 @@ func (c *Config) validateProbe(v *validator) {
 			v.add(key+".model", "is required: the model to ask for")
 		}
 		if t.Dialect != "" {
-			d, ok := llm.ParseDialect(t.Dialect)
+			d, ok := parseProbeDialect(t.Dialect)
 			switch {
 			case !ok:
-				v.add(key+".dialect", `%q is not a dialect; use "openai" or "anthropic"`, t.Dialect)
+				v.add(key+".dialect", `%q is not a dialect; use "openai", "anthropic" or "responses"`, t.Dialect)
 			case u != nil && !u.Serves(d):
 				v.add(key+".dialect", "%q is not served by upstream %q (its dialects: %v)", t.Dialect, u.Name, u.Dialects)
 			}

@@ -13,6 +13,9 @@ func (u *Upstream) Serves(d llm.Dialect) bool {
 	if d == llm.DialectNone {
 		return false
 	}
+	if d == llm.DialectResponses {
+		d = llm.DialectOpenAI // OpenAI's upstreams serve its Responses API
+	}
 	name := d.String()
 	for _, s := range u.Dialects {
 		if s == name {

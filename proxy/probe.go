@@ -99,6 +99,15 @@ func probeBody(d llm.Dialect, t llm.ProbeTarget) ([]byte, llm.Route, string) {
 	msgs := []message{{Role: "user", Content: t.Prompt}}
 	var v any
 	route, path := llm.RouteChatCompletions, "/v1/chat/completions"
+	if d == llm.DialectResponses {
+		b, _ := json.Marshal(struct {
+			Model           string `json:"model"`
+			MaxOutputTokens int    `json:"max_output_tokens"`
+			Stream          bool   `json:"stream"`
+			Input           string `json:"input"`
+		}{t.Model, t.MaxTokens, true, t.Prompt})
+		return b, llm.RouteResponses, "/v1/responses"
+	}
 	if d == llm.DialectAnthropic {
 		route, path = llm.RouteMessages, "/v1/messages"
 		v = struct {

@@ -104,14 +104,16 @@ func TestProbeHealthyUpstream(t *testing.T) {
 		path     string
 		maxField string
 		route    string
+		max      int
 	}{
-		{llm.DialectOpenAI, "/v1/chat/completions", `"max_completion_tokens":8`, "chat_completions"},
-		{llm.DialectAnthropic, "/v1/messages", `"max_tokens":8`, "messages"},
+		{llm.DialectOpenAI, "/v1/chat/completions", `"max_completion_tokens":8`, "chat_completions", 8},
+		{llm.DialectAnthropic, "/v1/messages", `"max_tokens":8`, "messages", 8},
+		{llm.DialectResponses, "/v1/responses", `"max_output_tokens":16`, "responses", 16},
 	} {
 		t.Run(tc.dialect.String(), func(t *testing.T) {
 			w := newProbeWorld(t, mockllm.Options{TTFT: ttft, ITL: 2 * time.Millisecond, OutputTokens: tokens}, nil, nil)
 			target := llm.ProbeTarget{Upstream: "mock", Model: "probe-model", Dialect: tc.dialect,
-				Prompt: "Reply with \"ok\"", MaxTokens: 8}
+				Prompt: "Reply with \"ok\"", MaxTokens: tc.max}
 			for i := range n {
 				res := w.probe(t, target)
 				if res.Result != "ok" || res.Status != http.StatusOK || res.OutputTokens != tokens {
