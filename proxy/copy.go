@@ -37,8 +37,14 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 	s.err, s.writeErr = ex.copyBody(resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
 	s.notJSON = resp.StatusCode == http.StatusOK && ex.rec.Dialect != llm.DialectNone &&
 		len(ex.captured) < limit && !json.Valid(ex.captured)
+	if resp.StatusCode == http.StatusOK && ex.rec.Dialect == llm.DialectResponses && !s.notJSON {
+		var code []byte
+		code, s.failed = sseparse.FailedFromResponsesBody(ex.captured)
+		s.errType = string(jsonscan.AppendUnescape(nil, code))
+	}
 	e := ex.classify(s)
-	if metered && (e.outcome == llm.OutcomeOK || e.errType == "invalid_json") {
+	// Usage is read from an answer that came whole, success or not.
+	if metered && (e.outcome == llm.OutcomeOK || e.errType == "invalid_json" || s.failed && e.result == resultErrorEvent) {
 		if len(ex.captured) >= limit {
 			g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
 				"upstream", ex.up.cfg.Name, "limit_bytes", limit)

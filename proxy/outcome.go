@@ -69,9 +69,10 @@ type stop struct {
 	errType string
 	// errorEvent: the stream carried an error event; tooLarge: an event
 	// outgrew max_event_bytes; notJSON: a whole 200 on a dialect route is
-	// not JSON; terminalOut: the terminal marker reached the caller;
-	// complete: the error answer was read whole.
-	errorEvent, tooLarge, notJSON, terminalOut, complete bool
+	// not JSON; failed: a whole Responses API 200 whose status is "failed"
+	// (errType its code); terminalOut: the terminal marker reached the
+	// caller; complete: the error answer was read whole.
+	errorEvent, tooLarge, notJSON, failed, terminalOut, complete bool
 }
 
 // ending is how an attempt ended, decided in one place (classify): what the
@@ -272,7 +273,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 // bodyEnding judges an answer copied whole: a non-streamed answer, or any
 // answer on a forwarded path. A whole 200 on a dialect route that is not
 // JSON (cut by a proxy, an HTML page) is no success: the caller's SDK
-// cannot parse it.
+// cannot parse it; nor is a Responses API answer whose status is failed.
 func (ex *exchange) bodyEnding(s stop, gone bool, c cut) ending {
 	e := ending{outcome: llm.OutcomeUpstreamError, result: resultStreamBroken}
 	switch {
@@ -287,6 +288,11 @@ func (ex *exchange) bodyEnding(s stop, gone bool, c cut) ending {
 		e.interrupt, e.errType = llm.InterruptProtocolError, "invalid_json"
 		ex.g.log.Warn("upstream answer is not JSON", "request_id", ex.rec.RequestID,
 			"upstream", ex.up.cfg.Name, "bytes", len(ex.captured))
+	case s.failed:
+		// The answer's own error, as a stream's response.failed would
+		// carry it: judged by its code like an error event.
+		e.result, e.errType = resultErrorEvent, s.errType
+		e.healthy = ex.errorEventHealthy(e.errType)
 	default:
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	}

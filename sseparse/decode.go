@@ -666,6 +666,20 @@ func IncompleteFromResponsesBody(body []byte) []byte {
 	return s
 }
 
+// FailedFromResponsesBody reports whether a non-streamed Responses API body
+// has status "failed", with its error's code (else type) as raw JSON string
+// contents aliasing body.
+func FailedFromResponsesBody(body []byte) (code []byte, failed bool) {
+	st, _ := jsonscan.Get(body, "status")
+	if s, ok := jsonscan.String(st); !ok || !jsonscan.Equal(s, "failed") {
+		return nil, false
+	}
+	if e, ok := jsonscan.Get(body, "error"); ok && jsonscan.KindOf(e) == jsonscan.KindObject {
+		return codeOrType(e), true
+	}
+	return nil, true
+}
+
 // UsageFromResponsesBody returns the usage of a non-streamed Responses API
 // body (its top-level "usage": input_tokens with the cached ones,
 // output_tokens with the reasoning ones), like UsageFromOpenAIBody.

@@ -312,3 +312,37 @@ func BenchmarkDecodeResponses(b *testing.B) {
 		})
 	}
 }
+
+// A non-streamed Responses body: usage (cached and reasoning included),
+// the reason of an incomplete answer, and the code of a failed one.
+func TestResponsesBody(t *testing.T) {
+	completed := []byte(`{"id":"resp_0cd5","object":"response","status":"completed","error":null,"incomplete_details":null,` +
+		`"usage":{"input_tokens":12033,"input_tokens_details":{"cached_tokens":11904},"output_tokens":44,"output_tokens_details":{"reasoning_tokens":3},"total_tokens":12077}}`)
+	u, ok := UsageFromResponsesBody(completed)
+	if !ok || u != (llm.Usage{Input: 12033, CacheRead: 11904, Output: 44, Reasoning: 3, HasInput: true, HasOutput: true}) {
+		t.Errorf("usage %+v (%v)", u, ok)
+	}
+	if r := IncompleteFromResponsesBody(completed); r != nil {
+		t.Errorf("a completed answer's incomplete reason %q", r)
+	}
+	if c, failed := FailedFromResponsesBody(completed); failed || c != nil {
+		t.Errorf("a completed answer failed: %q", c)
+	}
+	incomplete := []byte(`{"status":"incomplete","incomplete_details":{"reason":"content_filter"},"usage":{"input_tokens":3,"output_tokens":2}}`)
+	if r := IncompleteFromResponsesBody(incomplete); string(r) != "content_filter" {
+		t.Errorf("incomplete reason %q", r)
+	}
+	for body, want := range map[string]string{
+		`{"status":"failed","error":{"code":"insufficient_quota","message":"x"},"usage":null}`: "insufficient_quota",
+		`{"status":"failed","error":{"type":"server_error"}}`:                                  "server_error",
+		`{"status":"failed","error":null}`:                                                     "",
+	} {
+		c, failed := FailedFromResponsesBody([]byte(body))
+		if !failed || string(c) != want {
+			t.Errorf("%s: failed %v, code %q; want %q", body, failed, c, want)
+		}
+	}
+	if _, ok := UsageFromResponsesBody([]byte(`{"status":"failed","usage":null}`)); ok {
+		t.Error("usage from a failed answer without any")
+	}
+}
