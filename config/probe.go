@@ -167,6 +167,9 @@ func (c *Config) validateProbe(v *validator) {
 				v.add(key+".dialect", `%q is not a dialect; use "openai", "anthropic" or "responses"`, t.Dialect)
 			case u != nil && !u.Serves(d):
 				v.add(key+".dialect", "%q is not served by upstream %q (its dialects: %v)", t.Dialect, u.Name, u.Dialects)
+			case d == llm.DialectResponses && c.Probe.MaxTokens >= 1 && c.Probe.MaxTokens < 16:
+				v.add(key+".dialect", "the Responses API wants max_output_tokens of at least 16; probe.max_tokens is %d",
+					c.Probe.MaxTokens)
 			}
 		}
 		// The probe's series are labelled by upstream and model only.

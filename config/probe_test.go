@@ -49,6 +49,8 @@ var probeCases = []struct {
 		nil, []string{`gateway.toml:8: probe.targets[0].dialect: "anthropic" is not served by upstream "a" (its dialects: [openai])`}},
 	{"probe of the Responses API on an upstream that serves only anthropic", up + "dialects = [\"anthropic\"]\n[[probe.targets]]\nupstream = \"a\"\nmodel = \"m\"\ndialect = \"responses\"\n",
 		nil, []string{`gateway.toml:8: probe.targets[0].dialect: "responses" is not served by upstream "a" (its dialects: [anthropic])`}},
+	{"probe of the Responses API with too few tokens", up + "[probe]\nmax_tokens = 8\n[[probe.targets]]\nupstream = \"a\"\nmodel = \"m\"\ndialect = \"responses\"\n",
+		nil, []string{`gateway.toml:9: probe.targets[0].dialect: the Responses API wants max_output_tokens of at least 16; probe.max_tokens is 8`}},
 	{"probe target twice", up + "[[probe.targets]]\nupstream = \"a\"\nmodel = \"m\"\n[[probe.targets]]\nupstream = \"a\"\nmodel = \"m\"\ndialect = \"anthropic\"\n",
 		nil, []string{`gateway.toml:7: probe.targets[1]: upstream "a" and model "m" are already probed by probe.targets[0]`}},
 	{"probe target inline", up + "[probe]\ntargets = [{ upstream = \"x\", model = \"m\" }]\n",

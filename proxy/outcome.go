@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -421,6 +422,15 @@ func errorEventStatus(errType []byte) int {
 		return http.StatusRequestEntityTooLarge
 	case "service_unavailable", "ServiceUnavailableError":
 		return http.StatusServiceUnavailable
+	case "vector_store_timeout": // a hosted tool's timeout (Responses API)
+		return http.StatusGatewayTimeout
+	case "context_length_exceeded", "bio_policy", "data_residency_mismatch", "model_not_found":
+		// The Responses API's client and policy codes: the request's
+		// trouble, not the upstream's.
+		return http.StatusBadRequest
+	}
+	if s := string(errType); strings.HasPrefix(s, "invalid_") || strings.Contains(s, "image") {
+		return http.StatusBadRequest // invalid_prompt, invalid_image, image_too_large, ...
 	}
 	if n, err := strconv.Atoi(string(errType)); err == nil && n >= 400 && n <= 599 {
 		return n // vLLM's numeric code

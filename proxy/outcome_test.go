@@ -175,8 +175,17 @@ func TestErrorEventStatus(t *testing.T) {
 		{"600", 0},
 		{"200", 0},
 		{"5OO", 0},
-		{"invalid_request_error", 0},
+		{"invalid_request_error", 400},
 		{"insufficient_quota", 0},
+		// The Responses API's codes in response.failed.
+		{"invalid_prompt", 400},
+		{"invalid_image", 400},
+		{"image_too_large", 400},
+		{"failed_to_download_image", 400},
+		{"bio_policy", 400},
+		{"data_residency_mismatch", 400},
+		{"context_length_exceeded", 400},
+		{"vector_store_timeout", 504},
 		{"Overloaded_Error", 0},
 		{"", 0},
 	}

@@ -11,19 +11,20 @@ import (
 type responsesKind uint8
 
 const (
-	rkOther      responsesKind = iota
-	rkDelta                    // a *.delta event that carries generated output when its delta is a non-empty string
-	rkItemAdded                // response.output_item.added: a tool call's generated name
-	rkCompleted                // response.completed
-	rkIncomplete               // response.incomplete
-	rkFailed                   // response.failed
-	rkError                    // error
+	rkOther       responsesKind = iota
+	rkDelta                     // a *.delta event that carries generated output when its delta is a non-empty string
+	rkLegacyDelta               // response.reasoning.delta, response.reasoning_summary.delta: an object delta
+	rkItemAdded                 // response.output_item.added: a tool call's generated name
+	rkCompleted                 // response.completed
+	rkIncomplete                // response.incomplete
+	rkFailed                    // response.failed
+	rkError                     // error
 )
 
 // responsesKindOf names an event type. The token-bearing deltas are the
 // SDKs' (openai-python's ResponseStreamEvent, 2026-08) plus the legacy
-// reasoning names; any other type ending in ".delta" whose delta is a
-// non-empty string counts too, so that a new kind of output is not missed,
+// reasoning names (whose delta was an object); any other type ending in
+// ".delta" whose delta is a non-empty string counts too, so that a new kind of output is not missed,
 // except the shell tool's output, which is no model output.
 func responsesKindOf(t []byte) responsesKind {
 	switch string(t) {
@@ -32,9 +33,10 @@ func responsesKindOf(t []byte) responsesKind {
 		"response.mcp_call_arguments.delta", "response.code_interpreter_call_code.delta",
 		"response.shell_call_command.delta",
 		"response.reasoning_summary_text.delta", "response.reasoning_text.delta",
-		"response.audio.delta", "response.audio.transcript.delta",
-		"response.reasoning.delta", "response.reasoning_summary.delta":
+		"response.audio.delta", "response.audio.transcript.delta":
 		return rkDelta
+	case "response.reasoning.delta", "response.reasoning_summary.delta":
+		return rkLegacyDelta
 	case "response.shell_call_output_content.delta":
 		return rkOther
 	case "response.output_item.added":
@@ -67,8 +69,9 @@ type responsesEvent struct {
 // generated name comes with it. Terminal: response.completed,
 // response.incomplete (Incomplete, with its reason) and response.failed
 // (also an error, typed by its error.code); usage comes from the terminal
-// event's response.usage. An `error` event is an error typed by its nested
-// error.code (or type), or by its flat code. There is no [DONE] on this API:
+// event's response.usage. An `error` event (by its data's type or its
+// `event:` name) is an error typed by its nested error.code (or type), or by
+// its flat code. There is no [DONE] on this API:
 // it, keepalive and every status event observe nothing. A nil ev leaves o
 // empty.
 func DecodeResponses(ev *Event, o *Observation) {
@@ -92,7 +95,12 @@ func DecodeResponses(ev *Event, o *Observation) {
 			kind = responsesKindOf(jsonscan.AppendUnescape(buf[:0], s))
 		}
 	}
+	if bytes.Equal(ev.Type, []byte("error")) {
+		kind = rkError // the event name says so, whatever the data's type
+	}
 	switch kind {
+	case rkLegacyDelta:
+		o.TokenBearing = jsonscan.NonEmptyString(e.delta) || nonEmptyContainer(e.delta)
 	case rkDelta:
 		o.TokenBearing = jsonscan.NonEmptyString(e.delta)
 	case rkItemAdded:
@@ -297,4 +305,19 @@ func flatErrorType(nested, code []byte) []byte {
 		return codeOrType(nested)
 	}
 	return codeOr(code, nil)
+}
+
+// nonEmptyContainer reports whether v is an object or array with at least
+// one member.
+func nonEmptyContainer(v []byte) bool {
+	var it jsonscan.Iter
+	switch jsonscan.KindOf(v) {
+	case jsonscan.KindObject:
+		it = jsonscan.Object(v)
+	case jsonscan.KindArray:
+		it = jsonscan.Array(v)
+	default:
+		return false
+	}
+	return it.Next()
 }

@@ -49,6 +49,9 @@ func TestDecodeResponses(t *testing.T) {
 		{"audio delta", "", `{"type":"response.audio.delta","delta":"UklGRg=="}`, want{bearing: true}},
 		{"audio transcript delta", "", `{"type":"response.audio.transcript.delta","delta":"hello"}`, want{bearing: true}},
 		{"legacy reasoning delta", "", `{"type":"response.reasoning.delta","delta":"x"}`, want{bearing: true}},
+		{"legacy reasoning delta, an object as the SDK typed it", "", `{"type":"response.reasoning.delta","delta":{"text":"x"}}`, want{bearing: true}},
+		{"legacy summary delta, empty object", "", `{"type":"response.reasoning_summary.delta","delta":{}}`, want{}},
+		{"error by its event name only", "error", `{"error":{"message":"x"}}`, want{err: true}},
 		{"unknown future delta", "", `{"type":"response.new_thing.delta","delta":"x"}`, want{bearing: true}},
 		{"shell output is no model output", "", `{"type":"response.shell_call_output_content.delta","delta":"{\"stdout\":\"x\"}"}`, want{}},
 		{"object delta", "", `{"type":"response.new_thing.delta","delta":{"stdout":"x"}}`, want{}},
@@ -201,7 +204,20 @@ func refResponses(event string, data []byte) (v obsView, incomplete bool, reason
 		}
 		return ""
 	}
-	switch kind := responsesKindOf([]byte(typ)); kind {
+	kind := responsesKindOf([]byte(typ))
+	if event == "error" {
+		kind = rkError
+	}
+	switch kind {
+	case rkLegacyDelta:
+		switch d := top["delta"].(type) {
+		case string:
+			v.TokenBearing = d != ""
+		case map[string]any:
+			v.TokenBearing = len(d) > 0
+		case []any:
+			v.TokenBearing = len(d) > 0
+		}
 	case rkDelta:
 		v.TokenBearing = nonEmpty(top["delta"])
 	case rkItemAdded:
