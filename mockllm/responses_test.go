@@ -250,4 +250,15 @@ func TestResponsesErrors(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != "max_output_tokens" {
 		t.Errorf("max_output_tokens 8: %v", err)
 	}
+	_, err = plainClient.Responses.New(waitCtx(t), responses.ResponseNewParams{
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || apiErr.Param != "model" ||
+		apiErr.Code != "missing_required_parameter" {
+		t.Errorf("no model: %v", err)
+	}
+	resp = post(t, ts, "/v1/responses", `{"model":"m","input":"hi","stream_options":{"include_obfuscation":false}}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("stream_options without stream: %d", resp.StatusCode)
+	}
 }

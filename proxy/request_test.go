@@ -81,6 +81,16 @@ func TestInspectRequest(t *testing.T) {
 		{name: "empty model", d: llm.DialectOpenAI, body: `{"model":""}`, wantErr: `"model" must be a non-empty string`},
 		{name: "stream not bool", d: llm.DialectOpenAI, body: `{"model":"m","stream":"yes"}`, wantErr: `"stream" must be a boolean`},
 		{name: "max tokens not int", d: llm.DialectAnthropic, body: `{"model":"m","max_tokens":"x"}`, wantErr: "integer"},
+		{name: "responses", d: llm.DialectResponses,
+			body: `{"model":"gpt","input":"hi","stream":true,"max_output_tokens":64,"max_tokens":9,"background":true}`,
+			want: requestInfo{Model: "gpt", Stream: true, MaxTokens: 64, Background: true}},
+		{name: "responses without max_output_tokens", d: llm.DialectResponses, body: `{"model":"gpt","input":"hi"}`,
+			want: requestInfo{Model: "gpt", MaxTokens: -1}},
+		{name: "responses max_output_tokens not int", d: llm.DialectResponses,
+			body: `{"model":"gpt","max_output_tokens":"64"}`, wantErr: "integer"},
+		{name: "responses background not bool", d: llm.DialectResponses,
+			body: `{"model":"gpt","background":"yes"}`, wantErr: `"background" must be a boolean`},
+		{name: "responses missing model", d: llm.DialectResponses, body: `{"input":"hi"}`, wantErr: `missing required field "model"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -30,6 +30,10 @@ func TestStreamErrorEvent(t *testing.T) {
 		{llm.DialectAnthropic, llm.InterruptTimeout, "timeout_error", ""},
 		{llm.DialectAnthropic, llm.InterruptUpstreamEOF, "api_error", ""},
 		{llm.DialectAnthropic, llm.InterruptProtocolError, "api_error", ""},
+		{llm.DialectResponses, llm.InterruptIdleTimeout, "server_error", "upstream_timeout"},
+		{llm.DialectResponses, llm.InterruptTimeout, "server_error", "upstream_timeout"},
+		{llm.DialectResponses, llm.InterruptUpstreamEOF, "server_error", "upstream_stream_broken"},
+		{llm.DialectResponses, llm.InterruptProtocolError, "server_error", "upstream_stream_broken"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.d.String()+"/"+tc.why.String(), func(t *testing.T) {
@@ -43,7 +47,11 @@ func TestStreamErrorEvent(t *testing.T) {
 			var tap sseparse.Tap
 			tap.Reset(tc.d)
 			obs := tap.Observe(ev, time.Now())
-			if !obs.Error || string(obs.ErrorType) != tc.wantType || obs.Terminal || obs.TokenBearing {
+			tapType := tc.wantType
+			if tc.d == llm.DialectResponses {
+				tapType = tc.wantCode // the Responses API names an error by its code
+			}
+			if !obs.Error || string(obs.ErrorType) != tapType || obs.Terminal || obs.TokenBearing {
 				t.Errorf("tap reads it as error=%v type=%q terminal=%v token=%v", obs.Error, obs.ErrorType, obs.Terminal, obs.TokenBearing)
 			}
 			if _, err := rd.Next(); err == nil || rd.Truncated() {
@@ -76,6 +84,12 @@ func TestStreamErrorEvent(t *testing.T) {
 			case llm.DialectAnthropic:
 				if evType != "error" || string(top["type"]) != `"error"` {
 					t.Errorf("event %q data type %s, want event: error with type \"error\"", evType, top["type"])
+				}
+			case llm.DialectResponses:
+				// The nested form, which all three SDKs raise on.
+				if evType != "error" || string(top["type"]) != `"error"` || e.Code == nil || *e.Code != tc.wantCode {
+					t.Errorf("event %q data type %s code %v, want event: error, type \"error\", a nested error with code %q",
+						evType, top["type"], e.Code, tc.wantCode)
 				}
 			}
 		})
