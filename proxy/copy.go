@@ -35,12 +35,14 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 		limit = g.cfg.Server.MaxEventBytes
 	}
 	s.err, s.writeErr = ex.copyBody(resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
-	s.notJSON = resp.StatusCode == http.StatusOK && ex.rec.Dialect != llm.DialectNone &&
-		len(ex.captured) < limit && !json.Valid(ex.captured)
-	if resp.StatusCode == http.StatusOK && ex.rec.Dialect == llm.DialectResponses && !s.notJSON {
-		var code []byte
-		code, s.failed = sseparse.FailedFromResponsesBody(ex.captured)
-		s.errType = string(jsonscan.AppendUnescape(nil, code))
+	s.notJSON = s.err == nil && s.writeErr == nil && resp.StatusCode == http.StatusOK &&
+		ex.rec.Dialect != llm.DialectNone && len(ex.captured) < limit && !json.Valid(ex.captured)
+	var answer sseparse.ResponsesAnswer // usage and status, in one walk
+	if ex.rec.Dialect == llm.DialectResponses {
+		answer = sseparse.ReadResponsesAnswer(ex.captured)
+		if s.failed = resp.StatusCode == http.StatusOK && !s.notJSON && answer.Failed; s.failed {
+			s.errType = string(jsonscan.AppendUnescape(nil, answer.Code))
+		}
 	}
 	e := ex.classify(s)
 	// Usage is read from an answer that came whole, success or not.
@@ -49,7 +51,7 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 			g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
 				"upstream", ex.up.cfg.Name, "limit_bytes", limit)
 		}
-		ex.usageFromBody()
+		ex.usageFromBody(&answer)
 	}
 	ex.record(e)
 	return ex.result(e, resp.StatusCode, true)
@@ -94,8 +96,8 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 }
 
 // usageFromBody reads the usage of a non-streamed answer from the bounded
-// copy of its body.
-func (ex *exchange) usageFromBody() {
+// copy of its body; a Responses API answer's was read already (answer).
+func (ex *exchange) usageFromBody(answer *sseparse.ResponsesAnswer) {
 	var u llm.Usage
 	var ok bool
 	switch ex.rec.Dialect {
@@ -104,9 +106,9 @@ func (ex *exchange) usageFromBody() {
 	case llm.DialectAnthropic:
 		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
 	case llm.DialectResponses:
-		u, ok = sseparse.UsageFromResponsesBody(ex.captured)
-		if r := sseparse.IncompleteFromResponsesBody(ex.captured); len(r) > 0 {
-			ex.rec.IncompleteReason = string(jsonscan.AppendUnescape(nil, r))
+		u, ok = answer.Usage, answer.HasUsage
+		if len(answer.IncompleteReason) > 0 {
+			ex.rec.IncompleteReason = string(jsonscan.AppendUnescape(nil, answer.IncompleteReason))
 		}
 	default: // a metered forwarded answer: prompt_tokens or input_tokens
 		if u, ok = sseparse.UsageFromOpenAIBody(ex.captured); !ok {

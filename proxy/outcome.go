@@ -88,8 +88,6 @@ type ending struct {
 	healthy, retryable bool
 	// gone: the caller left, or the gateway cut the exchange.
 	gone bool
-	// cut is the timer that ended the attempt, if one did.
-	cut cut
 }
 
 // cut names the timer that ended an attempt.
@@ -146,7 +144,6 @@ func (ex *exchange) classify(s stop) ending {
 	case stageBody:
 		e = ex.bodyEnding(s, gone, c)
 	}
-	e.cut = c
 	return e
 }
 
@@ -213,7 +210,7 @@ func (ex *exchange) heldEnding(s stop, gone bool, c cut) ending {
 	switch {
 	case s.errorEvent:
 		e.interrupt, e.result, e.errType = llm.InterruptUpstreamErrorEvent, resultErrorEvent, s.errType
-		status := errorEventStatus([]byte(s.errType))
+		status := errorEventStatus(s.errType)
 		e.retryable = status != 0 && retryableStatus(ex.up.policy, status, e.errType, "")
 		e.healthy = ex.errorEventHealthy(e.errType)
 	case s.tooLarge:
@@ -353,7 +350,7 @@ func (ex *exchange) probeOwnKey() bool {
 
 // errorEventHealthy judges an error event the same way, by its type.
 func (ex *exchange) errorEventHealthy(errType string) bool {
-	st := errorEventStatus([]byte(errType))
+	st := errorEventStatus(errType)
 	if st == 0 {
 		return neverRetryable(errType) // an unknown type is taken for an outage
 	}
@@ -406,8 +403,8 @@ func errorFields(body []byte) (typ, code string) {
 // status the same error has outside a stream, so a first-event error is
 // retried by the same rules as an error answer; 0 when unknown (not
 // retried).
-func errorEventStatus(errType []byte) int {
-	switch string(errType) {
+func errorEventStatus(errType string) int {
+	switch errType {
 	case "overloaded_error":
 		return 529
 	case "api_error", "server_error", "internal_server_error", "InternalServerError":
@@ -429,10 +426,10 @@ func errorEventStatus(errType []byte) int {
 		// trouble, not the upstream's.
 		return http.StatusBadRequest
 	}
-	if s := string(errType); strings.HasPrefix(s, "invalid_") || strings.Contains(s, "image") {
+	if strings.HasPrefix(errType, "invalid_") || strings.Contains(errType, "image") {
 		return http.StatusBadRequest // invalid_prompt, invalid_image, image_too_large, ...
 	}
-	if n, err := strconv.Atoi(string(errType)); err == nil && n >= 400 && n <= 599 {
+	if n, err := strconv.Atoi(errType); err == nil && n >= 400 && n <= 599 {
 		return n // vLLM's numeric code
 	}
 	return 0

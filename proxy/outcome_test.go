@@ -190,11 +190,11 @@ func TestErrorEventStatus(t *testing.T) {
 		{"", 0},
 	}
 	for _, tc := range tests {
-		if got := errorEventStatus([]byte(tc.typ)); got != tc.want {
+		if got := errorEventStatus(tc.typ); got != tc.want {
 			t.Errorf("errorEventStatus(%q) = %d, want %d", tc.typ, got, tc.want)
 		}
 	}
-	if got := errorEventStatus(nil); got != 0 {
+	if got := errorEventStatus(""); got != 0 {
 		t.Errorf("errorEventStatus(nil) = %d, want 0", got)
 	}
 }

@@ -649,39 +649,6 @@ func UsageFromOpenAIBody(body []byte) (llm.Usage, bool) {
 // UsageFromAnthropicBody returns the usage of a non-streamed Messages
 // response body (the Message's top-level "usage"), with Input counting cache
 // reads and writes. It follows the rules of UsageFromOpenAIBody.
-// IncompleteFromResponsesBody returns incomplete_details.reason of a
-// non-streamed Responses API body whose status is "incomplete" (raw JSON
-// string contents aliasing body), or nil.
-func IncompleteFromResponsesBody(body []byte) []byte {
-	st, _ := jsonscan.Get(body, "status")
-	if s, ok := jsonscan.String(st); !ok || !jsonscan.Equal(s, "incomplete") {
-		return nil
-	}
-	d, ok := jsonscan.Get(body, "incomplete_details")
-	if !ok || jsonscan.KindOf(d) != jsonscan.KindObject {
-		return nil
-	}
-	r, _ := jsonscan.Get(d, "reason")
-	s, _ := jsonscan.String(r)
-	return s
-}
-
-// FailedFromResponsesBody reports whether a non-streamed Responses API body
-// has status "failed", with its error's code (else type) as raw JSON string
-// contents aliasing body.
-func FailedFromResponsesBody(body []byte) (code []byte, failed bool) {
-	st, _ := jsonscan.Get(body, "status")
-	if s, ok := jsonscan.String(st); !ok || !jsonscan.Equal(s, "failed") {
-		return nil, false
-	}
-	if e, ok := jsonscan.Get(body, "error"); ok && jsonscan.KindOf(e) == jsonscan.KindObject {
-		return codeOrType(e), true
-	}
-	return nil, true
-}
-
-// UsageFromResponsesBody returns the usage of a non-streamed Responses API
-// body (its top-level "usage": input_tokens with the cached ones,
 // output_tokens with the reasoning ones), like UsageFromOpenAIBody.
 func UsageFromResponsesBody(body []byte) (llm.Usage, bool) {
 	return usageFromBody(body, llm.DialectResponses)
@@ -702,9 +669,6 @@ func usageFromBody(body []byte, d llm.Dialect) (llm.Usage, bool) {
 		case llm.DialectAnthropic:
 			child := it.Enter()
 			u = anthropicUsage(&child)
-		case llm.DialectResponses:
-			child := it.Enter()
-			u = responsesUsage(&child)
 		default:
 			_, u, _ = openAIUsage(body, it.Offset(), 2)
 		}

@@ -458,6 +458,26 @@ func refUsage(m map[string]any, fields map[string]*int64, flags map[string]*bool
 	}
 }
 
+// refOpenAIShapedUsage reads a usage object of OpenAI's shape, whose input
+// and output counts are named in and out (prompt_tokens / completion_tokens
+// on Chat Completions, input_tokens / output_tokens on the Responses API),
+// with their in+"_details" (cached_tokens, cache_write_tokens) and
+// out+"_details" (reasoning_tokens).
+func refOpenAIShapedUsage(u map[string]any, in, out string) llm.Usage {
+	var r llm.Usage
+	var hasIn, hasOut, hasCR, hasCW, hasR bool
+	refUsage(u, map[string]*int64{in: &r.Input, out: &r.Output}, map[string]*bool{in: &hasIn, out: &hasOut})
+	if d, ok := u[in+"_details"].(map[string]any); ok {
+		refUsage(d, map[string]*int64{"cached_tokens": &r.CacheRead, "cache_write_tokens": &r.CacheWrite},
+			map[string]*bool{"cached_tokens": &hasCR, "cache_write_tokens": &hasCW})
+	}
+	if d, ok := u[out+"_details"].(map[string]any); ok {
+		refUsage(d, map[string]*int64{"reasoning_tokens": &r.Reasoning}, map[string]*bool{"reasoning_tokens": &hasR})
+	}
+	r.HasInput, r.HasOutput = hasIn, hasOut
+	return canonical(r, hasR)
+}
+
 // refOpenAI decodes a chunk with encoding/json, following the chunk, usage
 // and mid-stream error shapes of Chat Completions.
 func refOpenAI(data []byte) obsView {
@@ -477,19 +497,7 @@ func refOpenAI(data []byte) obsView {
 		v.Error = true
 	}
 	if u, ok := top["usage"].(map[string]any); ok {
-		v.HasUsage = true
-		var hasIn, hasOut, hasCR, hasCW, hasR bool
-		refUsage(u, map[string]*int64{"prompt_tokens": &v.Usage.Input, "completion_tokens": &v.Usage.Output},
-			map[string]*bool{"prompt_tokens": &hasIn, "completion_tokens": &hasOut})
-		if d, ok := u["prompt_tokens_details"].(map[string]any); ok {
-			refUsage(d, map[string]*int64{"cached_tokens": &v.Usage.CacheRead, "cache_write_tokens": &v.Usage.CacheWrite},
-				map[string]*bool{"cached_tokens": &hasCR, "cache_write_tokens": &hasCW})
-		}
-		if d, ok := u["completion_tokens_details"].(map[string]any); ok {
-			refUsage(d, map[string]*int64{"reasoning_tokens": &v.Usage.Reasoning}, map[string]*bool{"reasoning_tokens": &hasR})
-		}
-		v.Usage.HasInput, v.Usage.HasOutput = hasIn, hasOut
-		v.Usage = canonical(v.Usage, hasR)
+		v.HasUsage, v.Usage = true, refOpenAIShapedUsage(u, "prompt_tokens", "completion_tokens")
 	}
 	noChoices := true
 	switch c := top["choices"].(type) {

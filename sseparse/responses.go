@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
+	"github.com/tollgate-llm/tollgate/llm"
 )
 
 // responsesKind is the closed set of Responses API event types the decoder
@@ -320,4 +321,59 @@ func nonEmptyContainer(v []byte) bool {
 		return false
 	}
 	return it.Next()
+}
+
+// ResponsesAnswer is what a non-streamed Responses API body says of how it
+// ended, read in one walk of the body.
+type ResponsesAnswer struct {
+	// Usage is the top-level usage (input_tokens with the cached ones,
+	// output_tokens with the reasoning ones); HasUsage is false without it.
+	Usage    llm.Usage
+	HasUsage bool
+	// Failed reports status "failed", Code its error's code (else type).
+	Failed bool
+	Code   []byte
+	// IncompleteReason is incomplete_details.reason of status "incomplete".
+	IncompleteReason []byte
+}
+
+// ReadResponsesAnswer reads a non-streamed Responses API body. Code and
+// IncompleteReason are raw JSON string contents aliasing body. Like the
+// other body readers it keeps what it found before a body cut short.
+func ReadResponsesAnswer(body []byte) (a ResponsesAnswer) {
+	var u usageReport
+	status, details, failure := span{-1, 0}, span{-1, 0}, span{-1, 0}
+	it := jsonscan.Object(body)
+	for it.Next() {
+		switch {
+		case it.KeyIs("usage"):
+			u = usageReport{}
+			if it.Kind() == jsonscan.KindObject {
+				child := it.Enter()
+				u = responsesUsage(&child)
+			}
+		case it.KeyIs("status"):
+			status = span{it.Offset(), len(it.Value())}
+		case it.KeyIs("incomplete_details"):
+			details = span{it.Offset(), len(it.Value())}
+		case it.KeyIs("error"):
+			failure = span{it.Offset(), len(it.Value())}
+		}
+	}
+	a.Usage = u.normalize(llm.DialectResponses)
+	a.HasUsage = a.Usage.HasInput || a.Usage.HasOutput
+	st, _ := jsonscan.String(status.of(body))
+	switch {
+	case jsonscan.Equal(st, "failed"):
+		a.Failed = true
+		if e := failure.of(body); jsonscan.KindOf(e) == jsonscan.KindObject {
+			a.Code = codeOrType(e)
+		}
+	case jsonscan.Equal(st, "incomplete"):
+		if d := details.of(body); jsonscan.KindOf(d) == jsonscan.KindObject {
+			r, _ := jsonscan.Get(d, "reason")
+			a.IncompleteReason, _ = jsonscan.String(r)
+		}
+	}
+	return a
 }

@@ -230,19 +230,7 @@ func refResponses(event string, data []byte) (v obsView, incomplete bool, reason
 		v.Terminal, v.Error, incomplete = true, kind == rkFailed, kind == rkIncomplete
 		resp, _ := top["response"].(map[string]any)
 		if u, ok := resp["usage"].(map[string]any); ok {
-			v.HasUsage = true
-			var hasIn, hasOut, hasCR, hasCW, hasR bool
-			refUsage(u, map[string]*int64{"input_tokens": &v.Usage.Input, "output_tokens": &v.Usage.Output},
-				map[string]*bool{"input_tokens": &hasIn, "output_tokens": &hasOut})
-			if d, ok := u["input_tokens_details"].(map[string]any); ok {
-				refUsage(d, map[string]*int64{"cached_tokens": &v.Usage.CacheRead, "cache_write_tokens": &v.Usage.CacheWrite},
-					map[string]*bool{"cached_tokens": &hasCR, "cache_write_tokens": &hasCW})
-			}
-			if d, ok := u["output_tokens_details"].(map[string]any); ok {
-				refUsage(d, map[string]*int64{"reasoning_tokens": &v.Usage.Reasoning}, map[string]*bool{"reasoning_tokens": &hasR})
-			}
-			v.Usage.HasInput, v.Usage.HasOutput = hasIn, hasOut
-			v.Usage = canonical(v.Usage, hasR)
+			v.HasUsage, v.Usage = true, refOpenAIShapedUsage(u, "input_tokens", "output_tokens")
 		}
 		if d, ok := resp["incomplete_details"].(map[string]any); ok && incomplete {
 			reason = str(d, "reason")
@@ -334,18 +322,18 @@ func BenchmarkDecodeResponses(b *testing.B) {
 func TestResponsesBody(t *testing.T) {
 	completed := []byte(`{"id":"resp_0cd5","object":"response","status":"completed","error":null,"incomplete_details":null,` +
 		`"usage":{"input_tokens":12033,"input_tokens_details":{"cached_tokens":11904},"output_tokens":44,"output_tokens_details":{"reasoning_tokens":3},"total_tokens":12077}}`)
-	u, ok := UsageFromResponsesBody(completed)
-	if !ok || u != (llm.Usage{Input: 12033, CacheRead: 11904, Output: 44, Reasoning: 3, HasInput: true, HasOutput: true}) {
+	a := ReadResponsesAnswer(completed)
+	if u, ok := a.Usage, a.HasUsage; !ok || u != (llm.Usage{Input: 12033, CacheRead: 11904, Output: 44, Reasoning: 3, HasInput: true, HasOutput: true}) {
 		t.Errorf("usage %+v (%v)", u, ok)
 	}
-	if r := IncompleteFromResponsesBody(completed); r != nil {
+	if r := a.IncompleteReason; r != nil {
 		t.Errorf("a completed answer's incomplete reason %q", r)
 	}
-	if c, failed := FailedFromResponsesBody(completed); failed || c != nil {
+	if c, failed := a.Code, a.Failed; failed || c != nil {
 		t.Errorf("a completed answer failed: %q", c)
 	}
 	incomplete := []byte(`{"status":"incomplete","incomplete_details":{"reason":"content_filter"},"usage":{"input_tokens":3,"output_tokens":2}}`)
-	if r := IncompleteFromResponsesBody(incomplete); string(r) != "content_filter" {
+	if r := ReadResponsesAnswer(incomplete).IncompleteReason; string(r) != "content_filter" {
 		t.Errorf("incomplete reason %q", r)
 	}
 	for body, want := range map[string]string{
@@ -353,12 +341,12 @@ func TestResponsesBody(t *testing.T) {
 		`{"status":"failed","error":{"type":"server_error"}}`:                                  "server_error",
 		`{"status":"failed","error":null}`:                                                     "",
 	} {
-		c, failed := FailedFromResponsesBody([]byte(body))
-		if !failed || string(c) != want {
+		a := ReadResponsesAnswer([]byte(body))
+		if c, failed := a.Code, a.Failed; !failed || string(c) != want {
 			t.Errorf("%s: failed %v, code %q; want %q", body, failed, c, want)
 		}
 	}
-	if _, ok := UsageFromResponsesBody([]byte(`{"status":"failed","usage":null}`)); ok {
+	if ReadResponsesAnswer([]byte(`{"status":"failed","usage":null}`)).HasUsage {
 		t.Error("usage from a failed answer without any")
 	}
 }

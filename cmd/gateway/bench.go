@@ -33,7 +33,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	def := config.Default().SLO
 	url := fs.String("url", "", "base URL of the endpoint, e.g. http://127.0.0.1:8080 (required)")
 	dialect := fs.String("dialect", "openai", "API: openai (POST /v1/chat/completions), anthropic (POST /v1/messages) or responses (POST /v1/responses); -api is the same flag")
-	fs.Var(stringFlag{dialect}, "api", "the same as -dialect")
+	fs.StringVar(dialect, "api", "openai", "the same as -dialect")
 	model := fs.String("model", "", "model named in every request (required)")
 	keyEnv := fs.String("key-env", "", "environment variable holding the API key (optional)")
 	requests := fs.Int("requests", 30, "total requests")
@@ -339,15 +339,3 @@ func (g *statsWatch) finish(ctx context.Context, runs ...*bench.Result) *bench.G
 	}
 	return gs
 }
-
-// stringFlag is a second name for a string flag.
-type stringFlag struct{ p *string }
-
-func (f stringFlag) String() string {
-	if f.p == nil {
-		return ""
-	}
-	return *f.p
-}
-
-func (f stringFlag) Set(v string) error { *f.p = v; return nil }
