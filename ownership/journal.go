@@ -1,0 +1,177 @@
+package ownership
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/atomicfile"
+)
+
+// The journal is JSON lines, one per change, appended in order; the last
+// line for an id wins:
+//
+//	{"id":"resp_1","owner":"team:a","exp":1767225600}  claim; exp in unix seconds, 0 = none
+//	{"id":"resp_1","rel":true}                         release
+const maxLine = 64 << 10 // far above the longest line written (about 2 KiB)
+
+// journalLine is the JSON form of one journal line.
+type journalLine struct {
+	ID    string `json:"id"`
+	Owner string `json:"owner"`
+	Exp   int64  `json:"exp"`
+	Rel   bool   `json:"rel"`
+}
+
+// appendClaimLine appends the journal line recording owner as id's owner
+// until expNanos (unix nanoseconds, 0 = none).
+func appendClaimLine(b []byte, id, owner string, expNanos int64) []byte {
+	b = append(b, `{"id":`...)
+	b = appendString(b, id)
+	b = append(b, `,"owner":`...)
+	b = appendString(b, owner)
+	b = append(b, `,"exp":`...)
+	b = appendInt(b, journalExp(expNanos))
+	return append(b, "}\n"...)
+}
+
+// appendReleaseLine appends the journal line forgetting id.
+func appendReleaseLine(b []byte, id string) []byte {
+	b = append(b, `{"id":`...)
+	b = appendString(b, id)
+	return append(b, `,"rel":true}`+"\n"...)
+}
+
+// appendString appends s as a JSON string. Ids and owners are checked
+// before they get here (valid UTF-8, no control character), so only the
+// quote and the backslash need escaping; any other control character is
+// escaped anyway rather than written raw.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+func appendInt(b []byte, n int64) []byte {
+	var d [20]byte
+	i := len(d)
+	for {
+		i--
+		d[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			break
+		}
+	}
+	return append(b, d[i:]...)
+}
+
+// journalExp is the journal's expiry for expNanos: unix seconds rounded up,
+// so a reloaded record never ends earlier than it did (it may end up to a
+// second later); 0 stays 0 (no expiry).
+func journalExp(expNanos int64) int64 {
+	if expNanos <= 0 {
+		return 0
+	}
+	s := expNanos / 1e9
+	if expNanos%1e9 != 0 {
+		s++
+	}
+	return s
+}
+
+// nanosFromJournal is the in-memory expiry of a journal's exp.
+func nanosFromJournal(sec int64) int64 {
+	if sec > math.MaxInt64/int64(time.Second) {
+		return math.MaxInt64
+	}
+	return sec * int64(time.Second)
+}
+
+// parseLine decodes and checks one journal line, newline included.
+func parseLine(line []byte) (journalLine, error) {
+	var e journalLine
+	if err := atomicfile.DecodeJSON(line, &e); err != nil {
+		return e, err
+	}
+	if err := checkID(e.ID); err != nil {
+		return e, err
+	}
+	if e.Rel {
+		if e.Owner != "" || e.Exp != 0 {
+			return e, errors.New("a release line with an owner or an expiry")
+		}
+		return e, nil
+	}
+	if err := checkOwner(e.Owner); err != nil {
+		return e, err
+	}
+	if e.Exp < 0 {
+		return e, errors.New("a negative expiry")
+	}
+	return e, nil
+}
+
+// loadJournal reads file into recs; the last line for an id wins. A
+// missing file is an empty journal. A torn last line, the trace of a crash
+// in the middle of a write (no trailing newline, or a final line that does
+// not decode), is ignored with a warning; any other line that does not
+// decode is an error, so a damaged journal is never silently reset. Expired
+// records are kept here; the caller drops them.
+func (l *Local) loadJournal() error {
+	f, err := os.Open(l.file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("ownership: opening journal %s: %w", l.file, err)
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, maxLine)
+	for n := 1; ; n++ {
+		line, err := r.ReadSlice('\n')
+		if err == io.EOF {
+			if len(line) > 0 {
+				l.log.Warn("ownership: ignoring the torn last line of the journal (no trailing newline)",
+					"file", l.file, "line", n, "bytes", len(line))
+			}
+			return nil
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return fmt.Errorf("ownership: journal %s is corrupt: line %d is longer than %d bytes", l.file, n, maxLine)
+		}
+		if err != nil {
+			return fmt.Errorf("ownership: reading journal %s: %w", l.file, err)
+		}
+		e, perr := parseLine(line)
+		if perr != nil {
+			// line is not used past here: Peek may overwrite it.
+			if _, err := r.Peek(1); err == io.EOF {
+				l.log.Warn("ownership: ignoring the torn last line of the journal",
+					"file", l.file, "line", n, "error", perr)
+				return nil
+			}
+			return fmt.Errorf("ownership: journal %s is corrupt: line %d: %w", l.file, n, perr)
+		}
+		if e.Rel {
+			delete(l.recs, e.ID)
+			continue
+		}
+		l.recs[e.ID] = record{owner: l.intern(e.Owner), exp: nanosFromJournal(e.Exp)}
+	}
+}
