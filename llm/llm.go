@@ -58,9 +58,12 @@ const (
 	RouteOther Route = iota
 	RouteChatCompletions
 	RouteMessages
-	// RouteResponses is POST /v1/responses; the gateway forwards it as
-	// another path so far (only mockllm serves it as a route).
+	// RouteResponses is POST /v1/responses.
 	RouteResponses
+	// RouteResponsesRetrieve is GET /v1/responses/{id}?stream=true: a
+	// background response's stored events replayed, then followed live. It
+	// is measured as a stream but never billed (its usage is its creation's).
+	RouteResponsesRetrieve
 )
 
 // String returns the route's metric label value.
@@ -72,6 +75,8 @@ func (r Route) String() string {
 		return "messages"
 	case RouteResponses:
 		return "responses"
+	case RouteResponsesRetrieve:
+		return "responses_retrieve"
 	default:
 		return "other"
 	}
@@ -157,23 +162,31 @@ const (
 	// RejectNotMeterable: a governed caller sent a request the gateway
 	// cannot meter (another /v1/* path).
 	RejectNotMeterable
+	// RejectNotOwner: in mode "keys", the request names a stored response
+	// or conversation its team did not create (answered 404).
+	RejectNotOwner
+	// RejectOwnershipUnavailable: the store of who owns stored state could
+	// not be asked.
+	RejectOwnershipUnavailable
 	// RejectOther is any other refusal.
 	RejectOther
 )
 
 var rejectionNames = [...]string{
-	RejectNone:               "",
-	RejectRPM:                "rpm",
-	RejectTPM:                "tpm",
-	RejectConcurrency:        "concurrency",
-	RejectTokensPerDay:       "tokens_per_day",
-	RejectCostPerDay:         "cost_per_day",
-	RejectCostPerMonth:       "cost_per_month",
-	RejectModelNotAllowed:    "model_not_allowed",
-	RejectUnpricedModel:      "unpriced_model",
-	RejectLimiterUnavailable: "limiter_unavailable",
-	RejectNotMeterable:       "not_meterable",
-	RejectOther:              "other",
+	RejectNone:                 "",
+	RejectRPM:                  "rpm",
+	RejectTPM:                  "tpm",
+	RejectConcurrency:          "concurrency",
+	RejectTokensPerDay:         "tokens_per_day",
+	RejectCostPerDay:           "cost_per_day",
+	RejectCostPerMonth:         "cost_per_month",
+	RejectModelNotAllowed:      "model_not_allowed",
+	RejectUnpricedModel:        "unpriced_model",
+	RejectLimiterUnavailable:   "limiter_unavailable",
+	RejectNotMeterable:         "not_meterable",
+	RejectNotOwner:             "not_owner",
+	RejectOwnershipUnavailable: "ownership_unavailable",
+	RejectOther:                "other",
 }
 
 // String returns the rejection's name ("" for RejectNone).
