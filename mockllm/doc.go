@@ -14,6 +14,18 @@
 //	GET  /v1/models               OpenAI list shape
 //	POST /v1/embeddings           a small deterministic embedding list with usage
 //
+// and the stored state of the Responses and Conversations APIs (see Stored
+// state):
+//
+//	GET    /v1/responses/{id}                   the response; ?stream=true streams a background one again
+//	DELETE /v1/responses/{id}                   {"id","object":"response","deleted":true}
+//	POST   /v1/responses/{id}/cancel            a background response, status "cancelled"
+//	GET    /v1/responses/{id}/input_items       list of its input items
+//	POST   /v1/conversations                    {"id","object":"conversation","created_at","metadata"}
+//	GET, POST, DELETE /v1/conversations/{id}    retrieve, update metadata, delete
+//	GET, POST /v1/conversations/{id}/items      list, add (answers the added items)
+//	GET, DELETE /v1/conversations/{id}/items/{item_id}  the item; delete answers the conversation
+//
 // Anything else is a 404 in the OpenAI error shape. A wrong method is a 405,
 // bad JSON, a missing model, a missing or non-positive max_tokens on Messages
 // and a bad X-Mock-* header are a 400, each in the route's dialect. With
@@ -150,4 +162,55 @@
 // takes error-event does, and gets its 400. Server.ClearInjected drops what
 // is left. Stats.Injected counts the requests that took an injected fault;
 // Stats.Faults counts every request that took a fault, header or injected.
+//
+// # Stored state
+//
+// Every POST /v1/responses answered with HTTP 200, streamed or not, is
+// kept unless its body sets "store": false: its final object (the
+// non-streamed body, or the terminal event's response, response.failed's
+// for the error-event fault), its body and its input items. At most 10000
+// responses and 256 MiB are kept, and the same again for conversations; the
+// oldest go first. The object is stored before its last byte is written, so
+// a client that has read an answer can retrieve it at once. The response
+// object echoes "background", "store", and "previous_response_id" and
+// "conversation" {"id"} when the request names them.
+//
+// A request with "background": true (which needs store) is finished at
+// once: its final object is stored before the answer starts, and stays so if
+// the client leaves. Without stream it is answered immediately, not on the
+// schedule, with the object in status "queued" and "usage": null; a later
+// GET gives it completed. With stream its response.created event carries
+// status "queued", the rest of the stream is as usual, and GET
+// /v1/responses/{id}?stream=true (or, as openai-go's GetStreaming sends it,
+// a GET with the JSON body {"stream":true}) streams it again: the original
+// body runs through the same code with the same sequence number and
+// created_at, so ids, events, sequence numbers and the X-Mock-* timing are
+// the original's, on a schedule restarted at the GET; of the original's
+// fault only error-event is repeated. starting_after=N leaves out the
+// events numbered up to N. Any other response streamed this way is a 404,
+// as on the real API. Cancel turns a background response's status into
+// "cancelled" (and returns that same object again on a second cancel); a
+// synchronous one answers 400 "Cannot cancel a synchronous response.".
+//
+// Input items are stored as the API lists them: a string input becomes one
+// user message with an input_text part, an array element with a role and no
+// type a message (string content becomes one input_text part, output_text for
+// the assistant), and an item without an id gets one such as
+// msg_mock00000003_0 (type prefix, request sequence number, position). The
+// item lists (input_items, conversation items) take after, limit (1 to 100,
+// default 20) and order (asc, or desc, the default: newest first), and
+// answer {"object":"list","data","first_id","last_id","has_more"}, the ids
+// null when the page is empty.
+//
+// previous_response_id must name a stored response (else 400
+// previous_response_not_found), conversation ("conv_…" or {"id"}) a
+// conversation (else 404 "Conversation with id '…' not found.", param
+// conversation), and not both (400 mutually_exclusive_parameters). The
+// mock's answer does not depend on them: input tokens count the body only.
+// A response in a conversation appends its input items, then its output
+// items, to it, unless it failed. An unknown response, conversation or item
+// id on a path is a 404 "… with id '…' not found." and a wrong method a 405
+// naming the allowed ones in Allow. These routes take no X-Mock-* header and
+// no injected fault; Stats counts an answer as Completed and a 4xx as a
+// BadRequest.
 package mockllm

@@ -28,7 +28,17 @@ type request struct {
 			Name string `json:"name"`
 		} `json:"function"` // OpenAI
 	} `json:"tools"`
+	// The Responses API's stored state (see stored.go).
+	Background         bool            `json:"background"`
+	Store              *bool           `json:"store"`
+	PreviousResponseID string          `json:"previous_response_id"`
+	Conversation       json.RawMessage `json:"conversation"`
+	Input              json.RawMessage `json:"input"`
 }
+
+// stores reports whether a Responses request is kept: "store" defaults to
+// true.
+func (r *request) stores() bool { return r.Store == nil || *r.Store }
 
 // toolName returns the name of the first tool, or "" without tools.
 func (r *request) toolName() string {
@@ -78,11 +88,27 @@ type exchange struct {
 	reasoningClosed bool
 	// injected is set when the fault came from Server.Inject.
 	injected bool
+	// body is the request body.
+	body []byte
+	// conv is the conversation a Responses request names, items its input
+	// items with their ids; kept is set once its answer is stored (see
+	// keep). replay marks a stored stream sent again, whose events up to
+	// sequence number skip are left out.
+	conv   string
+	items  []item
+	kept   bool
+	replay bool
+	skip   int64
+	// evStart and evSeq are the offset in buf and the sequence number of
+	// the Responses event being written.
+	evStart int
+	evSeq   int64
 }
 
 // serve validates the request and answers it.
 func (x *exchange) serve(r *http.Request, body []byte) outcome {
 	s := x.srv
+	x.body = body
 	var err error
 	if x.p, err = s.parseParams(r.Header); err != nil {
 		return s.badRequest(x.w, x.dialect, x.reqID, err.Error())
@@ -131,17 +157,12 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 		return outcomeCompleted
 	}
 
-	x.sched = newSchedule(t0, x.p, s.opts.Seed, x.seq)
-	x.created = t0.Unix()
-	x.model = appendJSONString(nil, x.req.Model)
-	n := pad(x.seq)
-	tool := x.req.toolName()
-	if x.dialect == llm.DialectAnthropic {
-		x.id, x.toolID = "msg_mock"+n, "toolu_mock"+n
-		x.plan = newPlan(x.p, x.maxTokens, tool, false)
-	} else {
-		x.id, x.toolID = "chatcmpl-mock"+n, "call_mock"+n
-		x.plan = newPlan(x.p, x.maxTokens, tool, true)
+	x.prepare(t0)
+	if x.dialect == llm.DialectResponses && x.req.Background {
+		// The mock does a background response's work at once: it is
+		// stored finished before the answer starts, and stays so if the
+		// client goes away.
+		x.keep(x.finalResponse())
 	}
 
 	var oc outcome
@@ -157,6 +178,22 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 	}
 	x.log(http.StatusOK, oc)
 	return oc
+}
+
+// prepare sets up the answer from t0: its schedule, ids, model and plan.
+func (x *exchange) prepare(t0 time.Time) {
+	x.sched = newSchedule(t0, x.p, x.srv.opts.Seed, x.seq)
+	x.created = t0.Unix()
+	x.model = appendJSONString(nil, x.req.Model)
+	n := pad(x.seq)
+	tool := x.req.toolName()
+	if x.dialect == llm.DialectAnthropic {
+		x.id, x.toolID = "msg_mock"+n, "toolu_mock"+n
+		x.plan = newPlan(x.p, x.maxTokens, tool, false)
+	} else {
+		x.id, x.toolID = "chatcmpl-mock"+n, "call_mock"+n
+		x.plan = newPlan(x.p, x.maxTokens, tool, true)
+	}
 }
 
 // parseBody decodes and validates the body, returning the 400 to send when
@@ -232,7 +269,7 @@ func (x *exchange) parseResponses(bad func(string) (apiError, bool)) (apiError, 
 		}
 		x.maxTokens = *l
 	}
-	return apiError{}, true
+	return x.parseStored(bad)
 }
 
 // waitUntil waits for t or the client's departure, and reports whether the
@@ -318,22 +355,30 @@ func (x *exchange) whole() outcome {
 		<-x.ctx.Done()
 		return outcomeCanceled
 	}
-	var at time.Time
-	for k := range x.plan.events() {
-		at = x.sched.deadline(k)
-	}
-	if x.plan.events() == 0 {
-		at = x.sched.t0.Add(x.sched.ttft)
-	}
-	if !x.waitUntil(at) {
-		return outcomeCanceled
+	// A background response is answered at once, queued: its work is
+	// already done and stored.
+	background := x.dialect == llm.DialectResponses && x.req.Background
+	if !background {
+		var at time.Time
+		for k := range x.plan.events() {
+			at = x.sched.deadline(k)
+		}
+		if x.plan.events() == 0 {
+			at = x.sched.t0.Add(x.sched.ttft)
+		}
+		if !x.waitUntil(at) {
+			return outcomeCanceled
+		}
 	}
 	var body []byte
-	switch x.dialect {
-	case llm.DialectAnthropic:
+	switch {
+	case x.dialect == llm.DialectAnthropic:
 		body = x.anthropicMessage()
-	case llm.DialectResponses:
+	case background:
+		body = x.appendResponse(nil, "queued", false)
+	case x.dialect == llm.DialectResponses:
 		body = x.responsesObject()
+		x.keep(body, false)
 	default:
 		body = x.openAICompletion()
 	}

@@ -19,6 +19,7 @@ const responsesMalformed = "event: response.output_text.delta\ndata: {\"type\":\
 // to the sequence number; the caller appends the rest of the data and
 // closes it with respEnd.
 func (x *exchange) respEvent(name string) {
+	x.evStart, x.evSeq = len(x.buf), x.respSeq
 	x.buf = append(x.buf, "event: "...)
 	x.buf = append(x.buf, name...)
 	x.buf = append(x.buf, "\ndata: {\"type\":\""...)
@@ -28,7 +29,14 @@ func (x *exchange) respEvent(name string) {
 	x.respSeq++
 }
 
-func (x *exchange) respEnd() { x.buf = append(x.buf, "}\n\n"...) }
+// respEnd closes the event respEvent started. A replay drops it again when
+// the client asked to resume after its sequence number.
+func (x *exchange) respEnd() {
+	x.buf = append(x.buf, "}\n\n"...)
+	if x.replay && x.evSeq <= x.skip {
+		x.buf = x.buf[:x.evStart]
+	}
+}
 
 // itemIDs are the ids of the reasoning, message and function-call items.
 func (x *exchange) itemIDs() (rs, msg, fc string) {
@@ -40,9 +48,14 @@ func (x *exchange) itemIDs() (rs, msg, fc string) {
 func (x *exchange) streamResponses() outcome {
 	pl := &x.plan
 	x.startStream()
+	// A background response is created queued.
+	created := "in_progress"
+	if x.req.Background {
+		created = "queued"
+	}
 	x.respEvent("response.created")
 	x.buf = append(x.buf, `,"response":`...)
-	x.buf = x.appendResponse(x.buf, "in_progress", false)
+	x.buf = x.appendResponse(x.buf, created, false)
 	x.respEnd()
 	x.respEvent("response.in_progress")
 	x.buf = append(x.buf, `,"response":`...)
@@ -120,9 +133,11 @@ func (x *exchange) streamResponses() outcome {
 	if pl.truncated {
 		status, name = "incomplete", "response.incomplete"
 	}
+	final := x.appendResponse(nil, status, true)
+	x.keep(final, false)
 	x.respEvent(name)
 	x.buf = append(x.buf, `,"response":`...)
-	x.buf = x.appendResponse(x.buf, status, true)
+	x.buf = append(x.buf, final...)
 	x.respEnd()
 	if !x.emit() {
 		return outcomeCanceled
@@ -224,14 +239,22 @@ func (x *exchange) closeAnswer(msg, fc string) {
 // fails mid-way (recorded): an error event in the nested form, then
 // response.failed with the error and no usage.
 func (x *exchange) appendResponsesFailure() {
+	failed := x.appendFailedResponse(nil)
+	x.keep(failed, true)
 	x.respEvent("error")
 	x.buf = append(x.buf, `,"error":{"type":"server_error","code":"server_error","message":"The server had an error while processing your request. Sorry about that!","param":null}`...)
 	x.respEnd()
 	x.respEvent("response.failed")
 	x.buf = append(x.buf, `,"response":`...)
-	x.buf = x.appendResponseHead(x.buf, "failed")
-	x.buf = append(x.buf, `,"error":{"code":"server_error","message":"The server had an error while processing your request. Sorry about that!"},"incomplete_details":null,"output":[],"usage":null}`...)
+	x.buf = append(x.buf, failed...)
 	x.respEnd()
+}
+
+// appendFailedResponse appends the response object of a failed stream: the
+// error, no output and no usage.
+func (x *exchange) appendFailedResponse(b []byte) []byte {
+	b = x.appendResponseHead(b, "failed")
+	return append(b, `,"error":{"code":"server_error","message":"The server had an error while processing your request. Sorry about that!"},"incomplete_details":null,"output":[],"usage":null}`...)
 }
 
 // appendResponse appends the response object with status; with final, its
@@ -254,23 +277,40 @@ func (x *exchange) appendResponse(b []byte, status string, final bool) []byte {
 	return append(b, '}')
 }
 
-// appendResponseHead appends the response object's fields up to its status.
+// appendResponseHead appends the response object's fields before its
+// error, output and usage: the id, status and the request's echoes (the
+// previous response and the conversation only when the request names them).
 func (x *exchange) appendResponseHead(b []byte, status string) []byte {
-	id := "resp_mock" + pad(x.seq)
-	b = append(b, `{"id":"`+id+`","object":"response","created_at":`...)
+	b = append(b, `{"id":"`+x.responseID()+`","object":"response","created_at":`...)
 	b = strconv.AppendInt(b, x.created, 10)
 	b = append(b, `,"status":"`...)
 	b = append(b, status...)
-	b = append(b, `","background":false,"model":`...)
+	b = append(b, `","background":`...)
+	b = strconv.AppendBool(b, x.req.Background)
+	b = append(b, `,"model":`...)
 	b = append(b, x.model...)
-	b = append(b, `,"service_tier":"default","store":true,"max_output_tokens":`...)
+	b = append(b, `,"service_tier":"default","store":`...)
+	b = strconv.AppendBool(b, x.req.stores())
+	b = append(b, `,"max_output_tokens":`...)
 	if x.maxTokens >= 0 {
 		b = strconv.AppendInt(b, x.maxTokens, 10)
 	} else {
 		b = append(b, "null"...)
 	}
+	if x.req.PreviousResponseID != "" {
+		b = append(b, `,"previous_response_id":`...)
+		b = appendJSONString(b, x.req.PreviousResponseID)
+	}
+	if x.conv != "" {
+		b = append(b, `,"conversation":{"id":`...)
+		b = appendJSONString(b, x.conv)
+		b = append(b, '}')
+	}
 	return b
 }
+
+// responseID is the id of the response a Responses request creates.
+func (x *exchange) responseID() string { return "resp_mock" + pad(x.seq) }
 
 // appendOutput appends the output items: the reasoning item, then the
 // message or the function call.
@@ -351,4 +391,15 @@ func (x *exchange) responsesObject() []byte {
 		status = "incomplete"
 	}
 	return x.appendResponse(nil, status, true)
+}
+
+// finalResponse is the response object a Responses request ends with, and
+// whether it failed: a stream with the error-event fault fails (the fault
+// fires at the latest after the last token event), anything else completes
+// or is cut by max_output_tokens.
+func (x *exchange) finalResponse() ([]byte, bool) {
+	if x.req.Stream && x.p.fault.errorEvent >= 0 {
+		return x.appendFailedResponse(nil), true
+	}
+	return x.responsesObject(), false
 }

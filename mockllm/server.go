@@ -66,7 +66,8 @@ type Stats struct {
 	// Aborted counts connections the mock broke on purpose (disconnect=).
 	Aborted int64
 	// BadRequests counts requests rejected with a 4xx before generation
-	// (bad JSON, bad headers, wrong key, unknown route, wrong method).
+	// (bad JSON, bad headers, wrong key, unknown route, wrong method, an
+	// unknown stored response or conversation).
 	BadRequests int64
 	// InFlight is the number of requests holding a slot right now.
 	InFlight int64
@@ -107,6 +108,10 @@ type Server struct {
 	rec     []Recorded    // ring of at most recordCap
 	recNext int
 	inj     []injection // queued by Inject, oldest first
+
+	// state holds the stored responses and conversations, under its own
+	// lock.
+	state state
 }
 
 // injection is one Inject call not yet used up.
@@ -127,7 +132,7 @@ func New(opts Options) *Server {
 	if opts.TokensPerChunk <= 0 {
 		opts.TokensPerChunk = 1
 	}
-	s := &Server{opts: opts, log: opts.Logger, changed: make(chan struct{})}
+	s := &Server{opts: opts, log: opts.Logger, changed: make(chan struct{}), state: newState()}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -313,6 +318,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if !s.keyOK(r) {
 		oc = s.reject(w, dialect, reqID, http.StatusUnauthorized, "")
+		return
+	}
+	if stored, ok := s.serveStored(w, r, reqID, seq, arrival, body); ok {
+		oc = stored
 		return
 	}
 
