@@ -27,6 +27,7 @@ type Config struct {
 	Models    []Model   `toml:"models"`
 	Teams     []Team    `toml:"teams"`
 	Keys      []Key     `toml:"keys"`
+	Ownership Ownership `toml:"ownership"`
 
 	// Probe is the synthetic probe (probe.go).
 	Probe Probe `toml:"probe"`

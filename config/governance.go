@@ -1,5 +1,7 @@
 package config
 
+import "time"
+
 // This file holds the governance schema: gateway keys, teams, their limits,
 // model prices, the spend ledger, Redis and the admin API.
 
@@ -132,6 +134,33 @@ type Spend struct {
 	// FlushIntervalSeconds is how often the state file is written, or with
 	// Redis how often spend is sent to Redis. Default 2.
 	FlushIntervalSeconds float64 `toml:"flush_interval_seconds"`
+}
+
+// Ownership is the [ownership] table: in mode "keys", which team (or key
+// without a team) created each stored response and conversation of the
+// upstream account the gateway's keys share, so that only it may use them.
+type Ownership struct {
+	// ResponseTTLHours is how long a response id's owner is kept: as long as
+	// the upstream keeps the response. Default 720 (30 days, OpenAI's).
+	ResponseTTLHours float64 `toml:"response_ttl_hours"`
+	// ConversationTTLHours is how long a conversation id's owner is kept; 0
+	// keeps it until the conversation is deleted through the gateway
+	// (OpenAI keeps conversations without a time limit). Default 0.
+	ConversationTTLHours float64 `toml:"conversation_ttl_hours"`
+	// StateFile, without Redis, is the journal the owners are kept in across
+	// restarts; "" keeps them in memory only. Unused with Redis, where the
+	// owners are shared by every replica. Default "tollgate-ownership.jsonl".
+	StateFile string `toml:"state_file"`
+}
+
+// ResponseTTL is ResponseTTLHours as a duration.
+func (o *Ownership) ResponseTTL() time.Duration {
+	return time.Duration(o.ResponseTTLHours * float64(time.Hour))
+}
+
+// ConversationTTL is ConversationTTLHours as a duration; 0 is no limit.
+func (o *Ownership) ConversationTTL() time.Duration {
+	return time.Duration(o.ConversationTTLHours * float64(time.Hour))
 }
 
 // Admin is the [admin] table: /admin/spend and /admin/limits.

@@ -39,6 +39,7 @@ func (c *Config) validateGovernance(v *validator) {
 	c.RateLimit.validate(v)
 	c.Redis.validate(v)
 	c.Spend.validate(v)
+	c.Ownership.validate(v)
 	c.Admin.validate(v)
 
 	patterns := c.validateModels(v)
@@ -254,6 +255,11 @@ func validPort(port string) bool {
 
 func (s *Spend) validate(v *validator) {
 	v.duration("spend.flush_interval_seconds", s.FlushIntervalSeconds, time.Second, false)
+}
+
+func (o *Ownership) validate(v *validator) {
+	v.duration("ownership.response_ttl_hours", o.ResponseTTLHours, time.Hour, false)
+	v.duration("ownership.conversation_ttl_hours", o.ConversationTTLHours, time.Hour, true)
 }
 
 func (a *Admin) validate(v *validator) {

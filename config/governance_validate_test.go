@@ -423,9 +423,12 @@ func TestValidateCollectsGovernance(t *testing.T) {
 	c.RateLimit.OnRedisError = ""
 	c.Redis.KeyPrefix = ""
 	c.Spend.FlushIntervalSeconds = -1
+	c.Ownership.ResponseTTLHours = 0
+	c.Ownership.ConversationTTLHours = -2
 	err := c.Validate()
 	keys := []string{"log.level", "models[0].input_usd_per_mtok", "teams[0].models[0]", "teams[0].rpm",
-		"keys[0].sha256", "keys[0].team", "ratelimit.on_redis_error", "redis.key_prefix", "spend.flush_interval_seconds"}
+		"keys[0].sha256", "keys[0].team", "ratelimit.on_redis_error", "redis.key_prefix", "spend.flush_interval_seconds",
+		"ownership.response_ttl_hours", "ownership.conversation_ttl_hours"}
 	if got := len(unjoin(err)); got != len(keys) {
 		t.Errorf("%d problems, want %d:\n%v", got, len(keys), err)
 	}

@@ -65,6 +65,10 @@ func Default() Config {
 			StateFile:            "tollgate-spend.json",
 			FlushIntervalSeconds: 2,
 		},
+		Ownership: Ownership{
+			ResponseTTLHours: 720,
+			StateFile:        "tollgate-ownership.jsonl",
+		},
 		Probe: defaultProbe(),
 	}
 }
@@ -115,6 +119,7 @@ func DemoConfig(baseURL string) Config {
 	u.BaseURL = baseURL
 	c.Upstreams = []Upstream{u}
 	c.Spend.StateFile = ""
+	c.Ownership.StateFile = ""
 	c.Redis.SpillDir = ""
 	c.normalize()
 	return c

@@ -24,6 +24,7 @@ func TestDefault(t *testing.T) {
 		RateLimit: RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
 		Redis:     Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250, SpillDir: "."},
 		Spend:     Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2},
+		Ownership: Ownership{ResponseTTLHours: 720, StateFile: "tollgate-ownership.jsonl"},
 		Probe: Probe{Enabled: false, IntervalSeconds: 300, Requests: 10, Concurrency: 2, MaxTokens: 16,
 			TimeoutSeconds: 60, Prompt: "Reply with the single word: ok"},
 	}
@@ -353,6 +354,11 @@ spill_dir = "/var/lib/tollgate"
 state_file = "/var/lib/tollgate/spend.json"
 flush_interval_seconds = 5
 
+[ownership]
+response_ttl_hours = 24
+conversation_ttl_hours = 2160.5
+state_file = "/var/lib/tollgate/owners.jsonl"
+
 [[models]]
 pattern = "gpt-4o-mini*"
 input_usd_per_mtok = 0.15
@@ -455,6 +461,8 @@ dialect = "anthropic"
 			Username: "tollgate", PasswordEnv: "REDIS_PASSWORD", Password: "redis-pw-secret", DB: 2, TLS: true,
 			KeyPrefix: "tg:", DialTimeoutMs: 300, TimeoutMs: 100, SpillDir: "/var/lib/tollgate"},
 		Spend: Spend{StateFile: "/var/lib/tollgate/spend.json", FlushIntervalSeconds: 5},
+		Ownership: Ownership{ResponseTTLHours: 24, ConversationTTLHours: 2160.5,
+			StateFile: "/var/lib/tollgate/owners.jsonl"},
 		Models: []Model{
 			{Pattern: "gpt-4o-mini*", InputUSDPerMTok: 0.15, OutputUSDPerMTok: 0.6, CacheReadUSDPerMTok: f64(0.075)},
 			{Pattern: "claude-sonnet-4*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15,
@@ -646,14 +654,16 @@ func TestDemoConfig(t *testing.T) {
 	if len(c.Upstreams) != 1 || c.Upstreams[0].Name != "mock" || c.Upstreams[0].BaseURL != "http://127.0.0.1:7777" {
 		t.Errorf("upstreams = %+v", c.Upstreams)
 	}
-	// The demo writes no spend or spill file and needs no key.
-	if c.Spend.StateFile != "" || c.Redis.SpillDir != "" || c.Auth.Mode != "passthrough" || len(c.Keys) != 0 {
-		t.Errorf("DemoConfig state_file = %q, spill_dir = %q, mode = %q, %d keys; want \"\", \"\", passthrough, none",
-			c.Spend.StateFile, c.Redis.SpillDir, c.Auth.Mode, len(c.Keys))
+	// The demo writes no spend, ownership or spill file and needs no key.
+	if c.Spend.StateFile != "" || c.Ownership.StateFile != "" || c.Redis.SpillDir != "" ||
+		c.Auth.Mode != "passthrough" || len(c.Keys) != 0 {
+		t.Errorf("DemoConfig state_file = %q, ownership state_file = %q, spill_dir = %q, mode = %q, %d keys; "+
+			"want \"\", \"\", \"\", passthrough, none",
+			c.Spend.StateFile, c.Ownership.StateFile, c.Redis.SpillDir, c.Auth.Mode, len(c.Keys))
 	}
 	want := Default()
 	want.Upstreams = c.Upstreams
-	want.Spend.StateFile, want.Redis.SpillDir = "", ""
+	want.Spend.StateFile, want.Ownership.StateFile, want.Redis.SpillDir = "", "", ""
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("DemoConfig differs from Default() outside its upstream, state file and spill dir")
 	}
