@@ -49,6 +49,12 @@ type Observation struct {
 	// JSON string contents aliasing the event.
 	Incomplete       bool
 	IncompleteReason []byte
+	// Sequence is a Responses event's sequence_number (HasSequence false
+	// without one); ResponseID is the response id response.created names,
+	// as raw JSON string contents aliasing the event.
+	Sequence    int64
+	HasSequence bool
+	ResponseID  []byte
 
 	usage usageReport
 }

@@ -16,6 +16,7 @@ const (
 	rkDelta                     // a *.delta event that carries generated output when its delta is a non-empty string
 	rkLegacyDelta               // response.reasoning.delta, response.reasoning_summary.delta: an object delta
 	rkItemAdded                 // response.output_item.added: a tool call's generated name
+	rkCreated                   // response.created: names the response
 	rkCompleted                 // response.completed
 	rkIncomplete                // response.incomplete
 	rkFailed                    // response.failed
@@ -42,6 +43,8 @@ func responsesKindOf(t []byte) responsesKind {
 		return rkOther
 	case "response.output_item.added":
 		return rkItemAdded
+	case "response.created":
+		return rkCreated
 	case "response.completed":
 		return rkCompleted
 	case "response.incomplete":
@@ -59,7 +62,7 @@ func responsesKindOf(t []byte) responsesKind {
 
 // responsesEvent holds the spans of the top-level members the decoder reads.
 type responsesEvent struct {
-	typ, delta, item, response, err, code []byte
+	typ, delta, item, response, err, code, seq []byte
 }
 
 // DecodeResponses decodes one Responses API stream event into o, resetting
@@ -70,7 +73,8 @@ type responsesEvent struct {
 // generated name comes with it. Terminal: response.completed,
 // response.incomplete (Incomplete, with its reason) and response.failed
 // (also an error, typed by its error.code); usage comes from the terminal
-// event's response.usage. An `error` event (by its data's type or its
+// event's response.usage. Every event's sequence_number is read, and
+// response.created's response id. An `error` event (by its data's type or its
 // `event:` name) is an error typed by its nested error.code (or type), or by
 // its flat code. There is no [DONE] on this API:
 // it, keepalive and every status event observe nothing. A nil ev leaves o
@@ -99,7 +103,13 @@ func DecodeResponses(ev *Event, o *Observation) {
 	if bytes.Equal(ev.Type, []byte("error")) {
 		kind = rkError // the event name says so, whatever the data's type
 	}
+	o.Sequence, o.HasSequence = jsonscan.Int(e.seq)
 	switch kind {
+	case rkCreated:
+		if jsonscan.KindOf(e.response) == jsonscan.KindObject {
+			id, _ := jsonscan.Get(e.response, "id")
+			o.ResponseID, _ = jsonscan.String(id)
+		}
 	case rkLegacyDelta:
 		o.TokenBearing = jsonscan.NonEmptyString(e.delta) || nonEmptyContainer(e.delta)
 	case rkDelta:
@@ -151,6 +161,8 @@ func (e *responsesEvent) read(b []byte) bool {
 			e.err = val
 		case jsonscan.KeyEq(key, esc, "code"):
 			e.code = val
+		case jsonscan.KeyEq(key, esc, "sequence_number"):
+			e.seq = val
 		}
 	}
 }

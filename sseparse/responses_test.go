@@ -133,6 +133,24 @@ func TestResponsesTranscripts(t *testing.T) {
 			!rec.Timing.FirstToken.Equal(at(4)) || !rec.Timing.LastToken.Equal(at(7)) {
 			t.Errorf("line ends %q: %d events, first token at %d, record %+v, usage %+v (%v)", ending, k, firstAt, rec, u, ok)
 		}
+		// The transcript numbers its events from 0; response.created
+		// names resp_045d.
+		if tap.Sequence() != int64(k-1) || string(tap.ResponseID()) != "resp_045d" {
+			t.Errorf("line ends %q: last sequence %d (want %d), response id %q", ending, tap.Sequence(), k-1, tap.ResponseID())
+		}
+	}
+
+	var fresh Tap
+	fresh.Reset(llm.DialectResponses)
+	fresh.Observe(&Event{Data: []byte(`{"type":"response.created","sequence_number":0,"response":{"id":"resp_\u0031"}}`)}, at(0))
+	fresh.Observe(&Event{Data: []byte(`{"type":"response.created","response":{"id":"resp_2"}}`)}, at(1))
+	if fresh.Sequence() != 0 || string(fresh.ResponseID()) != "resp_1" {
+		t.Errorf("escaped id and a second response.created: sequence %d, id %q; want 0, the first id decoded",
+			fresh.Sequence(), fresh.ResponseID())
+	}
+	fresh.Reset(llm.DialectResponses)
+	if fresh.Sequence() != -1 || len(fresh.ResponseID()) != 0 {
+		t.Errorf("after Reset: sequence %d, id %q", fresh.Sequence(), fresh.ResponseID())
 	}
 
 	var inc Tap

@@ -31,12 +31,14 @@ type Tap struct {
 	errSeen     bool
 	errType     []byte // decoded type of the first typed error event
 	incomplete  []byte // decoded reason of a response.incomplete
+	seq         int64  // the last sequence_number seen, -1 before one
+	respID      []byte // decoded id of the response response.created named
 }
 
 // Reset prepares the tap for a new stream in dialect d, keeping its buffers.
 // It sets ITL to nil.
 func (t *Tap) Reset(d llm.Dialect) {
-	*t = Tap{dialect: d, errType: t.errType[:0], incomplete: t.incomplete[:0]}
+	*t = Tap{dialect: d, errType: t.errType[:0], incomplete: t.incomplete[:0], respID: t.respID[:0], seq: -1}
 }
 
 // Observe decodes ev and records it at instant now, which should come from
@@ -81,6 +83,12 @@ func (t *Tap) Observe(ev *Event, now time.Time) *Observation {
 	if o.Terminal {
 		t.terminal = true
 	}
+	if o.HasSequence {
+		t.seq = o.Sequence
+	}
+	if len(o.ResponseID) > 0 && len(t.respID) == 0 {
+		t.respID = jsonscan.AppendUnescape(t.respID[:0], o.ResponseID)
+	}
 	if o.Incomplete {
 		t.incomplete = jsonscan.AppendUnescape(t.incomplete[:0], o.IncompleteReason)
 	}
@@ -119,6 +127,15 @@ func (t *Tap) TerminalSeen() bool { return t.terminal }
 
 // ErrorSeen reports whether an error event was seen.
 func (t *Tap) ErrorSeen() bool { return t.errSeen }
+
+// Sequence returns the last sequence_number of a Responses stream, -1
+// before any.
+func (t *Tap) Sequence() int64 { return t.seq }
+
+// ResponseID returns the id of the response a Responses stream's
+// response.created named, decoded; empty before it. It is the tap's buffer,
+// valid until the next Reset.
+func (t *Tap) ResponseID() []byte { return t.respID }
 
 // Fill copies the stream's results into r: Timing.FirstToken and
 // Timing.LastToken, TokenEvents, ITLCount, ITLSum, ITLMax, Usage, Estimated,
