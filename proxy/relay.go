@@ -417,6 +417,9 @@ func (l *relayLoop) endHeld(s stop, held []byte) attemptResult {
 	f := &failure{status: ex.rec.Status, header: l.resp.Header, body: append([]byte(nil), held...), stream: true,
 		outcome: e.outcome, interrupt: e.interrupt, errType: e.errType, upReqID: ex.rec.UpstreamRequestID}
 	f.usage, _ = l.st.tap.Usage()
+	if e.interrupt != llm.InterruptUpstreamErrorEvent {
+		f.errorEvent = streamErrorEvent(ex.rec.Dialect, e.interrupt, &l.st.tap)
+	}
 	return attemptResult{result: e.result, status: f.status, retryable: e.retryable, healthy: e.healthy, fail: f}
 }
 
@@ -439,7 +442,7 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 	}
 	ex.record(e)
 	if !ex.terminalOut && !e.gone && !s.errorEvent && ex.g.cfg.Server.StreamErrorEvents {
-		if ex.write(streamErrorEvent(ex.rec.Dialect, ex.rec.Interruption)) == nil {
+		if ex.write(streamErrorEvent(ex.rec.Dialect, ex.rec.Interruption, &l.st.tap)) == nil {
 			_ = l.rc.Flush()
 		}
 	}

@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
 // failure is an attempt that failed before anything was sent to the caller:
@@ -23,8 +25,11 @@ type failure struct {
 	interrupt llm.Interruption
 	errType   string
 	upReqID   string
-	// usage is what a held stream reported before it failed.
-	usage llm.Usage
+	// usage is what a held stream reported before it failed; errorEvent
+	// ends the held events sent, for a stream the upstream broke without
+	// an error event of its own (streamErrorEvent).
+	usage      llm.Usage
+	errorEvent []byte
 }
 
 // relayFailure sends the caller the failure of the last attempt when no
@@ -52,8 +57,8 @@ func (ex *exchange) relayFailure(f *failure) {
 	}
 	ex.writeHeader(f.status)
 	err := ex.write(f.body)
-	if err == nil && f.stream && f.interrupt != llm.InterruptUpstreamErrorEvent && ex.g.cfg.Server.StreamErrorEvents {
-		err = ex.write(streamErrorEvent(rec.Dialect, rec.Interruption))
+	if err == nil && f.errorEvent != nil && ex.g.cfg.Server.StreamErrorEvents {
+		err = ex.write(f.errorEvent)
 	}
 	if err == nil {
 		_ = http.NewResponseController(ex.w).Flush()
@@ -153,16 +158,18 @@ func (ex *exchange) sseHeaders() {
 
 // streamErrorEvent is the error event that ends a stream the upstream broke
 // after bytes were sent, in the caller's dialect: OpenAI SDKs raise on a data
-// payload with a top-level "error" object, Anthropic SDKs on `event: error`,
-// and on the Responses API all three SDKs on an `error` event whose error is
-// nested (the flat form only Node's helper raises on).
-func streamErrorEvent(d llm.Dialect, why llm.Interruption) []byte {
+// payload with a top-level "error" object, Anthropic SDKs on `event: error`.
+// On the Responses API all three SDKs raise on an `error` event whose error
+// is nested (the flat form only Node's helper raises on); it takes the next
+// sequence_number, and a response.failed for the response tap saw created
+// follows it, so a client reading the raw events sees the response fail.
+func streamErrorEvent(d llm.Dialect, why llm.Interruption, tap *sseparse.Tap) []byte {
 	timeout := why == llm.InterruptIdleTimeout || why == llm.InterruptTimeout
 	switch {
 	case d == llm.DialectResponses && timeout:
-		return responsesTimeoutEvent
+		return responsesErrorEvents("upstream_timeout", msgTimedOut, tap)
 	case d == llm.DialectResponses:
-		return responsesBrokenEvent
+		return responsesErrorEvents("upstream_stream_broken", msgBroken, tap)
 	case d == llm.DialectAnthropic && timeout:
 		return anthropicTimeoutEvent
 	case d == llm.DialectAnthropic:
@@ -173,18 +180,42 @@ func streamErrorEvent(d llm.Dialect, why llm.Interruption) []byte {
 	return openAIBrokenEvent
 }
 
-var (
-	openAIBrokenEvent    = []byte(`data: {"error":{"message":"the upstream stream ended before it was complete; the answer is cut","type":"server_error","param":null,"code":"upstream_stream_broken"}}` + "\n\n")
-	openAITimeoutEvent   = []byte(`data: {"error":{"message":"the upstream stream timed out before it was complete; the answer is cut","type":"server_error","param":null,"code":"upstream_timeout"}}` + "\n\n")
-	anthropicBrokenEvent = []byte("event: error\n" +
-		`data: {"type":"error","error":{"type":"api_error","message":"the upstream stream ended before it was complete; the answer is cut"}}` + "\n\n")
-	anthropicTimeoutEvent = []byte("event: error\n" +
-		`data: {"type":"error","error":{"type":"timeout_error","message":"the upstream stream timed out before it was complete; the answer is cut"}}` + "\n\n")
-	responsesBrokenEvent = []byte("event: error\n" +
-		`data: {"type":"error","error":{"type":"server_error","code":"upstream_stream_broken","message":"the upstream stream ended before it was complete; the answer is cut","param":null}}` + "\n\n")
-	responsesTimeoutEvent = []byte("event: error\n" +
-		`data: {"type":"error","error":{"type":"server_error","code":"upstream_timeout","message":"the upstream stream timed out before it was complete; the answer is cut","param":null}}` + "\n\n")
+const (
+	msgBroken   = "the upstream stream ended before it was complete; the answer is cut"
+	msgTimedOut = "the upstream stream timed out before it was complete; the answer is cut"
 )
+
+var (
+	openAIBrokenEvent    = []byte(`data: {"error":{"message":"` + msgBroken + `","type":"server_error","param":null,"code":"upstream_stream_broken"}}` + "\n\n")
+	openAITimeoutEvent   = []byte(`data: {"error":{"message":"` + msgTimedOut + `","type":"server_error","param":null,"code":"upstream_timeout"}}` + "\n\n")
+	anthropicBrokenEvent = []byte("event: error\n" +
+		`data: {"type":"error","error":{"type":"api_error","message":"` + msgBroken + `"}}` + "\n\n")
+	anthropicTimeoutEvent = []byte("event: error\n" +
+		`data: {"type":"error","error":{"type":"timeout_error","message":"` + msgTimedOut + `"}}` + "\n\n")
+)
+
+// responsesErrorEvents renders the Responses API end of a broken stream
+// (see streamErrorEvent). It runs once, for a stream that broke.
+func responsesErrorEvents(code, msg string, tap *sseparse.Tap) []byte {
+	seq := tap.Sequence()
+	b := append([]byte(nil), "event: error\ndata: {\"type\":\"error\",\"sequence_number\":"...)
+	b = strconv.AppendInt(b, seq+1, 10)
+	b = append(b, `,"error":{"type":"server_error","code":"`+code+`","message":"`+msg+`","param":null}}`+"\n\n"...)
+	id := tap.ResponseID()
+	if len(id) == 0 {
+		return b
+	}
+	quoted, err := json.Marshal(string(id))
+	if err != nil { // cannot happen for a string
+		return b
+	}
+	b = append(b, "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":"...)
+	b = strconv.AppendInt(b, seq+2, 10)
+	b = append(b, `,"response":{"id":`...)
+	b = append(b, quoted...)
+	return append(b, `,"object":"response","status":"failed","error":{"code":"server_error","message":"`+msg+
+		`"},"incomplete_details":null,"output":[],"usage":null}}`+"\n\n"...)
+}
 
 // write sends p to the client and counts it.
 func (ex *exchange) write(p []byte) error {

@@ -2,10 +2,18 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
@@ -37,7 +45,9 @@ func TestStreamErrorEvent(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.d.String()+"/"+tc.why.String(), func(t *testing.T) {
-			raw := streamErrorEvent(tc.d, tc.why)
+			var before sseparse.Tap // a stream that sent nothing the tap could number
+			before.Reset(tc.d)
+			raw := streamErrorEvent(tc.d, tc.why, &before)
 			rd := sseparse.NewReader(bytes.NewReader(raw), 0)
 			ev, err := rd.Next()
 			if err != nil {
@@ -87,11 +97,85 @@ func TestStreamErrorEvent(t *testing.T) {
 				}
 			case llm.DialectResponses:
 				// The nested form, which all three SDKs raise on.
-				if evType != "error" || string(top["type"]) != `"error"` || e.Code == nil || *e.Code != tc.wantCode {
-					t.Errorf("event %q data type %s code %v, want event: error, type \"error\", a nested error with code %q",
-						evType, top["type"], e.Code, tc.wantCode)
+				if evType != "error" || string(top["type"]) != `"error"` || e.Code == nil || *e.Code != tc.wantCode ||
+					string(top["sequence_number"]) != "0" {
+					t.Errorf("event %q data type %s code %v sequence %s, want event: error, type \"error\", "+
+						"a nested error with code %q, sequence 0", evType, top["type"], e.Code, top["sequence_number"], tc.wantCode)
 				}
 			}
 		})
 	}
+}
+
+// TestResponsesErrorEndContinuesTheStream: the gateway's end of a broken
+// Responses stream takes the next sequence numbers, and a response.failed
+// for the response the stream created follows its error event; openai-go
+// raises on the error.
+func TestResponsesErrorEndContinuesTheStream(t *testing.T) {
+	var tap sseparse.Tap
+	tap.Reset(llm.DialectResponses)
+	opening := `event: response.created` + "\n" +
+		`data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_\"q","object":"response","status":"in_progress"}}` + "\n\n" +
+		`event: response.output_text.delta` + "\n" +
+		`data: {"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi"}` + "\n\n"
+	rd := sseparse.NewReader(strings.NewReader(opening), 0)
+	for {
+		ev, err := rd.Next()
+		if err != nil {
+			break
+		}
+		tap.Observe(ev, time.Now())
+	}
+	end := streamErrorEvent(llm.DialectResponses, llm.InterruptUpstreamEOF, &tap)
+	type event struct {
+		Type     string `json:"type"`
+		Sequence int64  `json:"sequence_number"`
+		Error    *struct {
+			Code string `json:"code"`
+		} `json:"error"`
+		Response *struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+			Error  struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		} `json:"response"`
+	}
+	var got []event
+	rd = sseparse.NewReader(bytes.NewReader(end), 0)
+	for {
+		ev, err := rd.Next()
+		if err != nil {
+			break
+		}
+		var e event
+		if err := json.Unmarshal(ev.Data, &e); err != nil || string(ev.Type) != e.Type {
+			t.Fatalf("event %q: %v %s", ev.Type, err, ev.Data)
+		}
+		got = append(got, e)
+	}
+	if len(got) != 2 || got[0].Type != "error" || got[0].Sequence != 2 || got[0].Error == nil ||
+		got[0].Error.Code != "upstream_stream_broken" || got[1].Type != "response.failed" || got[1].Sequence != 3 ||
+		got[1].Response == nil || got[1].Response.ID != `resp_"q` || got[1].Response.Status != "failed" ||
+		got[1].Response.Error.Code != "server_error" {
+		t.Fatalf("the gateway's end: %+v\n%s", got, end)
+	}
+
+	// openai-go reads the whole stream and raises on the error event.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, opening)
+		_, _ = w.Write(end)
+	}))
+	defer srv.Close()
+	c := openai.NewClient(option.WithBaseURL(srv.URL+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(0))
+	stream := c.Responses.NewStreaming(context.Background(), responses.ResponseNewParams{Model: "m"})
+	n := 0
+	for stream.Next() {
+		n++
+	}
+	if err := stream.Err(); err == nil || n != 2 || !strings.Contains(err.Error(), "upstream_stream_broken") {
+		t.Errorf("openai-go read %d events, then %v; want the 2 events, then the error", n, err)
+	}
+	_ = stream.Close()
 }
