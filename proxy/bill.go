@@ -23,10 +23,12 @@ const settleTimeout = 2 * time.Second
 // the ledger does.
 func (ex *exchange) billable() (llm.Usage, bool) {
 	rec := &ex.rec
-	if rec.Route == llm.RouteOther && !ex.metered ||
+	if rec.Route == llm.RouteOther && !ex.metered || rec.Route == llm.RouteResponsesRetrieve ||
 		rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 300 {
-		// Not a model call, or the upstream did not answer with one: an
-		// upstream error or a caller gone before the answer is not billed.
+		// Not a model call (a background response streamed again was
+		// billed as its creation, or not at all), or the upstream did not
+		// answer with one: an upstream error or a caller gone before the
+		// answer is not billed.
 		return llm.Usage{}, false
 	}
 	u := &rec.Usage

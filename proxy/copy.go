@@ -31,8 +31,11 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 	ex.rec.Stream = false // answered in one piece, whatever was asked
 	metered := ex.rec.Dialect != llm.DialectNone || ex.metered
 	limit := 0
-	if metered {
+	switch {
+	case metered:
 		limit = g.cfg.Server.MaxEventBytes
+	case ex.claimPending: // a conversation created: its id is read
+		limit = errorCaptureLimit
 	}
 	s.err, s.writeErr = ex.copyBody(resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
 	s.notJSON = s.err == nil && s.writeErr == nil && resp.StatusCode == http.StatusOK &&
@@ -45,6 +48,9 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 		}
 	}
 	e := ex.classify(s)
+	if ex.stored.release && e.outcome == llm.OutcomeOK && resp.StatusCode/100 == 2 {
+		ex.releaseStored()
+	}
 	// Usage is read from an answer that came whole, success or not.
 	if metered && (e.outcome == llm.OutcomeOK || e.errType == "invalid_json" || s.failed && e.result == resultErrorEvent) {
 		if len(ex.captured) >= limit {
@@ -68,7 +74,24 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 	defer g.bufPool.Put(bp)
 	buf := *bp
 	rc := http.NewResponseController(ex.w)
-	ex.writeHeader(ex.rec.Status)
+	if ex.claimPending && ex.rec.Status == http.StatusOK && capture > 0 {
+		// The answer names a new stored object: hold it until the object
+		// is recorded as the caller's, so the caller never holds an id
+		// its team cannot use yet.
+		if readErr = ex.captureHead(body, buf, capture); readErr == nil {
+			ex.claimAnswer(ex.captured)
+		}
+		ex.writeHeader(ex.rec.Status)
+		if writeErr = ex.write(ex.captured); writeErr == nil && flush {
+			writeErr = rc.Flush()
+		}
+		if readErr != nil || writeErr != nil {
+			ex.captured = nil
+			return readErr, writeErr
+		}
+	} else {
+		ex.writeHeader(ex.rec.Status)
+	}
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -93,6 +116,22 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 		ex.captured = nil // a partial body has no usable usage
 	}
 	return readErr, writeErr
+}
+
+// captureHead reads body into ex.captured until capture bytes or its end
+// (through buf); it returns the read error, nil at the end.
+func (ex *exchange) captureHead(body io.Reader, buf []byte, capture int) error {
+	for len(ex.captured) < capture {
+		n, err := body.Read(buf[:min(len(buf), capture-len(ex.captured))])
+		ex.captured = append(ex.captured, buf[:n]...)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // usageFromBody reads the usage of a non-streamed answer from the bounded

@@ -210,7 +210,8 @@ func errNotWithGatewayKeys(method, path string) *apiError {
 	return &apiError{Status: http.StatusForbidden, Kind: "invalid_request_error", Code: "not_available",
 		AnthropicKind: "permission_error",
 		Msg: method + " " + path + " is not available with this gateway's keys: it would reach resources shared by " +
-			"every key of the upstream account (only model requests, GET /v1/models and count_tokens are)"}
+			"every key of the upstream account (only model requests, GET /v1/models, count_tokens and the team's own " +
+			"stored responses and conversations are)"}
 }
 
 func errCaseVariant(key, field string) *apiError {

@@ -55,6 +55,12 @@ type exchange struct {
 	rlStates   []ratelimit.State
 	costMicros int64
 
+	// stored is the stored response or conversation the path addresses;
+	// claimPending is set while the answer's new id is still to be recorded
+	// as the caller's (mode "keys", see claims).
+	stored       storedUse
+	claimPending bool
+
 	// probe, set for a synthetic probe (Gateway.Probe), is its one target:
 	// tried once, with no retry and no fallback. nil for a caller's request.
 	probe []target
@@ -67,8 +73,13 @@ func (g *Gateway) dialectHandler(route llm.Route, d llm.Dialect) http.HandlerFun
 
 // forwardHandler serves every other /v1/* path: the request goes to the
 // upstream unchanged and only its end-to-end latency is measured (a model
-// call there is metered too).
+// call there is metered too). A background response streamed by
+// GET /v1/responses/{id}?stream=true is measured as a stream.
 func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
+	if isReplay(r) {
+		g.handle(w, r, llm.RouteResponsesRetrieve, llm.DialectResponses)
+		return
+	}
 	g.handle(w, r, llm.RouteOther, llm.DialectNone)
 }
 
@@ -143,7 +154,12 @@ func (ex *exchange) serve() {
 		return
 	}
 
-	if d != llm.DialectNone {
+	ex.stored = storedPath(r.Method, r.URL)
+	replay := ex.rec.Route == llm.RouteResponsesRetrieve
+	if replay {
+		ex.rec.Stream, ex.info.Stream = true, true // asked for by its query or its body's stream
+	}
+	if d != llm.DialectNone && !replay {
 		ex.promptEstimate = int64(len(body)+3) / 4
 		info, aerr := inspectRequest(d, body)
 		if aerr != nil {
@@ -170,8 +186,12 @@ func (ex *exchange) serve() {
 			return
 		}
 	}
+	if aerr := ex.checkStored(); aerr != nil {
+		ex.fail(aerr, llm.OutcomeRejected)
+		return
+	}
 	ex.modelLabel = g.metrics.Model(ex.rec.Model)
-	if (d != llm.DialectNone || ex.metered) && !ex.admit() {
+	if (d != llm.DialectNone && !replay || ex.metered) && !ex.admit() {
 		return
 	}
 

@@ -24,6 +24,7 @@ import (
 	"github.com/tollgate-llm/tollgate/dashboard"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/ownership"
 	"github.com/tollgate-llm/tollgate/ratelimit"
 	"github.com/tollgate-llm/tollgate/spend"
 )
@@ -55,6 +56,11 @@ type Options struct {
 	// Ledger receives the usage and cost of every billable exchange. If nil,
 	// spend is not recorded.
 	Ledger spend.Ledger
+	// Owners records which team created each stored response and
+	// conversation, in mode "keys" (package ownership). If nil there, the
+	// owners are kept in memory (lost at restart: every stored id is then
+	// a 404).
+	Owners ownership.Store
 	// Stats receives every finished record and every inter-token gap (the
 	// live windows) and serves GET /stats. If nil, /stats answers 404.
 	Stats StatsSink
@@ -81,6 +87,7 @@ type Gateway struct {
 	now       func() time.Time
 
 	gov       *governance
+	owners    ownership.Store
 	stats     StatsSink
 	upstreams []*upstream
 	routing   *routing
@@ -119,6 +126,12 @@ func New(opts Options) (*Gateway, error) {
 		return nil, errors.New("proxy: the configuration sets limits but Options.Limiter is nil")
 	}
 	g.gov = gov
+	g.owners = opts.Owners
+	if gov.keysMode && g.owners == nil {
+		if g.owners, err = ownership.NewLocal(ownership.LocalOptions{}); err != nil {
+			return nil, err
+		}
+	}
 	g.bufPool.New = func() any {
 		b := make([]byte, relayBufSize)
 		return &b

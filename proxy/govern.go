@@ -267,15 +267,21 @@ func (ex *exchange) meterBackground() *apiError {
 // admitted and billed like a dialect request. A caller the gateway governs
 // (mode "keys", or a key with limits) may not send what cannot be metered:
 // a stream or background request, a body without a model, or, in mode
-// "keys", anything but GET /v1/models and POST /v1/messages/count_tokens
-// (the upstream account's files, batches and stored responses are shared by
-// every gateway key). Other callers' unmeterable requests go upstream as
-// they are.
+// "keys", anything but GET /v1/models, POST /v1/messages/count_tokens and
+// the caller's own stored responses and conversations (the upstream
+// account's files, batches and the rest are shared by every gateway key).
+// Other callers' unmeterable requests go upstream as they are.
 func (ex *exchange) meterForwarded(body []byte) *apiError {
 	r, gv := ex.r, ex.g.gov
 	path := r.URL.Path
 	exact := r.URL.RawPath == "" // no escaped characters in the path
 	strict := ex.governed()
+	if gv.keysMode && ex.stored.kind != storedNone {
+		// A stored response or conversation of the caller's own team
+		// (checkStored): reading, cancelling, deleting or adding items
+		// costs no tokens.
+		return nil
+	}
 	if r.Method != http.MethodPost || exact && path == "/v1/messages/count_tokens" {
 		if !gv.keysMode {
 			if strict && r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodPost {
@@ -304,6 +310,11 @@ func (ex *exchange) meterForwarded(body []byte) *apiError {
 		return errUnmetered(path, "streamed requests are metered only on /v1/chat/completions, /v1/messages and /v1/responses, and background requests nowhere")
 	case info.Stream || info.Background:
 		return nil
+	}
+	if !strings.HasPrefix(path, "/v1/responses/") {
+		// Only the Responses API's own paths (input_tokens, compact)
+		// name stored responses and conversations in their bodies.
+		info.PreviousResponseID, info.Conversation = "", ""
 	}
 	ex.info, ex.metered = info, true
 	ex.rec.Model = info.Model

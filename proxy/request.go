@@ -47,6 +47,12 @@ type requestInfo struct {
 	// IncludeUsage reports whether the caller itself asked for streamed usage
 	// (OpenAI stream_options.include_usage: true).
 	IncludeUsage bool
+	// PreviousResponseID and Conversation name the stored state a
+	// Responses API request continues ("" when none); NoStore is set by
+	// "store": false (the response is not kept upstream).
+	PreviousResponseID string
+	Conversation       string
+	NoStore            bool
 
 	// suppressUsage is set when the gateway added include_usage on the
 	// caller's behalf, so the usage-only chunk is kept from the caller.
@@ -62,7 +68,8 @@ type requestFields struct {
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"` // Responses
 	Background          json.RawMessage `json:"background"`        // Responses
-	StreamOptions       *struct {
+	storedRefs
+	StreamOptions *struct {
 		IncludeUsage json.RawMessage `json:"include_usage"`
 	} `json:"stream_options"`
 }
@@ -111,6 +118,9 @@ func inspectRequest(d llm.Dialect, body []byte) (requestInfo, *apiError) {
 				return info, errBadRequest("\"background\" must be a boolean", "background")
 			}
 		}
+		if aerr := f.storedRefs.read(&info); aerr != nil {
+			return info, aerr
+		}
 	}
 	for _, raw := range limits {
 		if len(raw) == 0 || bytes.Equal(raw, jsonNull) {
@@ -139,6 +149,47 @@ func quoteField(f string) string {
 	return "\"" + f + "\""
 }
 
+// storedRefs are the fields of a Responses API body that name stored
+// state: the response it continues, the conversation it joins, and whether
+// its own response is stored.
+type storedRefs struct {
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	Conversation       json.RawMessage `json:"conversation"`
+	Store              json.RawMessage `json:"store"`
+}
+
+// read puts the references into info: conversation is "conv_…" or
+// {"id":"conv_…"}. Errors are phrased for the caller.
+func (f *storedRefs) read(info *requestInfo) *apiError {
+	if len(f.PreviousResponseID) > 0 && !bytes.Equal(f.PreviousResponseID, jsonNull) {
+		if json.Unmarshal(f.PreviousResponseID, &info.PreviousResponseID) != nil {
+			return errBadRequest("\"previous_response_id\" must be a string", "previous_response_id")
+		}
+	}
+	if c := bytes.TrimSpace(f.Conversation); len(c) > 0 && !bytes.Equal(c, jsonNull) {
+		if c[0] == '{' {
+			// Exact keys, escapes decoded, the last of duplicates: as the
+			// upstream reads it.
+			var obj map[string]json.RawMessage
+			if json.Unmarshal(c, &obj) != nil {
+				return errBadRequest("\"conversation\" must be a conversation id or {\"id\": ...}", "conversation")
+			}
+			c = obj["id"]
+		}
+		if json.Unmarshal(c, &info.Conversation) != nil || info.Conversation == "" {
+			return errBadRequest("\"conversation\" must be a conversation id or {\"id\": ...}", "conversation")
+		}
+	}
+	if len(f.Store) > 0 && !bytes.Equal(f.Store, jsonNull) {
+		var on bool
+		if json.Unmarshal(f.Store, &on) != nil {
+			return errBadRequest("\"store\" must be a boolean", "store")
+		}
+		info.NoStore = !on
+	}
+	return nil
+}
+
 // forwardedFields are what the gateway reads from a POST to another /v1/*
 // path (embeddings, responses, completions, ...) to meter it.
 type forwardedFields struct {
@@ -148,6 +199,7 @@ type forwardedFields struct {
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"`
 	Background          bool            `json:"background"`
+	storedRefs
 }
 
 // inspectForwarded reads the model, stream flag and output cap of a
@@ -161,6 +213,11 @@ func inspectForwarded(body []byte) (info requestInfo, ok bool) {
 		return info, false
 	}
 	info.Model, info.Stream, info.Background = f.Model, f.Stream, f.Background
+	if f.storedRefs.read(&info) != nil {
+		// Unreadable references: the upstream refuses the body too, and
+		// nothing is let through unchecked.
+		return info, false
+	}
 	for _, raw := range [][]byte{f.MaxCompletionTokens, f.MaxTokens, f.MaxOutputTokens} {
 		var n int64
 		if len(raw) > 0 && json.Unmarshal(raw, &n) == nil && n >= 0 {
@@ -176,7 +233,7 @@ func inspectForwarded(body []byte) (info requestInfo, ok bool) {
 // would be judged and billed as "b" while an upstream that reads keys
 // exactly (most servers) serves "a": such bodies are refused.
 var governedFields = []string{"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
-	"background", "stream_options"}
+	"background", "stream_options", "previous_response_id", "conversation", "store"}
 
 // caseVariantField returns the first top-level key of body that equals a
 // governed field name but for case (escapes decoded), with that name.

@@ -13,17 +13,21 @@ import (
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/ownership"
 	"github.com/tollgate-llm/tollgate/ratelimit"
 	"github.com/tollgate-llm/tollgate/spend"
 )
 
-// governance holds the limiter and the spend ledger a gateway runs with, and
-// the Redis client they share when [redis] is set.
+// governance holds the limiter, the spend ledger and (in mode "keys") the
+// owners of stored state a gateway runs with, and the Redis client they
+// share when [redis] is set.
 type governance struct {
-	limiter ratelimit.Limiter
-	ledger  spend.Ledger
-	redis   redis.UniversalClient
-	lock    *fileLock // on the state file or the spill directory
+	limiter   ratelimit.Limiter
+	ledger    spend.Ledger
+	owners    ownership.Store // nil outside mode "keys"
+	redis     redis.UniversalClient
+	lock      *fileLock // on the state file or the spill directory
+	ownerLock *fileLock // on [ownership] state_file
 }
 
 // openGovernance builds the limiter and the ledger from cfg: shared through
@@ -50,7 +54,38 @@ func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*
 		return nil, err
 	}
 	g.lock = lock
+	if err := g.openOwners(cfg, log); err != nil {
+		_ = g.Close()
+		return nil, err
+	}
 	return g, nil
+}
+
+// openOwners opens the record of who owns stored responses and
+// conversations, in mode "keys": in Redis when [redis] is set, shared by
+// every replica, else in [ownership] state_file.
+func (g *governance) openOwners(cfg *config.Config, log *slog.Logger) error {
+	switch {
+	case cfg.Auth.Mode != "keys":
+		return nil
+	case g.redis != nil:
+		g.owners = ownership.NewRedis(g.redis, cfg.Redis.KeyPrefix+"own:")
+		return nil
+	}
+	file := cfg.Ownership.StateFile
+	if file != "" {
+		lock, err := lockFile(file+".lock", "[ownership] state_file "+file)
+		if err != nil {
+			return err
+		}
+		g.ownerLock = lock
+	}
+	owners, err := ownership.NewLocal(ownership.LocalOptions{File: file, Logger: log})
+	if err != nil {
+		return err
+	}
+	g.owners = owners
+	return nil
 }
 
 // openBackends builds the limiter and the ledger (see openGovernance).
@@ -141,6 +176,11 @@ func (g *governance) Close() error {
 	if err := g.limiter.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("closing the limiter: %w", err))
 	}
+	if g.owners != nil {
+		if err := g.owners.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing the ownership store: %w", err))
+		}
+	}
 	if g.redis != nil {
 		if err := g.redis.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("closing the Redis client: %w", err))
@@ -148,6 +188,9 @@ func (g *governance) Close() error {
 	}
 	if err := g.lock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("releasing the state file lock: %w", err))
+	}
+	if err := g.ownerLock.Unlock(); err != nil {
+		errs = append(errs, fmt.Errorf("releasing the ownership file lock: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -918,7 +918,11 @@ func TestOneGatewayPerStateFile(t *testing.T) {
 	shared := govConfig(up.URL)
 	shared.Redis.Addrs = []string{srv.Addr()}
 	shared.Redis.SpillDir = t.TempDir()
-	for name, cfg := range map[string]config.Config{"state_file": local, "spill_dir": shared} {
+	owners := govConfig(up.URL)
+	owners.Spend.StateFile = ""
+	owners.Ownership.StateFile = filepath.Join(t.TempDir(), "owners.jsonl")
+	for name, cfg := range map[string]config.Config{"state_file": local, "spill_dir": shared,
+		"ownership state_file": owners} {
 		t.Run(name, func(t *testing.T) {
 			first := startReplica(t, cfg)
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -937,4 +941,81 @@ func TestOneGatewayPerStateFile(t *testing.T) {
 			startReplica(t, cfg) // the lock is free again
 		})
 	}
+}
+
+// storedRequest sends one request with key and returns its status and body.
+func storedRequest(t *testing.T, method, url, key, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// createStored makes a stored response through base as key and returns its id.
+func createStored(t *testing.T, base, key string) string {
+	t.Helper()
+	code, body := storedRequest(t, "POST", base+"/v1/responses", key, `{"model":"gpt-x","input":"keep this"}`)
+	var r struct {
+		ID string `json:"id"`
+	}
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &r) != nil || r.ID == "" {
+		t.Fatalf("creating a response: %d %s", code, body)
+	}
+	return r.ID
+}
+
+// wantOwnedBy checks through base that key a's team reads response id and
+// key b's gets 404.
+func wantOwnedBy(t *testing.T, what, base, id string) {
+	t.Helper()
+	if code, body := storedRequest(t, "GET", base+"/v1/responses/"+id, testKeyA, ""); code != http.StatusOK ||
+		!strings.Contains(body, id) {
+		t.Errorf("%s: own response: %d %s", what, code, body)
+	}
+	if code, body := storedRequest(t, "GET", base+"/v1/responses/"+id, testKeyB, ""); code != http.StatusNotFound ||
+		!strings.Contains(body, "not found") {
+		t.Errorf("%s: another team's response: %d %s", what, code, body)
+	}
+}
+
+// TestStoredOwnersAcrossRestartAndReplicas runs the serve wiring: without
+// Redis the owners outlive a restart in [ownership] state_file; with it
+// two replicas share them.
+func TestStoredOwnersAcrossRestartAndReplicas(t *testing.T) {
+	up := httptest.NewServer(mockllm.New(mockllm.Options{RequireKey: upKey}))
+	t.Cleanup(up.Close)
+
+	local := govConfig(up.URL)
+	local.Ownership.StateFile = filepath.Join(t.TempDir(), "owners.jsonl")
+	first := startReplica(t, local)
+	id := createStored(t, first.url, testKeyA)
+	wantOwnedBy(t, "before the restart", first.url, id)
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	wantOwnedBy(t, "after the restart", startReplica(t, local).url, id)
+
+	srv := redistest.Start(t)
+	shared := govConfig(up.URL)
+	shared.Redis.Addrs = []string{srv.Addr()}
+	shared.Redis.SpillDir = t.TempDir()
+	one := startReplica(t, shared)
+	shared.Redis.SpillDir = t.TempDir()
+	two := startReplica(t, shared)
+	id = createStored(t, one.url, testKeyA)
+	wantOwnedBy(t, "through the other replica", two.url, id)
+	wantOwnedBy(t, "through the replica that saw it made", one.url, id)
 }

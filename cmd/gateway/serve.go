@@ -94,7 +94,7 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		return nil, err
 	}
 	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
-		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Stats: stats.New(nil)})
+		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: stats.New(nil)})
 	if err != nil {
 		_ = gov.Close()
 		return nil, err

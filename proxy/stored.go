@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/ownership"
+)
+
+// storedKind is the kind of stored upstream object an id names.
+type storedKind uint8
+
+const (
+	storedNone storedKind = iota
+	storedResponse
+	storedConversation
+)
+
+// ownershipTimeout bounds one call to the ownership store.
+const ownershipTimeout = 2 * time.Second
+
+// storedUse is what a request's path does with the upstream account's
+// stored state (see storedPath).
+type storedUse struct {
+	kind storedKind
+	// id is the object the path names; "" for a create.
+	id string
+	// create: POST /v1/conversations, whose answer names a new conversation.
+	create bool
+	// release: DELETE of the object itself; a 2xx forgets its owner.
+	release bool
+}
+
+// storedPath reads which stored response or conversation a request's path
+// addresses: /v1/responses/{id} and everything under it (except
+// POST /v1/responses/input_tokens and /compact, which name none),
+// /v1/conversations and everything under /v1/conversations/{id}. An
+// escaped path addresses none: the upstream could split it otherwise, so
+// in mode "keys" it stays refused.
+func storedPath(method string, u *url.URL) storedUse {
+	if u.RawPath != "" {
+		return storedUse{}
+	}
+	rest, ok := strings.CutPrefix(u.Path, "/v1/")
+	if !ok {
+		return storedUse{}
+	}
+	segs := strings.Split(rest, "/")
+	switch {
+	case segs[0] == "responses" && len(segs) >= 2 && segs[1] != "":
+		if len(segs) == 2 && (segs[1] == "input_tokens" || segs[1] == "compact") {
+			return storedUse{}
+		}
+		return storedUse{kind: storedResponse, id: segs[1],
+			release: len(segs) == 2 && method == http.MethodDelete}
+	case segs[0] == "conversations" && len(segs) == 1 && method == http.MethodPost:
+		return storedUse{kind: storedConversation, create: true}
+	case segs[0] == "conversations" && len(segs) >= 2 && segs[1] != "":
+		return storedUse{kind: storedConversation, id: segs[1],
+			release: len(segs) == 2 && method == http.MethodDelete}
+	}
+	return storedUse{}
+}
+
+// replayPeek bounds how much of a GET's body isReplay reads.
+const replayPeek = 64 << 10
+
+// isReplay reports GET /v1/responses/{id} asking for a stream: a
+// background response's events, replayed then followed live, relayed and
+// measured as a stream. The Python and Node SDKs ask with the query's
+// stream=true; openai-go's GetStreaming sends {"stream": true} as the GET's
+// body, so a body is read too (and put back for the request).
+func isReplay(r *http.Request) bool {
+	if r.Method != http.MethodGet {
+		return false
+	}
+	u := storedPath(r.Method, r.URL)
+	if u.kind != storedResponse || strings.Contains(r.URL.Path[len("/v1/responses/"):], "/") {
+		return false
+	}
+	if on, err := strconv.ParseBool(r.URL.Query().Get("stream")); err == nil {
+		return on
+	}
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return false
+	}
+	head, err := io.ReadAll(io.LimitReader(r.Body, replayPeek))
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), r.Body), r.Body}
+	if err != nil {
+		return false // readBody meets the error again and reports it
+	}
+	v, _ := jsonscan.Get(head, "stream")
+	return jsonscan.Equal(v, "true")
+}
+
+// owner names the principal whose stored state a caller may use: its team,
+// or its key when the key has no team.
+func (ex *exchange) owner() string {
+	switch {
+	case ex.key == nil:
+		return ""
+	case ex.key.team != nil:
+		return "team:" + ex.key.team.name
+	default:
+		return "key:" + ex.key.name
+	}
+}
+
+// checkStored lets a request that names stored state, by its path or by
+// previous_response_id or conversation in its body, through only for the
+// team that created that state (mode "keys"). Everyone else gets the
+// upstream's own 404, and the request never reaches the upstream.
+func (ex *exchange) checkStored() *apiError {
+	g := ex.g
+	if !g.gov.keysMode {
+		return nil
+	}
+	refs := [...]struct {
+		kind  storedKind
+		id    string
+		param string
+	}{
+		{ex.stored.kind, ex.stored.id, ""},
+		{storedResponse, ex.info.PreviousResponseID, "previous_response_id"},
+		{storedConversation, ex.info.Conversation, "conversation"},
+	}
+	me := ex.owner()
+	for _, ref := range refs {
+		if ref.id == "" {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ex.r.Context(), ownershipTimeout)
+		holder, err := g.owners.Owner(ctx, ref.id)
+		cancel()
+		if errors.Is(err, ownership.ErrInvalid) {
+			// No upstream id looks like this (too long, control bytes).
+			holder, err = "", nil
+		}
+		if err != nil {
+			g.log.Warn("ownership store unavailable", "request_id", ex.rec.RequestID, "err", err)
+			ex.rec.Rejection = llm.RejectOwnershipUnavailable
+			return errOwnershipUnavailable()
+		}
+		if holder != me {
+			ex.rec.Rejection = llm.RejectNotOwner
+			return errStoredNotFound(ref.kind, ref.id, ref.param)
+		}
+	}
+	return nil
+}
+
+// claims reports whether the answer to this request names a new stored
+// object that must be recorded as the caller's before the caller sees it:
+// a response created with store on, or a conversation created.
+func (ex *exchange) claims() storedKind {
+	switch {
+	case !ex.g.gov.keysMode || ex.key == nil: // a probe is no team's
+		return storedNone
+	case ex.rec.Route == llm.RouteResponses && !ex.info.NoStore:
+		return storedResponse
+	case ex.stored.create:
+		return storedConversation
+	}
+	return storedNone
+}
+
+// claimCreated records the response a stream's response.created names
+// (id, decoded by the tap), before that event is written.
+func (ex *exchange) claimCreated(id []byte) {
+	ex.claimPending = false
+	ex.claimID(storedResponse, string(id))
+}
+
+// claimAnswer records the object a non-streamed answer (a response, a
+// conversation) names by its top-level id.
+func (ex *exchange) claimAnswer(body []byte) {
+	ex.claimPending = false
+	raw, _ := jsonscan.Get(body, "id")
+	s, ok := jsonscan.String(raw)
+	if !ok || len(s) == 0 {
+		ex.g.log.Warn("stored object without an id: its owner is not recorded", "request_id", ex.rec.RequestID)
+		return
+	}
+	ex.claimID(ex.claims(), string(jsonscan.AppendUnescape(nil, s)))
+}
+
+// claimID records id, of a new object of kind, as the caller's. A claim
+// that fails leaves the id unowned (a 404 for everyone, never someone
+// else's): the failure is logged, and the answer still goes to the caller.
+func (ex *exchange) claimID(kind storedKind, id string) {
+	g := ex.g
+	ttl := g.cfg.Ownership.ResponseTTL()
+	if kind == storedConversation {
+		ttl = g.cfg.Ownership.ConversationTTL()
+	}
+	// The caller may be gone; the object exists upstream all the same.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), ownershipTimeout)
+	defer cancel()
+	me := ex.owner()
+	holder, err := g.owners.Claim(ctx, id, me, ttl)
+	switch {
+	case err != nil:
+		g.log.Error("recording the owner of a stored object failed: it is unusable through the gateway",
+			"request_id", ex.rec.RequestID, "err", err)
+	case holder != me:
+		g.log.Error("a stored object's id is already owned by another team: left to that team",
+			"request_id", ex.rec.RequestID)
+	}
+}
+
+// releaseStored forgets the owner of an object the upstream deleted.
+func (ex *exchange) releaseStored() {
+	g := ex.g
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), ownershipTimeout)
+	defer cancel()
+	if err := g.owners.Release(ctx, ex.stored.id, ex.owner()); err != nil {
+		g.log.Warn("forgetting the owner of a deleted object failed; it expires with its ttl",
+			"request_id", ex.rec.RequestID, "err", err)
+	}
+}
+
+// quoteID bounds an id quoted back in an error message.
+func quoteID(id string) string {
+	if len(id) > 128 {
+		id = id[:128] + "..."
+	}
+	return "'" + id + "'"
+}
+
+func errStoredNotFound(kind storedKind, id, param string) *apiError {
+	e := &apiError{Status: http.StatusNotFound, Kind: "invalid_request_error", AnthropicKind: "not_found_error",
+		Param: param}
+	switch {
+	case param == "previous_response_id":
+		e.Code = "previous_response_not_found"
+		e.Msg = "Previous response with id " + quoteID(id) + " not found."
+	case kind == storedResponse:
+		e.Msg = "Response with id " + quoteID(id) + " not found."
+	default:
+		e.Msg = "Conversation with id " + quoteID(id) + " not found."
+	}
+	return e
+}
+
+func errOwnershipUnavailable() *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "ownership_unavailable",
+		AnthropicKind: "api_error",
+		Msg:           "the gateway cannot check who owns stored responses and conversations right now; retry shortly"}
+}

@@ -1,0 +1,515 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/conversations"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/internal/redistest"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/ownership"
+	"github.com/tollgate-llm/tollgate/spend"
+)
+
+func TestStoredPathNamesTheObject(t *testing.T) {
+	cases := []struct {
+		method, path string
+		want         storedUse
+	}{
+		{"GET", "/v1/responses/resp_1", storedUse{kind: storedResponse, id: "resp_1"}},
+		{"DELETE", "/v1/responses/resp_1", storedUse{kind: storedResponse, id: "resp_1", release: true}},
+		{"POST", "/v1/responses/resp_1/cancel", storedUse{kind: storedResponse, id: "resp_1"}},
+		{"GET", "/v1/responses/resp_1/input_items", storedUse{kind: storedResponse, id: "resp_1"}},
+		{"DELETE", "/v1/responses/resp_1/input_items", storedUse{kind: storedResponse, id: "resp_1"}},
+		{"GET", "/v1/responses/input_tokens/x", storedUse{kind: storedResponse, id: "input_tokens"}},
+		{"POST", "/v1/responses/input_tokens", storedUse{}},
+		{"POST", "/v1/responses/compact", storedUse{}},
+		{"POST", "/v1/responses", storedUse{}},
+		{"GET", "/v1/responses/", storedUse{}},
+		{"POST", "/v1/conversations", storedUse{kind: storedConversation, create: true}},
+		{"GET", "/v1/conversations", storedUse{}},
+		{"GET", "/v1/conversations/conv_1", storedUse{kind: storedConversation, id: "conv_1"}},
+		{"POST", "/v1/conversations/conv_1", storedUse{kind: storedConversation, id: "conv_1"}},
+		{"DELETE", "/v1/conversations/conv_1", storedUse{kind: storedConversation, id: "conv_1", release: true}},
+		{"POST", "/v1/conversations/conv_1/items", storedUse{kind: storedConversation, id: "conv_1"}},
+		{"DELETE", "/v1/conversations/conv_1/items/msg_2", storedUse{kind: storedConversation, id: "conv_1"}},
+		{"GET", "/v1/files/file_1", storedUse{}},
+		{"GET", "/v2/responses/resp_1", storedUse{}},
+		// Escaped: the upstream may split the path otherwise, so it names
+		// nothing here (and stays refused in mode "keys").
+		{"GET", "/v1/responses/resp_1%2Fcancel", storedUse{}},
+	}
+	for _, c := range cases {
+		u, err := url.Parse(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := storedPath(c.method, u); got != c.want {
+			t.Errorf("%s %s: %+v, want %+v", c.method, c.path, got, c.want)
+		}
+	}
+}
+
+func TestReplayIsAStreamedGetOfOneResponse(t *testing.T) {
+	cases := []struct {
+		method, target, body string
+		want                 bool
+	}{
+		// openai-go's GetStreaming: the flag in the GET's body.
+		{"GET", "/v1/responses/resp_1?starting_after=2", `{"stream":true}`, true},
+		{"GET", "/v1/responses/resp_1", `{"stream":false}`, false},
+		{"GET", "/v1/responses/resp_1", `{"stream":"true"}`, false},
+		{"GET", "/v1/responses/resp_1?stream=false", `{"stream":true}`, false},
+		{"GET", "/v1/responses/resp_1?stream=true", "", true},
+		{"GET", "/v1/responses/resp_1?stream=true&starting_after=4", "", true},
+		{"GET", "/v1/responses/resp_1?stream=1", "", true},
+		{"GET", "/v1/responses/resp_1", "", false},
+		{"GET", "/v1/responses/resp_1?stream=false", "", false},
+		{"GET", "/v1/responses/resp_1?stream=yes", "", false},
+		{"GET", "/v1/responses/resp_1/input_items?stream=true", "", false},
+		{"POST", "/v1/responses/resp_1?stream=true", "", false},
+		{"GET", "/v1/conversations/conv_1?stream=true", "", false},
+	}
+	for _, c := range cases {
+		r, err := http.NewRequest(c.method, "http://gw"+c.target, strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := isReplay(r); got != c.want {
+			t.Errorf("%s %s %s: replay %v, want %v", c.method, c.target, c.body, got, c.want)
+		}
+		// The body is still the request's, whole.
+		if b, err := io.ReadAll(r.Body); err != nil || string(b) != c.body {
+			t.Errorf("%s %s: body after the check %q %v, want %q", c.method, c.target, b, err, c.body)
+		}
+	}
+}
+
+func TestResponsesRequestNamesItsStoredState(t *testing.T) {
+	cases := []struct {
+		body      string
+		prev      string
+		conv      string
+		noStore   bool
+		wantParam string // "" when the body is accepted
+	}{
+		{body: `{"model":"m","previous_response_id":"resp_1"}`, prev: "resp_1"},
+		{body: `{"model":"m","conversation":"conv_1"}`, conv: "conv_1"},
+		{body: `{"model":"m","conversation":{"id":"conv_1"}}`, conv: "conv_1"},
+		{body: `{"model":"m","conversation":{"id":"conv_1","id":"conv_2"}}`, conv: "conv_2"},
+		{body: `{"model":"m","conversation":{"ID":"conv_x","id":"conv_1"}}`, conv: "conv_1"},
+		{body: `{"model":"m","conversation":{"i\u0064":"conv_1"}}`, conv: "conv_1"},
+		{body: `{"model":"m","previous_response_id":"resp_1","previous_response_id":"resp_2"}`, prev: "resp_2"},
+		{body: `{"model":"m","previous_response_id":null,"conversation":null}`},
+		{body: `{"model":"m","store":false}`, noStore: true},
+		{body: `{"model":"m","store":true}`},
+		{body: `{"model":"m","previous_response_id":7}`, wantParam: "previous_response_id"},
+		{body: `{"model":"m","conversation":{"name":"x"}}`, wantParam: "conversation"},
+		{body: `{"model":"m","conversation":""}`, wantParam: "conversation"},
+		{body: `{"model":"m","conversation":[1]}`, wantParam: "conversation"},
+		{body: `{"model":"m","store":"no"}`, wantParam: "store"},
+	}
+	for _, c := range cases {
+		info, aerr := inspectRequest(llm.DialectResponses, []byte(c.body))
+		switch {
+		case c.wantParam != "":
+			if aerr == nil || aerr.Param != c.wantParam || aerr.Status != http.StatusBadRequest {
+				t.Errorf("%s: %+v, want a 400 naming %s", c.body, aerr, c.wantParam)
+			}
+		case aerr != nil:
+			t.Errorf("%s: %v", c.body, aerr)
+		case info.PreviousResponseID != c.prev || info.Conversation != c.conv || info.NoStore != c.noStore:
+			t.Errorf("%s: previous %q conversation %q no-store %v; want %q %q %v", c.body,
+				info.PreviousResponseID, info.Conversation, info.NoStore, c.prev, c.conv, c.noStore)
+		}
+		fwd, ok := inspectForwarded([]byte(c.body))
+		if ok != (c.wantParam == "") || ok && (fwd.PreviousResponseID != c.prev || fwd.Conversation != c.conv) {
+			t.Errorf("%s forwarded: ok %v, previous %q, conversation %q", c.body, ok, fwd.PreviousResponseID, fwd.Conversation)
+		}
+	}
+	// The upstream reads keys exactly: a case variant of a reference could
+	// name another team's response than the one the gateway checked.
+	for _, body := range []string{
+		`{"model":"m","previous_response_id":"resp_mine","Previous_Response_ID":"resp_theirs"}`,
+		`{"model":"m","CONVERSATION":"conv_theirs"}`,
+	} {
+		if _, _, bad := caseVariantField([]byte(body)); !bad {
+			t.Errorf("%s: case variant not caught", body)
+		}
+	}
+}
+
+// storedKeyGamma is a key without a team: its stored state is its own.
+const storedKeyGamma = "tg-test-gamma-0123456789"
+
+// storedGateway is a gateway in mode "keys" (alpha in team search, beta in
+// team ads, gamma without a team) in front of upURL, keeping owners in
+// owners (a private in-memory store when nil).
+func storedGateway(t *testing.T, upURL string, owners ownership.Store) *testGateway {
+	t.Helper()
+	return newTestGatewayWith(t, upURL, func(c *config.Config) {
+		c.Auth.Mode = "keys"
+		c.Upstreams[0].APIKeyEnv = "UPSTREAM_KEY"
+		c.Upstreams[0].APIKey = upstreamKey
+		c.Teams = []config.Team{{Name: "search"}, {Name: "ads"}}
+		c.Keys = []config.Key{
+			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"},
+			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
+			{Name: "gamma", SHA256: sha(storedKeyGamma)},
+		}
+	}, func(o *Options) { o.Owners = owners })
+}
+
+// storedMock is a mockllm that needs the upstream key, and its URL.
+func storedMock(t *testing.T) (*mockllm.Server, string) {
+	t.Helper()
+	return mockUpstream(t, mockllm.Options{OutputTokens: 4, RequireKey: upstreamKey})
+}
+
+func storedClient(tg *testGateway, key string) *openai.Client {
+	c := openai.NewClient(option.WithBaseURL(tg.URL+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
+	return &c
+}
+
+func storedParams() responses.ResponseNewParams {
+	return responses.ResponseNewParams{Model: "gpt-test",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("What is stored here?")}}
+}
+
+// upstreamSaw counts the requests the mock received on path.
+func upstreamSaw(mock *mockllm.Server, method, path string) int {
+	n := 0
+	for _, r := range mock.Requests() {
+		if r.Method == method && r.Path == path {
+			n++
+		}
+	}
+	return n
+}
+
+// wantNotFound checks that err is the SDK's view of a 404 with code (""
+// for null) and that the upstream never saw method path.
+func wantNotFound(t *testing.T, what string, err error, code string, mock *mockllm.Server, method, path string) {
+	t.Helper()
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusNotFound || oe.Code != code ||
+		!strings.Contains(oe.Message, "not found") {
+		t.Errorf("%s: %v, want a 404 (code %q) the SDK parses", what, err, code)
+	}
+	if n := upstreamSaw(mock, method, path); n != 0 {
+		t.Errorf("%s: the upstream saw %s %s %d times, want never", what, method, path, n)
+	}
+}
+
+// drain reads a stream to its end and returns its terminal response.
+func drain(t *testing.T, s *ssestream.Stream[responses.ResponseStreamEventUnion]) *responses.Response {
+	t.Helper()
+	defer s.Close()
+	var final *responses.Response
+	for s.Next() {
+		if ev := s.Current(); ev.Type == "response.completed" {
+			r := ev.Response
+			final = &r
+		}
+	}
+	if err := s.Err(); err != nil || final == nil {
+		t.Fatalf("stream: %v (terminal %v)", err, final != nil)
+	}
+	return final
+}
+
+func TestStoredResponseIsOnlyItsTeams(t *testing.T) {
+	mock, up := storedMock(t)
+	tg := storedGateway(t, up, nil)
+	ctx := testCtx(t)
+	alpha, beta, gamma := storedClient(tg, keyAlpha), storedClient(tg, keyBeta), storedClient(tg, storedKeyGamma)
+
+	plain, err := alpha.Responses.New(ctx, storedParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed := drain(t, alpha.Responses.NewStreaming(ctx, storedParams()))
+	for _, id := range []string{plain.ID, streamed.ID} {
+		p := "/v1/responses/" + id
+		_, err := beta.Responses.Get(ctx, id, responses.ResponseGetParams{})
+		wantNotFound(t, "another team's GET", err, "", mock, "GET", p)
+		_, err = beta.Responses.InputItems.List(ctx, id, responses.InputItemListParams{})
+		wantNotFound(t, "another team's input_items", err, "", mock, "GET", p+"/input_items")
+		_, err = beta.Responses.Cancel(ctx, id)
+		wantNotFound(t, "another team's cancel", err, "", mock, "POST", p+"/cancel")
+		err = beta.Responses.Delete(ctx, id)
+		wantNotFound(t, "another team's DELETE", err, "", mock, "DELETE", p)
+		_, err = gamma.Responses.Get(ctx, id, responses.ResponseGetParams{})
+		wantNotFound(t, "a key without a team", err, "", mock, "GET", p)
+		replay := beta.Responses.GetStreaming(ctx, id, responses.ResponseGetParams{})
+		for replay.Next() {
+		}
+		wantNotFound(t, "another team's replay", replay.Err(), "", mock, "GET", p)
+		_ = replay.Close()
+
+		chained := storedParams()
+		chained.PreviousResponseID = openai.String(id)
+		before := upstreamSaw(mock, "POST", "/v1/responses")
+		_, err = beta.Responses.New(ctx, chained)
+		wantNotFound(t, "chaining onto another team's response", err, "previous_response_not_found", mock, "", "")
+		s := beta.Responses.NewStreaming(ctx, chained)
+		for s.Next() {
+		}
+		wantNotFound(t, "a stream chaining onto another team's response", s.Err(), "previous_response_not_found",
+			mock, "", "")
+		_ = s.Close()
+		if n := upstreamSaw(mock, "POST", "/v1/responses") - before; n != 0 {
+			t.Errorf("chained requests of another team reached the upstream %d times", n)
+		}
+		resp, body := post(t, tg.URL+"/v1/responses/input_tokens",
+			`{"model":"gpt-test","input":"x","previous_response_id":"`+id+`"}`,
+			map[string]string{"Authorization": "Bearer " + keyBeta})
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "previous_response_not_found") {
+			t.Errorf("input_tokens with another team's response: %d %s", resp.StatusCode, body)
+		}
+
+		// Its own team: every path goes through.
+		got, err := alpha.Responses.Get(ctx, id, responses.ResponseGetParams{})
+		if err != nil || got.ID != id || got.OutputText() == "" {
+			t.Errorf("own GET: %v %+v", err, got)
+		}
+		if _, err := alpha.Responses.InputItems.List(ctx, id, responses.InputItemListParams{}); err != nil {
+			t.Errorf("own input_items: %v", err)
+		}
+		next, err := alpha.Responses.New(ctx, chained)
+		if err != nil || next.PreviousResponseID != id {
+			t.Errorf("own chain: %v", err)
+		}
+	}
+	// Deleted by its team: the owner is forgotten, so no one gets it again.
+	if err := alpha.Responses.Delete(ctx, plain.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = alpha.Responses.Get(ctx, plain.ID, responses.ResponseGetParams{})
+	wantNotFound(t, "GET after DELETE", err, "", mock, "", "")
+	if n := upstreamSaw(mock, "GET", "/v1/responses/"+plain.ID); n != 1 {
+		t.Errorf("upstream saw %d GETs of the deleted response, want the 1 before the delete", n)
+	}
+
+	// Not stored: nobody can name it, and nothing was recorded.
+	unstored := storedParams()
+	unstored.Store = openai.Bool(false)
+	u, err := alpha.Responses.New(ctx, unstored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = alpha.Responses.Get(ctx, u.ID, responses.ResponseGetParams{})
+	wantNotFound(t, "an unstored response", err, "", mock, "GET", "/v1/responses/"+u.ID)
+
+	// Refusals are rejections "not_owner".
+	var refused int
+	tg.mu.Lock()
+	recs := append([]llm.Record(nil), tg.recs...)
+	tg.mu.Unlock()
+	for _, rec := range recs {
+		if rec.Rejection == llm.RejectNotOwner {
+			refused++
+			if rec.Outcome != llm.OutcomeRejected || rec.Status != http.StatusNotFound {
+				t.Errorf("not-owner record %+v", rec)
+			}
+		}
+	}
+	if want := 2*9 + 2; refused != want {
+		t.Errorf("%d not-owner records, want %d", refused, want)
+	}
+}
+
+func TestStoredConversationIsOnlyItsTeams(t *testing.T) {
+	mock, up := storedMock(t)
+	tg := storedGateway(t, up, nil)
+	ctx := testCtx(t)
+	alpha, beta := storedClient(tg, keyAlpha), storedClient(tg, keyBeta)
+	conv, err := alpha.Conversations.New(ctx, conversations.ConversationNewParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := "/v1/conversations/" + conv.ID
+	item := []responses.ResponseInputItemUnionParam{responses.ResponseInputItemParamOfMessage("kept", responses.EasyInputMessageRoleUser)}
+	_, err = beta.Conversations.Get(ctx, conv.ID)
+	wantNotFound(t, "another team's conversation", err, "", mock, "GET", p)
+	_, err = beta.Conversations.Update(ctx, conv.ID, conversations.ConversationUpdateParams{
+		Metadata: map[string]string{"owner": "ads"}})
+	wantNotFound(t, "updating another team's conversation", err, "", mock, "POST", p)
+	_, err = beta.Conversations.Items.New(ctx, conv.ID, conversations.ItemNewParams{Items: item})
+	wantNotFound(t, "adding to another team's conversation", err, "", mock, "POST", p+"/items")
+	_, err = beta.Conversations.Items.List(ctx, conv.ID, conversations.ItemListParams{})
+	wantNotFound(t, "listing another team's conversation", err, "", mock, "GET", p+"/items")
+	_, err = beta.Conversations.Delete(ctx, conv.ID)
+	wantNotFound(t, "deleting another team's conversation", err, "", mock, "DELETE", p)
+	joined := storedParams()
+	joined.Conversation = responses.ResponseNewParamsConversationUnion{OfString: openai.String(conv.ID)}
+	before := upstreamSaw(mock, "POST", "/v1/responses")
+	_, err = beta.Responses.New(ctx, joined)
+	wantNotFound(t, "a response in another team's conversation", err, "", mock, "", "")
+	joined.Conversation = responses.ResponseNewParamsConversationUnion{
+		OfConversationObject: &responses.ResponseConversationParam{ID: conv.ID}}
+	_, err = beta.Responses.New(ctx, joined)
+	wantNotFound(t, "the same, the conversation as an object", err, "", mock, "", "")
+	if n := upstreamSaw(mock, "POST", "/v1/responses") - before; n != 0 {
+		t.Errorf("another team's responses in the conversation reached the upstream %d times", n)
+	}
+
+	// Its own team uses it, and its responses in it are its own too.
+	if _, err := alpha.Conversations.Items.New(ctx, conv.ID, conversations.ItemNewParams{Items: item}); err != nil {
+		t.Errorf("own items: %v", err)
+	}
+	r, err := alpha.Responses.New(ctx, joined)
+	if err != nil {
+		t.Fatalf("own response in the conversation: %v", err)
+	}
+	list, err := alpha.Conversations.Items.List(ctx, conv.ID, conversations.ItemListParams{})
+	if err != nil || len(list.Data) < 3 {
+		t.Errorf("own conversation's items: %v (%d items, want the added one, the input and the answer)", err, len(list.Data))
+	}
+	_, err = beta.Responses.Get(ctx, r.ID, responses.ResponseGetParams{})
+	wantNotFound(t, "another team's response in a conversation", err, "", mock, "GET", "/v1/responses/"+r.ID)
+	if _, err := alpha.Conversations.Delete(ctx, conv.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = alpha.Conversations.Get(ctx, conv.ID)
+	wantNotFound(t, "a deleted conversation", err, "", mock, "", "")
+	if n := upstreamSaw(mock, "GET", p); n != 0 {
+		t.Errorf("the upstream saw %d GETs of the conversation, want none", n)
+	}
+}
+
+func TestStoredOwnersSurviveACrash(t *testing.T) {
+	mock, up := storedMock(t)
+	file := filepath.Join(t.TempDir(), "owners.jsonl")
+	first, err := ownership.NewLocal(ownership.LocalOptions{File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := storedGateway(t, up, first)
+	ctx := testCtx(t)
+	plain, err := storedClient(tg, keyAlpha).Responses.New(ctx, storedParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed := drain(t, storedClient(tg, keyAlpha).Responses.NewStreaming(ctx, storedParams()))
+	// The first gateway dies without closing its store: what it claimed
+	// was journalled before the ids reached the caller.
+	second, err := ownership.NewLocal(ownership.LocalOptions{File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = second.Close(); _ = first.Close() })
+	again := storedGateway(t, up, second)
+	for _, id := range []string{plain.ID, streamed.ID} {
+		if got, err := storedClient(again, keyAlpha).Responses.Get(ctx, id, responses.ResponseGetParams{}); err != nil || got.ID != id {
+			t.Errorf("own response %s after the restart: %v", id, err)
+		}
+		_, err := storedClient(again, keyBeta).Responses.Get(ctx, id, responses.ResponseGetParams{})
+		wantNotFound(t, "another team's response after the restart", err, "", mock, "", "")
+	}
+}
+
+func TestStoredOwnersAreSharedByReplicas(t *testing.T) {
+	mock, up := storedMock(t)
+	srv := redistest.Start(t)
+	replica := func() *testGateway {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		return storedGateway(t, up, ownership.NewRedis(c, "tollgate:own:"))
+	}
+	one, two := replica(), replica()
+	ctx := testCtx(t)
+	streamed := drain(t, storedClient(one, keyAlpha).Responses.NewStreaming(ctx, storedParams()))
+	conv, err := storedClient(one, keyBeta).Conversations.New(ctx, conversations.ConversationNewParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := storedClient(two, keyAlpha).Responses.Get(ctx, streamed.ID, responses.ResponseGetParams{}); err != nil || got.ID != streamed.ID {
+		t.Errorf("own response through the other replica: %v", err)
+	}
+	if _, err := storedClient(two, keyBeta).Conversations.Get(ctx, conv.ID); err != nil {
+		t.Errorf("own conversation through the other replica: %v", err)
+	}
+	_, err = storedClient(two, keyBeta).Responses.Get(ctx, streamed.ID, responses.ResponseGetParams{})
+	wantNotFound(t, "another team's response through the other replica", err, "", mock, "", "")
+	_, err = storedClient(two, keyAlpha).Conversations.Get(ctx, conv.ID)
+	wantNotFound(t, "another team's conversation through the other replica", err, "", mock, "", "")
+	if err := storedClient(two, keyAlpha).Responses.Delete(ctx, streamed.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = storedClient(one, keyAlpha).Responses.Get(ctx, streamed.ID, responses.ResponseGetParams{})
+	wantNotFound(t, "a response deleted through the other replica", err, "", mock, "", "")
+
+	// Redis down: nothing is let through unchecked.
+	srv.Kill()
+	_, err = storedClient(one, keyBeta).Conversations.Get(ctx, conv.ID)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusServiceUnavailable || oe.Code != "ownership_unavailable" {
+		t.Errorf("owner lookup with Redis down: %v, want 503 ownership_unavailable", err)
+	}
+}
+
+func TestReplayIsMeasuredAsAStreamAndNotBilled(t *testing.T) {
+	mock, up := mockUpstream(t, mockllm.Options{OutputTokens: 6})
+	ledger := newLocalLedger(t)
+	tg := newTestGatewayWith(t, up, nil, func(o *Options) { o.Ledger = ledger })
+	ctx := testCtx(t)
+	c := storedClient(tg, "sk-caller")
+	p := storedParams()
+	p.Background = openai.Bool(true)
+	created := drain(t, c.Responses.NewStreaming(ctx, p))
+	if rec := tg.record(t); rec.Route != llm.RouteResponses || rec.Usage.Output != created.Usage.OutputTokens {
+		t.Fatalf("creation record %+v", rec)
+	}
+
+	// openai-go asks with {"stream":true} in the GET's body.
+	replayed := drain(t, c.Responses.GetStreaming(ctx, created.ID, responses.ResponseGetParams{}))
+	if replayed.ID != created.ID || replayed.OutputText() != created.OutputText() {
+		t.Errorf("replayed %q %q, want %q %q", replayed.ID, replayed.OutputText(), created.ID, created.OutputText())
+	}
+	rec := tg.record(t)
+	if rec.Route != llm.RouteResponsesRetrieve || !rec.Stream || rec.Outcome != llm.OutcomeOK ||
+		rec.TokenEvents != int(created.Usage.OutputTokens) || rec.Usage.Output != created.Usage.OutputTokens ||
+		rec.Timing.FirstTokenOut.IsZero() || rec.CostMicros != 0 {
+		t.Errorf("replay record %+v", rec)
+	}
+
+	// The query's form, resumed: relayed byte for byte as the upstream sent it.
+	target := "/v1/responses/" + created.ID + "?stream=true&starting_after=3"
+	get := func(base string) string {
+		res := sendRequest(ctx, "GET", base+target, "", "", map[string]string{"Authorization": "Bearer sk-caller"})
+		if res.err != nil || res.resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %v %v", base, res.resp, res.err)
+		}
+		return string(res.body)
+	}
+	through := get(tg.URL)
+	if direct := get(up); through != direct || !strings.Contains(direct, `"sequence_number":4`) ||
+		strings.Contains(direct, `"sequence_number":3,`) {
+		t.Errorf("resumed replay differs from the upstream's, or did not resume:\n%s\nwant\n%s", through, direct)
+	}
+	if rec := tg.record(t); rec.Route != llm.RouteResponsesRetrieve || rec.Outcome != llm.OutcomeOK {
+		t.Errorf("resumed replay record %+v", rec)
+	}
+	rows, err := ledger.Query(ctx, spend.Filter{})
+	if err != nil || len(rows) != 1 || rows[0].Requests != 1 || rows[0].Output != created.Usage.OutputTokens {
+		t.Errorf("ledger %+v %v: want the creation alone", rows, err)
+	}
+	if n := upstreamSaw(mock, "GET", "/v1/responses/"+created.ID); n != 3 {
+		t.Errorf("upstream saw %d GETs, want 3", n)
+	}
+	wantMetric(t, tg, "tollgate_inflight_requests", map[string]string{"route": "responses_retrieve"}, 0)
+}
