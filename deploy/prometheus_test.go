@@ -427,6 +427,9 @@ base_url = %q
 [spend]
 state_file = ""
 
+[ownership]
+state_file = ""
+
 [redis]
 spill_dir = ""
 `, up.URL))
