@@ -29,8 +29,11 @@ type governance struct {
 
 // keyEntry is one [[keys]] table.
 type keyEntry struct {
-	name    string
-	team    *teamEntry // nil when the key has no team
+	name string
+	team *teamEntry // nil when the key has no team
+	// owner names the principal whose stored responses and conversations
+	// the key may use: "team:<name>", or "key:<name>" without a team.
+	owner   string
 	subject ratelimit.Subject
 	limited bool
 }
@@ -77,11 +80,13 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 			subject: ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim},
 			limited: lim != (ratelimit.Limits{}),
 		}
+		e.owner = "key:" + k.Name
 		if k.Team != "" {
 			e.team = gv.teams[k.Team]
 			if e.team == nil {
 				return nil, fmt.Errorf("proxy: keys[%d].team %q is not a [[teams]] name", i, k.Team)
 			}
+			e.owner = "team:" + k.Team
 		}
 		gv.keys[sum] = e
 	}

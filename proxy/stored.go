@@ -105,17 +105,13 @@ func isReplay(r *http.Request) bool {
 	return jsonscan.Equal(v, "true")
 }
 
-// owner names the principal whose stored state a caller may use: its team,
-// or its key when the key has no team.
+// owner names the principal whose stored state a caller may use (see
+// keyEntry.owner); "" for a caller without a [[keys]] entry.
 func (ex *exchange) owner() string {
-	switch {
-	case ex.key == nil:
+	if ex.key == nil {
 		return ""
-	case ex.key.team != nil:
-		return "team:" + ex.key.team.name
-	default:
-		return "key:" + ex.key.name
 	}
+	return ex.key.owner
 }
 
 // checkStored lets a request that names stored state, by its path or by

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -512,4 +513,68 @@ func TestReplayIsMeasuredAsAStreamAndNotBilled(t *testing.T) {
 		t.Errorf("upstream saw %d GETs, want 3", n)
 	}
 	wantMetric(t, tg, "tollgate_inflight_requests", map[string]string{"route": "responses_retrieve"}, 0)
+}
+
+// BenchmarkStoredState measures what tenant isolation adds to a request in
+// mode "keys": "check" is the owner lookup of a request naming a stored
+// response (a GET of it, or previous_response_id), "claim" the record of a
+// new response's owner when the upstream creates one. memory and journal
+// are the in-process store (without and with its state file), redis the
+// shared one on a private redis-server over loopback.
+func BenchmarkStoredState(b *testing.B) {
+	for _, backend := range []string{"memory", "journal", "redis"} {
+		var owners ownership.Store
+		switch backend {
+		case "memory":
+			owners, _ = ownership.NewLocal(ownership.LocalOptions{})
+		case "journal":
+			l, err := ownership.NewLocal(ownership.LocalOptions{File: filepath.Join(b.TempDir(), "owners.jsonl")})
+			if err != nil {
+				b.Fatal(err)
+			}
+			owners = l
+		case "redis":
+			owners = ownership.NewRedis(redistest.Start(b).Client(b), "tollgate:own:")
+		}
+		g := bareGatewayWith(b, "http://127.0.0.1:1", func(c *config.Config) {
+			c.Auth.Mode = "keys"
+			c.Teams = []config.Team{{Name: "search"}}
+			c.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
+		}, func(o *Options) { o.Owners = owners })
+		r := httptest.NewRequest(http.MethodGet, "/v1/responses/resp_bench", nil)
+		sum, _ := keyHash(keyAlpha)
+		newExchange := func() *exchange {
+			ex := &exchange{g: g, r: r}
+			ex.rec.Route = llm.RouteResponses
+			if aerr := ex.identify(sum, true); aerr != nil {
+				b.Fatal(aerr)
+			}
+			return ex
+		}
+		newExchange().claimID(storedResponse, "resp_bench")
+		b.Run(backend+"/check", func(b *testing.B) {
+			ex := newExchange()
+			ex.stored = storedPath(r.Method, r.URL)
+			b.ReportAllocs()
+			for b.Loop() {
+				if aerr := ex.checkStored(); aerr != nil {
+					b.Fatal(aerr)
+				}
+			}
+		})
+		b.Run(backend+"/claim", func(b *testing.B) {
+			ex := newExchange()
+			id := []byte("resp_00000000000000000000000000000000000000000000000000")
+			n := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				n++
+				for i, v := len(id)-1, n; v > 0; i, v = i-1, v/10 { // a new id each time, same length
+					id[i] = byte('0' + v%10)
+				}
+				ex.claimCreated(id)
+			}
+		})
+		_ = owners.Close()
+	}
 }
