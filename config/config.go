@@ -43,6 +43,9 @@ type Server struct {
 	// MaxEventBytes caps one SSE event from the upstream (raw bytes, all its
 	// lines). Default 16777216 (16 MiB).
 	MaxEventBytes int `toml:"max_event_bytes"`
+	// MaxHeaderBytes caps a request's headers (names, values and their
+	// line overhead, as on the wire). Default 65536 (64 KiB).
+	MaxHeaderBytes int `toml:"max_header_bytes"`
 	// ReadHeaderTimeoutSeconds bounds reading a request's headers. Default 10.
 	ReadHeaderTimeoutSeconds float64 `toml:"read_header_timeout_seconds"`
 	// IdleTimeoutSeconds closes idle keep-alive client connections. Default 120.

@@ -22,6 +22,7 @@ func Default() Config {
 			Listen:                   ":8080",
 			MaxBodyBytes:             32 << 20,
 			MaxEventBytes:            16 << 20,
+			MaxHeaderBytes:           64 << 10,
 			ReadHeaderTimeoutSeconds: 10,
 			IdleTimeoutSeconds:       120,
 			DrainTimeoutSeconds:      30,

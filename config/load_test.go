@@ -14,7 +14,7 @@ import (
 func TestDefault(t *testing.T) {
 	c := Default()
 	want := Config{
-		Server: Server{Listen: ":8080", MaxBodyBytes: 32 * 1024 * 1024, MaxEventBytes: 16 * 1024 * 1024,
+		Server: Server{Listen: ":8080", MaxBodyBytes: 32 * 1024 * 1024, MaxEventBytes: 16 * 1024 * 1024, MaxHeaderBytes: 64 << 10,
 			ReadHeaderTimeoutSeconds: 10, IdleTimeoutSeconds: 120, DrainTimeoutSeconds: 30, StreamErrorEvents: true},
 		Auth: Auth{Mode: "passthrough", RequireKey: true},
 		Metrics: Metrics{LatencyBuckets: []int64{0, 500, 2000, 8000, 32000}, Labels: map[string]string{},
@@ -242,6 +242,7 @@ func TestParseFullConfig(t *testing.T) {
 listen = "127.0.0.1:9999"
 max_body_bytes = 1048576
 max_event_bytes = 65536
+max_header_bytes = 8192
 read_header_timeout_seconds = 2.5
 idle_timeout_seconds = 30
 drain_timeout_seconds = 5
@@ -431,7 +432,7 @@ dialect = "anthropic"
 	second.Retry.Statuses = []int{}
 	second.Breaker.Enabled, second.Breaker.MinRequests = false, 0
 	want := Config{
-		Server: Server{Listen: "127.0.0.1:9999", MaxBodyBytes: 1 << 20, MaxEventBytes: 1 << 16,
+		Server: Server{Listen: "127.0.0.1:9999", MaxBodyBytes: 1 << 20, MaxEventBytes: 1 << 16, MaxHeaderBytes: 8192,
 			ReadHeaderTimeoutSeconds: 2.5, IdleTimeoutSeconds: 30, DrainTimeoutSeconds: 5, StreamErrorEvents: false},
 		Auth: Auth{Mode: "passthrough", RequireKey: false},
 		Upstreams: []Upstream{{

@@ -78,6 +78,10 @@ func (v *validator) add(key, format string, args ...any) {
 // maxSeconds is the largest number of seconds a time.Duration holds.
 const maxSeconds = float64(math.MaxInt64) / float64(time.Second)
 
+// maxHeaderBytes bounds server.max_header_bytes: the listener keeps up to
+// twice it per connection while reading headers.
+const maxHeaderBytes = 16 << 20
+
 // duration checks a time value in unit (time.Second or time.Millisecond)
 // that becomes a time.Duration: finite, not too large, and > 0 (or >= 0
 // when zero is allowed, meaning "off").
@@ -132,6 +136,10 @@ func (s *Server) validate(v *validator) {
 	}
 	v.positive("server.max_body_bytes", s.MaxBodyBytes)
 	v.positive("server.max_event_bytes", int64(s.MaxEventBytes))
+	v.positive("server.max_header_bytes", int64(s.MaxHeaderBytes))
+	if s.MaxHeaderBytes > maxHeaderBytes {
+		v.add("server.max_header_bytes", "%d is more than %d (16 MiB)", s.MaxHeaderBytes, maxHeaderBytes)
+	}
 	v.duration("server.read_header_timeout_seconds", s.ReadHeaderTimeoutSeconds, time.Second, false)
 	v.duration("server.idle_timeout_seconds", s.IdleTimeoutSeconds, time.Second, false)
 	v.duration("server.shutdown_delay_seconds", s.ShutdownDelaySeconds, time.Second, true)

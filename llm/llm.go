@@ -168,6 +168,13 @@ const (
 	// RejectOwnershipUnavailable: the store of who owns stored state could
 	// not be asked.
 	RejectOwnershipUnavailable
+	// RejectNonCanonicalPath: the path has dot segments, empty segments,
+	// backslashes or encoded dots, slashes or backslashes, which an upstream
+	// could resolve to a path the gateway never judged.
+	RejectNonCanonicalPath
+	// RejectHeadersTooLarge: the request's headers exceed
+	// server.max_header_bytes.
+	RejectHeadersTooLarge
 	// RejectOther is any other refusal.
 	RejectOther
 )
@@ -186,6 +193,8 @@ var rejectionNames = [...]string{
 	RejectNotMeterable:         "not_meterable",
 	RejectNotOwner:             "not_owner",
 	RejectOwnershipUnavailable: "ownership_unavailable",
+	RejectNonCanonicalPath:     "non_canonical_path",
+	RejectHeadersTooLarge:      "headers_too_large",
 	RejectOther:                "other",
 }
 

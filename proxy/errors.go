@@ -233,3 +233,44 @@ func errLimiterUnavailable() *apiError {
 		AnthropicKind: "api_error",
 		Msg:           "the gateway cannot check rate limits right now (on_redis_error = \"deny\"); retry shortly"}
 }
+
+// quoteID bounds an id quoted back in an error message.
+func quoteID(id string) string {
+	if len(id) > 128 {
+		id = id[:128] + "..."
+	}
+	return "'" + id + "'"
+}
+
+func errStoredNotFound(kind storedKind, id, param string) *apiError {
+	e := &apiError{Status: http.StatusNotFound, Kind: "invalid_request_error", AnthropicKind: "not_found_error",
+		Param: param}
+	switch {
+	case param == "previous_response_id":
+		e.Code = "previous_response_not_found"
+		e.Msg = "Previous response with id " + quoteID(id) + " not found."
+	case kind == storedResponse:
+		e.Msg = "Response with id " + quoteID(id) + " not found."
+	default:
+		e.Msg = "Conversation with id " + quoteID(id) + " not found."
+	}
+	return e
+}
+
+func errOwnershipUnavailable() *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "ownership_unavailable",
+		AnthropicKind: "api_error",
+		Msg:           "the gateway cannot check who owns stored responses and conversations right now; retry shortly"}
+}
+
+func errNonCanonicalPath(why string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "invalid_path",
+		AnthropicKind: "invalid_request_error",
+		Msg:           "the request path is not canonical, so the gateway does not pass it on: " + why}
+}
+
+func errHeadersTooLarge(limit int) *apiError {
+	return &apiError{Status: http.StatusRequestHeaderFieldsTooLarge, Kind: "invalid_request_error",
+		Code: "headers_too_large", AnthropicKind: "invalid_request_error",
+		Msg: "the request headers are larger than this gateway accepts (" + strconv.Itoa(limit) + " bytes)"}
+}

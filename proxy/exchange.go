@@ -115,12 +115,18 @@ func (ex *exchange) abortOnPanic() {
 	panic(p)
 }
 
-// serve takes the request along its path: the caller's key and identity,
-// the body and what it asks for, admission, then the round trip upstream.
+// serve takes the request along its path: its path and headers, the
+// caller's key and identity, the body and what it asks for, admission, then
+// the round trip upstream.
 func (ex *exchange) serve() {
 	g, r := ex.g, ex.r
 	cfg := g.cfg
 
+	if aerr, why := ex.checkEdge(); aerr != nil {
+		ex.rec.Rejection = why
+		ex.fail(aerr, llm.OutcomeRejected)
+		return
+	}
 	key, hasKey, malformed := callerKey(r.Header)
 	sum, id := keyHash(key)
 	ex.rec.KeyID = id

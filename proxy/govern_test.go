@@ -738,7 +738,7 @@ func TestNoWayAroundMetering(t *testing.T) {
 		{"GET", "/v1/files", ``, 403, "not_available"},
 		{"DELETE", "/v1/files/file-123", ``, 403, "not_available"},
 		{"GET", "/v1/batches/b-1", ``, 403, "not_available"},
-		{"GET", "/v1/models%2F..%2Ffiles", ``, 403, "not_available"},
+		{"GET", "/v1/models%2F..%2Ffiles", ``, 400, "invalid_path"}, // refused before anything else
 		{"POST", "/v1/messages/count_tokens?beta=true", `{"model":"gpt-other","messages":[]}`, 200, ""},
 		{"GET", "/v1/models/gpt-test", ``, 200, ""},
 		{"POST", "/v1/embeddings", `{"model":"claude-test-embed","input":"x"}`, 200, ""},

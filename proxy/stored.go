@@ -226,32 +226,3 @@ func (ex *exchange) releaseStored() {
 			"request_id", ex.rec.RequestID, "err", err)
 	}
 }
-
-// quoteID bounds an id quoted back in an error message.
-func quoteID(id string) string {
-	if len(id) > 128 {
-		id = id[:128] + "..."
-	}
-	return "'" + id + "'"
-}
-
-func errStoredNotFound(kind storedKind, id, param string) *apiError {
-	e := &apiError{Status: http.StatusNotFound, Kind: "invalid_request_error", AnthropicKind: "not_found_error",
-		Param: param}
-	switch {
-	case param == "previous_response_id":
-		e.Code = "previous_response_not_found"
-		e.Msg = "Previous response with id " + quoteID(id) + " not found."
-	case kind == storedResponse:
-		e.Msg = "Response with id " + quoteID(id) + " not found."
-	default:
-		e.Msg = "Conversation with id " + quoteID(id) + " not found."
-	}
-	return e
-}
-
-func errOwnershipUnavailable() *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "ownership_unavailable",
-		AnthropicKind: "api_error",
-		Msg:           "the gateway cannot check who owns stored responses and conversations right now; retry shortly"}
-}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -347,5 +348,45 @@ func TestShutdownDelayKeepsServing(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", gw.addr, time.Second); err == nil {
 		c.Close()
 		t.Error("the listener still accepts connections after the delay")
+	}
+}
+
+// TestServeBoundsHeaders: a header block far past max_header_bytes is cut
+// by the listener itself (431) before the handler reads it, and one just past
+// the limit gets the handler's 431 in the caller's dialect; neither reaches
+// the upstream.
+func TestServeBoundsHeaders(t *testing.T) {
+	var upstreamHits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstreamHits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"object":"list","data":[]}`)
+	}))
+	t.Cleanup(up.Close)
+	cfg := config.DemoConfig(up.URL)
+	cfg.Server.MaxHeaderBytes = 8 << 10
+	r := startReplica(t, cfg)
+	for _, c := range []struct {
+		size      int
+		inDialect bool
+	}{{12 << 10, true}, {64 << 10, false}} {
+		req, err := http.NewRequest(http.MethodGet, r.url+"/v1/models", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Big", strings.Repeat("b", c.size))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge ||
+			c.inDialect != strings.Contains(string(body), `"code":"headers_too_large"`) {
+			t.Errorf("%d header bytes: %d %q, want 431 (in dialect: %v)", c.size, resp.StatusCode, body, c.inDialect)
+		}
+	}
+	if n := upstreamHits.Load(); n != 0 {
+		t.Errorf("the upstream got %d requests, want none", n)
 	}
 }

@@ -113,8 +113,13 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		Handler:           gw.Handler(),
 		ReadHeaderTimeout: config.Seconds(cfg.Server.ReadHeaderTimeoutSeconds),
 		IdleTimeout:       config.Seconds(cfg.Server.IdleTimeoutSeconds),
-		BaseContext:       func(net.Listener) context.Context { return baseCtx },
-		ErrorLog:          slog.NewLogLogger(ops.Handler(), slog.LevelWarn),
+		// The handler answers headers over max_header_bytes with a 431 in
+		// the caller's dialect; the server's own limit, above it, stops a
+		// header block so large that reading it would be the harm (its
+		// 431 is plain text).
+		MaxHeaderBytes: 2 * cfg.Server.MaxHeaderBytes,
+		BaseContext:    func(net.Listener) context.Context { return baseCtx },
+		ErrorLog:       slog.NewLogLogger(ops.Handler(), slog.LevelWarn),
 	}
 	rg := &runningGateway{cfg: cfg, gw: gw, srv: srv, registry: reg, metrics: m, gov: gov, log: ops, cancel: cancel,
 		done: make(chan error, 1), addr: ln.Addr().String(), probe: sched}
