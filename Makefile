@@ -1,4 +1,4 @@
-# tollgate developer targets. `make test` runs the README's test command, as .ci/run does.
+# tollgate developer targets. `make test` runs the README's test command (.ci/test), as .ci/run does.
 GO ?= go
 PKGS := ./...
 FUZZTIME ?= 20s
@@ -10,9 +10,10 @@ all: lint test
 build:
 	$(GO) build -o bin/gateway ./cmd/gateway
 
-## test: every test, with the race detector (the README's test command).
+## test: every test, with the race detector, after installing what the tests
+## need when it is missing (the README's test command).
 test:
-	$(GO) test -race -count=1 $(PKGS)
+	./.ci/test
 
 ## bench: the hot-path benchmarks quoted in the notes.
 bench:

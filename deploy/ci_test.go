@@ -1,0 +1,72 @@
+package deploy_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestReadmeTestCommandInstallsWhatTheTestsNeed: the README's one test
+// command is .ci/test, which runs .ci/setup before the tests, and CI runs
+// that same command.
+func TestReadmeTestCommandInstallsWhatTheTestsNeed(t *testing.T) {
+	root := repoRoot(t)
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	block := regexp.MustCompile("(?s)## Run the tests\n\n```sh\n(.*?)```").FindStringSubmatch(read("README.md"))
+	if block == nil {
+		t.Fatal("README.md has no sh block under \"## Run the tests\"")
+	}
+	cmd := strings.TrimSpace(block[1])
+	if cmd != "./.ci/test" {
+		t.Fatalf("README's test command is %q, want the one command ./.ci/test", cmd)
+	}
+	test := read(".ci/test")
+	setup, gotest := strings.Index(test, "./.ci/setup\n"), strings.Index(test, "go test -race -count=1 ./...")
+	if setup < 0 || gotest < setup {
+		t.Errorf(".ci/test does not run ./.ci/setup and then go test -race -count=1 ./...:\n%s", test)
+	}
+	lines := strings.Split(strings.TrimSpace(read(".ci/run")), "\n")
+	if last := lines[len(lines)-1]; last != cmd {
+		t.Errorf(".ci/run ends with %q, want the README's test command %q", last, cmd)
+	}
+	if mk := read("Makefile"); !strings.Contains(mk, "test:\n\t"+cmd+"\n") {
+		t.Errorf("make test does not run %s", cmd)
+	}
+}
+
+// TestSetupFindsWhatIsMissing runs .ci/setup --check with a PATH that has
+// every tool the tests need but redis-server: it names redis-server, and
+// installs nothing.
+func TestSetupFindsWhatIsMissing(t *testing.T) {
+	root := repoRoot(t)
+	bin := t.TempDir()
+	for _, tool := range []string{"gcc", "git", "prometheus", "promtool", "docker-compose", "chromium"} {
+		if err := os.WriteFile(filepath.Join(bin, tool), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(path string) (string, error) {
+		c := exec.Command("bash", filepath.Join(root, ".ci", "setup"), "--check")
+		c.Env = append(os.Environ(), "PATH="+path)
+		out, err := c.CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	if out, err := run(bin); err == nil || out != "missing: redis-server" {
+		t.Errorf("without redis-server: %q (%v), want \"missing: redis-server\" and a failure", out, err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "redis-server"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(bin); err != nil || out != "nothing missing" {
+		t.Errorf("with every tool: %q (%v), want \"nothing missing\"", out, err)
+	}
+}
