@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"sync"
 	"testing"
 )
 
@@ -27,11 +28,12 @@ func BenchmarkReadBody(b *testing.B) {
 				if sized {
 					r.ContentLength = int64(size.n)
 				}
+				chunks := sync.Pool{New: func() any { c := make([]byte, relayBufSize); return &c }}
 				b.SetBytes(int64(size.n))
 				b.ReportAllocs()
 				for b.Loop() {
 					rd.Reset(payload)
-					body, aerr := readBody(r, 32<<20)
+					body, aerr := readBody(r, 32<<20, &chunks)
 					if aerr != nil || len(body) != size.n {
 						b.Fatalf("read %d bytes (%v), want %d", len(body), aerr, size.n)
 					}
