@@ -150,7 +150,7 @@ func (ex *exchange) serve() {
 		return
 	}
 
-	body, aerr := readBody(r, cfg.Server.MaxBodyBytes)
+	body, aerr := readBody(r, cfg.Server.MaxBodyBytes, &g.bufPool)
 	if aerr != nil {
 		if r.Context().Err() != nil {
 			ex.clientGone()

@@ -93,7 +93,7 @@ type Gateway struct {
 	routing   *routing
 	draining  atomic.Bool
 	open      atomic.Int64 // exchanges whose finish has not run yet
-	bufPool   sync.Pool    // *[]byte relay buffers
+	bufPool   sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read
 	states    sync.Pool    // *streamState
 }
 

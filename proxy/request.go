@@ -7,31 +7,93 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
-// readBody reads the whole request body, at most limit bytes. The body is
-// read before the upstream request starts: streaming the inbound body into
-// the outbound request truncates streams under load (golang/go#40747),
-// and the dialect handler needs the bytes anyway.
-func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+// readBody reads the whole request body, at most limit bytes, into one
+// slice of exactly its length. The body is read before the upstream request
+// starts: streaming the inbound body into the outbound request truncates
+// streams under load (golang/go#40747), and the dialect handler needs the
+// bytes anyway.
+//
+// A body with a Content-Length is read straight into a slice of that
+// length (net/http ends a server request's body there). One without is read
+// into buffers borrowed from chunks (a pool of *[]byte), refused as soon as
+// it passes limit, and at its end copied into a slice of its length, each
+// buffer going back to the pool once copied. Refusing a body therefore
+// costs about limit, not the several times limit of a doubling buffer. A
+// body within limit costs its length in new memory; while it is copied, the
+// borrowed buffers holding it are live too.
+func readBody(r *http.Request, limit int64, chunks *sync.Pool) ([]byte, *apiError) {
 	if r.ContentLength > limit {
 		return nil, errTooLarge(limit)
 	}
-	var buf bytes.Buffer
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
 	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
+		body := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, errBadRequest("could not read the request body", "")
+		}
+		return body, nil
 	}
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, errBadRequest("could not read the request body", "")
+	return readUnsized(r.Body, limit, chunks)
+}
+
+// readUnsized reads a body of unknown length (chunked) as readBody says.
+func readUnsized(body io.Reader, limit int64, chunks *sync.Pool) ([]byte, *apiError) {
+	var first [16]*[]byte // enough for most bodies without a heap-allocated list
+	held := first[:0]
+	release := func() {
+		for _, c := range held {
+			chunks.Put(c)
+		}
 	}
-	if int64(buf.Len()) > limit {
-		return nil, errTooLarge(limit)
+	var n int64
+	for {
+		c := chunks.Get().(*[]byte)
+		held = append(held, c)
+		// Never more than one byte past the limit: that byte refuses it.
+		k, err := fill(body, (*c)[:min(int64(len(*c)), limit+1-n)])
+		n += int64(k)
+		if n > limit {
+			release()
+			return nil, errTooLarge(limit)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			release()
+			return nil, errBadRequest("could not read the request body", "")
+		}
 	}
-	return buf.Bytes(), nil
+	if n == 0 {
+		release()
+		return nil, nil
+	}
+	out := make([]byte, n)
+	off := 0
+	for _, c := range held {
+		off += copy(out[off:], *c) // every chunk but the last is full
+		chunks.Put(c)
+	}
+	return out, nil
+}
+
+// fill reads from r into p until p is full or r fails; err is nil when p
+// is full, else r's error (io.EOF at the body's end).
+func fill(r io.Reader, p []byte) (n int, err error) {
+	for n < len(p) && err == nil {
+		var k int
+		k, err = r.Read(p[n:])
+		n += k
+	}
+	return n, err
 }
 
 // requestInfo is what the gateway reads from a dialect request body.

@@ -3,10 +3,18 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	rtmetrics "runtime/metrics"
 	"strings"
+	"sync"
 	"testing"
+	"testing/iotest"
 
+	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -204,4 +212,259 @@ func FuzzAddIncludeUsage(f *testing.F) {
 			}
 		}
 	})
+}
+
+// zeroFill is an endless request body of one repeated byte that allocates
+// nothing per read, so that what a test counts is the gateway's.
+type zeroFill struct{ left int64 }
+
+var fillBlock = bytes.Repeat([]byte("a"), 32<<10)
+
+func (z *zeroFill) Read(p []byte) (int, error) {
+	if z.left <= 0 {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), z.left)]
+	n := 0
+	for n < len(p) {
+		n += copy(p[n:], fillBlock)
+	}
+	z.left -= int64(n)
+	return n, nil
+}
+
+// heapAllocated is the process's running total of bytes allocated on the
+// heap (what MemStats.TotalAlloc counts), read without stopping the world.
+func heapAllocated() uint64 {
+	s := []rtmetrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	rtmetrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// A body sent without a Content-Length, sixteen times the limit, is refused
+// once the limit is passed, and reading it costs about the limit: the
+// review's 64 MiB body against the 32 MiB default raised the gateway's
+// peak RSS by 124 MiB, a buffer doubling past the limit.
+//
+// The cost is the heap allocated from the request's start to its record:
+// a running total, so it bounds from above the high-water of what the
+// request added to the heap, and it does not depend on when the GC runs,
+// on the machine's load or on the race detector (whose shadow memory is
+// not Go heap), as a sampled HeapInuse would. Everything else the exchange
+// and both ends of the connection allocate fits in the fixed allowance.
+func TestOversizedChunkedBodyCostsAboutItsLimit(t *testing.T) {
+	const limit = 4 << 20
+	up := newFixedUpstream(http.StatusOK, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o-mini",`+
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],`+
+		`"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`, "")
+	ups := httptest.NewServer(up)
+	defer ups.Close()
+	tg := newTestGateway(t, ups.URL, func(c *config.Config) { c.Server.MaxBodyBytes = limit })
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	// Two requests first, so that one-time costs (the connection, metric
+	// children, the access log's handler) are not counted: one served, one
+	// refused for its Content-Length before any of it is read.
+	for _, body := range []string{plainChat, strings.Repeat("a", limit+1)} {
+		req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, tg.URL+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		tg.record(t)
+	}
+	client.CloseIdleConnections()
+
+	body := io.MultiReader(strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"`),
+		&zeroFill{left: 64 << 20})
+	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, tg.URL+"/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = -1 // chunked
+	req.Header.Set("Content-Type", "application/json")
+
+	before := heapAllocated()
+	resp, err := client.Do(req)
+	if err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "request_too_large") {
+			t.Errorf("answer %d %s, want 413 request_too_large", resp.StatusCode, b)
+		}
+	} // else the gateway closed the connection while the client was still sending: the record says what it sent
+	rec := tg.record(t)
+	spent := heapAllocated() - before
+
+	if rec.Status != http.StatusRequestEntityTooLarge || rec.Outcome != llm.OutcomeBadRequest {
+		t.Errorf("record: status %d, outcome %s; want 413, bad_request", rec.Status, rec.Outcome)
+	}
+	if n := up.requests(); n != 1 {
+		t.Errorf("the upstream got %d requests, want only the warm-up's", n)
+	}
+	const allowance = 512 << 10
+	if bound := uint64(limit)*5/4 + allowance; spent > bound {
+		t.Errorf("refusing the body allocated %d bytes (%.2f× the %d-byte limit), want at most %d",
+			spent, float64(spent)/limit, limit, bound)
+	} else {
+		t.Logf("refusing the body allocated %d bytes, %.2f× the limit", spent, float64(spent)/limit)
+	}
+}
+
+func chunkPool() *sync.Pool {
+	return &sync.Pool{New: func() any { c := make([]byte, relayBufSize); return &c }}
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// A body within the limit comes back whole, in a slice of exactly its
+// length, with a Content-Length or without one and however its reads are
+// cut (short reads, the last bytes with io.EOF); one byte past the limit is
+// refused, and a Content-Length past it before anything is read.
+func TestReadBodyReturnsBodiesWithinTheLimitWhole(t *testing.T) {
+	const limit = 3*relayBufSize + 100
+	pool := chunkPool()
+	cuts := map[string]func(io.Reader) io.Reader{
+		"plain":        func(r io.Reader) io.Reader { return struct{ io.Reader }{r} },
+		"half reads":   iotest.HalfReader,
+		"data and EOF": iotest.DataErrReader,
+	}
+	for _, n := range []int{0, 1, relayBufSize - 1, relayBufSize, relayBufSize + 1, 2*relayBufSize + 7, limit, limit + 1, 5 * relayBufSize} {
+		payload := make([]byte, n)
+		for i := range payload {
+			payload[i] = byte(i * 7 % 251)
+		}
+		for _, sized := range []bool{true, false} {
+			for cut, wrap := range cuts {
+				t.Run(fmt.Sprintf("%d bytes/sized=%v/%s", n, sized, cut), func(t *testing.T) {
+					src := &countingReader{r: wrap(bytes.NewReader(payload))}
+					r := &http.Request{Method: http.MethodPost, Body: io.NopCloser(src), ContentLength: -1}
+					if sized {
+						r.ContentLength = int64(n)
+					}
+					body, aerr := readBody(r, limit, pool)
+					if n > limit {
+						if aerr == nil || aerr.Status != http.StatusRequestEntityTooLarge {
+							t.Fatalf("a %d-byte body under a %d-byte limit: %d bytes, error %v; want 413", n, limit, len(body), aerr)
+						}
+						if sized && src.n != 0 {
+							t.Errorf("%d bytes read of a body whose Content-Length is past the limit", src.n)
+						}
+						if !sized && src.n > limit+1 {
+							t.Errorf("%d bytes read before refusing, want at most limit+1 = %d", src.n, limit+1)
+						}
+						return
+					}
+					if aerr != nil {
+						t.Fatalf("error %v", aerr)
+					}
+					if !bytes.Equal(body, payload) {
+						t.Fatalf("got %d bytes, differing from the %d sent at byte %d", len(body), n, firstByteDiff(body, payload))
+					}
+					if cap(body) != len(body) {
+						t.Errorf("cap %d for %d bytes: the slice is not exactly the body", cap(body), len(body))
+					}
+				})
+			}
+		}
+	}
+}
+
+func firstByteDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// A body that breaks off (the connection ends or fails before the body's
+// end) is refused as unreadable, not passed on in part.
+func TestReadBodyRefusesABodyThatBreaksOff(t *testing.T) {
+	payload := bytes.Repeat([]byte("b"), 2*relayBufSize+3)
+	broken := errors.New("connection reset")
+	for _, tc := range []struct {
+		name string
+		body io.Reader
+		cl   int64
+	}{
+		{"short of its Content-Length", bytes.NewReader(payload), int64(len(payload)) + 1},
+		{"chunked, failing in its second chunk", io.MultiReader(bytes.NewReader(payload[:relayBufSize+5]), iotest.ErrReader(broken)), -1},
+		{"with a Content-Length, failing", io.MultiReader(bytes.NewReader(payload[:10]), iotest.ErrReader(broken)), int64(len(payload))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &http.Request{Method: http.MethodPost, Body: io.NopCloser(tc.body), ContentLength: tc.cl}
+			body, aerr := readBody(r, 1<<20, chunkPool())
+			if aerr == nil || aerr.Status != http.StatusBadRequest || body != nil {
+				t.Fatalf("%d bytes, error %v; want 400 and no body", len(body), aerr)
+			}
+		})
+	}
+}
+
+// With a Content-Length the body costs one allocation, of its length.
+func TestReadBodyWithAContentLengthAllocatesOnce(t *testing.T) {
+	payload := bytes.Repeat([]byte("c"), 100<<10)
+	rd := bytes.NewReader(payload)
+	r := &http.Request{Method: http.MethodPost, Body: io.NopCloser(struct{ io.Reader }{rd}), ContentLength: int64(len(payload))}
+	pool := chunkPool()
+	if n := testing.AllocsPerRun(20, func() {
+		rd.Reset(payload)
+		if body, aerr := readBody(r, 1<<20, pool); aerr != nil || len(body) != len(payload) {
+			t.Fatalf("%d bytes, error %v", len(body), aerr)
+		}
+	}); n != 1 {
+		t.Fatalf("%.1f allocations per body, want 1", n)
+	}
+}
+
+// A body sent without a Content-Length, of exactly the limit and spanning
+// several chunks, reaches the upstream byte for byte.
+func TestChunkedBodyWithinTheLimitGoesUpstreamAsSent(t *testing.T) {
+	up := &rawUpstream{contentType: "application/json", pieces: [][]byte{[]byte(`{"id":"chatcmpl-1","object":"chat.completion",` +
+		`"created":1,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},` +
+		`"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)}}
+	ups := httptest.NewServer(up)
+	defer ups.Close()
+	sent := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"` + strings.Repeat("x", 3*relayBufSize+11) + `"}]}`
+	tg := newTestGateway(t, ups.URL, func(c *config.Config) { c.Server.MaxBodyBytes = int64(len(sent)) })
+	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, tg.URL+"/v1/chat/completions",
+		struct{ io.Reader }{strings.NewReader(sent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = -1 // chunked
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	if rec := tg.record(t); rec.Outcome != llm.OutcomeOK {
+		t.Errorf("outcome %s", rec.Outcome)
+	}
+	got, _ := up.request()
+	if string(got) != sent {
+		t.Fatalf("the upstream got %d bytes, differing from the %d sent at byte %d", len(got), len(sent), firstByteDiff(got, []byte(sent)))
+	}
 }
