@@ -3,7 +3,11 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -297,4 +301,105 @@ func hasSeries(t *testing.T, tg *testGateway, name, model string) bool {
 		}
 	}
 	return false
+}
+
+// scrapeModelSeries fetches /metrics over HTTP in the text format and
+// returns, for one model label value, the number of series lines (one per
+// classic bucket, _sum and _count of a histogram) and the families they
+// belong to.
+func scrapeModelSeries(t *testing.T, tg *testGateway, model string) (int, map[string]int) {
+	t.Helper()
+	resp, err := http.Get(tg.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`[{,]model="` + regexp.QuoteMeta(model) + `"[,}]`)
+	n, fams := 0, map[string]int{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "#") || !re.MatchString(l) {
+			continue
+		}
+		n++
+		fam, _, _ := strings.Cut(l, "{")
+		for _, suf := range []string{"_bucket", "_sum", "_count"} {
+			fam = strings.TrimSuffix(fam, suf)
+		}
+		fams[fam]++
+	}
+	return n, fams
+}
+
+// readmeSeriesCounts reads README's series counts per model label: what a
+// successful streamed request adds (classic series, native series), what a
+// non-streamed one adds, and what a stream of one token adds.
+func readmeSeriesCounts(t *testing.T) (streamed, native, plain, oneToken int) {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Line breaks may fall between any two words.
+	words := strings.NewReplacer(" ", `\s+`)
+	re := regexp.MustCompile(`(?s)` + words.Replace(`a successful streamed request adds \*\*(\d+)\*\* series`) + `.*?` +
+		words.Replace(`(\d+) when Prometheus ingests native histograms`) + `.*?` +
+		words.Replace(`a successful non-streamed one \*\*(\d+)\*\*`) + `.*?` +
+		words.Replace(`a stream of one token (\d+)`))
+	m := re.FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("README.md does not say the series per model label in the expected words (%s)", re)
+	}
+	nums := make([]int, 4)
+	for i := range nums {
+		nums[i], _ = strconv.Atoi(string(m[i+1]))
+	}
+	return nums[0], nums[1], nums[2], nums[3]
+}
+
+// TestSeriesPerModelLabel: the series one model label value adds to
+// /metrics are what README says, after one successful streamed and one
+// non-streamed request of that model (route, team and input bucket shared),
+// one non-streamed request of another, and a one-token stream of a third.
+func TestSeriesPerModelLabel(t *testing.T) {
+	streamed, native, plain, oneToken := readmeSeriesCounts(t)
+	_, upURL := mockUpstream(t, mockllm.Options{OutputTokens: 4, ITL: 100 * time.Microsecond})
+	tg := newTestGateway(t, upURL, nil)
+	if !tg.gw.cfg.Metrics.NativeHistograms {
+		t.Fatal("native histograms are off: the README's counts are for the default")
+	}
+	send := func(model string, stream bool, hdr map[string]string) {
+		t.Helper()
+		if resp, b := post(t, tg.URL+"/v1/chat/completions", chatBody(model, stream), hdr); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", model, resp.StatusCode, b)
+		}
+		tg.record(t)
+	}
+	send("model-a", true, nil)
+	send("model-a", false, nil)
+	send("model-b", false, nil)
+	send("model-c", true, map[string]string{"X-Mock-Output-Tokens": "1"})
+
+	n, fams := scrapeModelSeries(t, tg, "model-a")
+	if n != streamed {
+		t.Errorf("model-a (streamed and not): %d series lines, README says %d: %v", n, streamed, fams)
+	}
+	if g := modelLabels(t, tg)["model-a"]; g != native {
+		t.Errorf("model-a: %d series counting each histogram once, README says %d", g, native)
+	}
+	if n, fams := scrapeModelSeries(t, tg, "model-b"); n != plain {
+		t.Errorf("model-b (non-streamed): %d series lines, README says %d: %v", n, plain, fams)
+	}
+	n, fams = scrapeModelSeries(t, tg, "model-c")
+	if n != oneToken {
+		t.Errorf("model-c (a stream of one token): %d series lines, README says %d: %v", n, oneToken, fams)
+	}
+	for _, f := range []string{"tollgate_inter_token_latency_seconds", "tollgate_time_per_output_token_seconds"} {
+		if fams[f] != 0 {
+			t.Errorf("a stream of one token has %d %s series, want none (no gap to observe)", fams[f], f)
+		}
+	}
 }
