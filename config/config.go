@@ -268,12 +268,20 @@ type Metrics struct {
 	// names and must not clash with tollgate's own labels (nor with "le" and
 	// "quantile"). Default: none.
 	Labels map[string]string `toml:"labels"`
-	// Models are model names always used as they are in the model label.
-	// Other names are used as seen until MaxModels distinct names exist;
-	// after that they are labelled "other". Default [].
+	// Models are model names always used as they are in the model label,
+	// from the start. Default [].
 	Models []string `toml:"models"`
-	// MaxModels caps distinct model label values. Default 100.
+	// MaxModels caps distinct model label values, Models included. Another
+	// name takes one of these labels only once an upstream has answered a
+	// request for it with a success status (2xx), and only while one is
+	// free; until then, and for good after that, it is labelled "other".
+	// Default 100.
 	MaxModels int `toml:"max_models"`
+	// ModelsFromPrices, when [[models]] tables exist, gives a label of its
+	// own (within MaxModels) only to a name that matches one of their
+	// patterns; other names are labelled "other". false: any name an
+	// upstream served. No effect without [[models]]. Default true.
+	ModelsFromPrices bool `toml:"models_from_prices"`
 	// NativeHistograms adds Prometheus native (exponential) buckets to the
 	// latency histograms. Default true.
 	NativeHistograms bool `toml:"native_histograms"`

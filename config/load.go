@@ -37,6 +37,7 @@ func Default() Config {
 			Labels:           map[string]string{},
 			Models:           []string{},
 			MaxModels:        100,
+			ModelsFromPrices: true,
 			NativeHistograms: true,
 		},
 		SLO: SLO{

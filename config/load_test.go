@@ -18,7 +18,7 @@ func TestDefault(t *testing.T) {
 			ReadHeaderTimeoutSeconds: 10, IdleTimeoutSeconds: 120, DrainTimeoutSeconds: 30, StreamErrorEvents: true},
 		Auth: Auth{Mode: "passthrough", RequireKey: true},
 		Metrics: Metrics{LatencyBuckets: []int64{0, 500, 2000, 8000, 32000}, Labels: map[string]string{},
-			Models: []string{}, MaxModels: 100, NativeHistograms: true},
+			Models: []string{}, MaxModels: 100, ModelsFromPrices: true, NativeHistograms: true},
 		SLO:       SLO{TTFTMs: 2000, TPOTMs: 100, E2ELMs: 0},
 		Log:       Log{Level: "info", Format: "json", AccessLog: true},
 		RateLimit: RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
@@ -315,6 +315,7 @@ upstreams = ["local-vllm_2"]
 latency_buckets = [0, 1000, 4000]
 models = ["gpt-4o", "claude-sonnet-4-5"]
 max_models = 20
+models_from_prices = false
 native_histograms = false
 
 [metrics.labels]

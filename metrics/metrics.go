@@ -1,6 +1,8 @@
 // Package metrics owns tollgate's Prometheus collectors. Every collector is
 // registered on a registry the caller injects; label values come from closed
-// sets so that no caller input can grow the series count without bound.
+// sets so that no caller input can grow the series count without bound: a
+// requested model name becomes a label value only once an upstream has
+// served it (ModelServed), within [metrics] max_models.
 //
 // Besides the request figures, the tollgate_upstream_* families follow each
 // [[upstreams]] entry through retries, fallbacks, its circuit breaker and
@@ -11,6 +13,7 @@ package metrics
 
 import (
 	"math"
+	"path"
 	"strconv"
 	"sync"
 	"time"
@@ -200,7 +203,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 
 		buckets: llm.NewBuckets(mc.LatencyBuckets),
 		slo:     cfg.SLOTargets(),
-		models:  newModelSet(mc.Models, mc.MaxModels),
+		models:  newModelSet(mc.Models, mc.MaxModels, labelPatterns(cfg)),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
 		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded,
@@ -247,10 +250,21 @@ func (m *Metrics) Buckets() llm.Buckets { return m.buckets }
 // SLO returns the goodput objectives.
 func (m *Metrics) SLO() llm.SLOTargets { return m.slo }
 
-// Model returns the label value for a requested model name: the name itself
-// when configured or while fewer than max_models names have been seen,
-// "other" after that, and "none" for an empty name.
+// Model returns the label value a requested model name has now, without
+// giving it one: the name itself when it has a label of its own ([metrics]
+// models, or given one by ModelServed), "none" for an empty name, else
+// "other". A request nobody has served yet (refused by the gateway or the
+// upstream, or not answered yet) is labelled with it.
 func (m *Metrics) Model(name string) string { return m.models.label(name) }
+
+// ModelServed returns the label value of a model name an upstream has
+// answered with a success status, giving the name a label of its own when
+// it has none yet, one of max_models is free and the name may have one: at
+// most 128 printable ASCII bytes and, when [[models]] patterns exist (and
+// [metrics] models_from_prices is on), matching one of them. Otherwise it is
+// Model's answer. A name that only a caller vouches for never takes a
+// label, so callers cannot use up the labels with names of their own.
+func (m *Metrics) ModelServed(name string) string { return m.models.claim(name) }
 
 // Inflight returns the open-exchanges gauge of a route; Inc at the start of an
 // exchange and Dec at its end.
@@ -481,15 +495,20 @@ func statusCode(code int) string {
 	return "000"
 }
 
-// modelSet bounds the model label's cardinality.
+// modelSet bounds the model label's cardinality. A name is in known once
+// it has a label of its own; names get in only through claim, after an
+// upstream served them.
 type modelSet struct {
 	mu    sync.RWMutex
 	known map[string]struct{}
 	max   int
+	// patterns, when not empty, are the path.Match patterns a name must
+	// match to be claimed.
+	patterns []string
 }
 
-func newModelSet(configured []string, max int) *modelSet {
-	s := &modelSet{known: make(map[string]struct{}, len(configured)), max: max}
+func newModelSet(configured []string, max int, patterns []string) *modelSet {
+	s := &modelSet{known: make(map[string]struct{}, len(configured)), max: max, patterns: patterns}
 	for _, m := range configured {
 		s.known[m] = struct{}{}
 	}
@@ -499,10 +518,39 @@ func newModelSet(configured []string, max int) *modelSet {
 	return s
 }
 
+// labelPatterns returns the patterns a model name must match to take a
+// label: the [[models]] patterns, unless models_from_prices is off.
+func labelPatterns(cfg *config.Config) []string {
+	if !cfg.Metrics.ModelsFromPrices {
+		return nil
+	}
+	p := make([]string, 0, len(cfg.Models))
+	for _, m := range cfg.Models {
+		p = append(p, m.Pattern)
+	}
+	return p
+}
+
 // maxModelName caps the length of a model name used as a label value.
 const maxModelName = 128
 
+// label returns name's label as it stands, taking nothing.
 func (s *modelSet) label(name string) string {
+	if name == "" {
+		return labelNone
+	}
+	s.mu.RLock()
+	_, ok := s.known[name]
+	s.mu.RUnlock()
+	if ok {
+		return name
+	}
+	return labelOther
+}
+
+// claim returns name's label, giving it one of its own if it may have one
+// and one is free.
+func (s *modelSet) claim(name string) string {
 	if name == "" {
 		return labelNone
 	}
@@ -513,7 +561,7 @@ func (s *modelSet) label(name string) string {
 	if ok {
 		return name
 	}
-	if full || len(name) > maxModelName || !printable(name) {
+	if full || !s.eligible(name) {
 		return labelOther
 	}
 	s.mu.Lock()
@@ -526,6 +574,23 @@ func (s *modelSet) label(name string) string {
 	}
 	s.known[name] = struct{}{}
 	return name
+}
+
+// eligible reports whether name may have a label of its own.
+func (s *modelSet) eligible(name string) bool {
+	if len(name) > maxModelName || !printable(name) {
+		return false
+	}
+	if len(s.patterns) == 0 {
+		return true
+	}
+	for _, p := range s.patterns {
+		// A malformed pattern matches nothing; config validation reports it.
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
 }
 
 func printable(s string) bool {

@@ -32,13 +32,58 @@ func TestModelLabelIsBounded(t *testing.T) {
 		c.Metrics.Models = []string{"gpt-4o"}
 		c.Metrics.MaxModels = 3
 	})
-	for _, tc := range []struct{ in, want string }{
-		{"gpt-4o", "gpt-4o"}, {"", "none"}, {"a", "a"}, {"b", "b"}, {"c", "other"}, {"a", "a"},
-		{"gpt-4o", "gpt-4o"}, {"bad\nname", "other"}, {strings.Repeat("x", 200), "other"},
-	} {
-		if got := m.Model(tc.in); got != tc.want {
-			t.Errorf("Model(%.20q) = %q, want %q", tc.in, got, tc.want)
+	// Before any upstream served them, names have no label of their own,
+	// however many requests name them; the configured one has its own.
+	for _, name := range []string{"a", "b", "c", "a"} {
+		if got := m.Model(name); got != "other" {
+			t.Errorf("Model(%q) before it was served = %q, want other", name, got)
 		}
+	}
+	if got := m.Model("gpt-4o"); got != "gpt-4o" {
+		t.Errorf("Model(configured) = %q", got)
+	}
+	for _, tc := range []struct {
+		in, want string
+		served   bool
+	}{
+		{"gpt-4o", "gpt-4o", true}, {"", "none", true}, {"", "none", false}, {"a", "a", true}, {"a", "a", false},
+		{"b", "b", true}, {"c", "other", true}, {"c", "other", false}, {"a", "a", true},
+		{"gpt-4o", "gpt-4o", false}, {"bad\nname", "other", true}, {strings.Repeat("x", 200), "other", true},
+	} {
+		got := m.Model(tc.in)
+		if tc.served {
+			got = m.ModelServed(tc.in)
+		}
+		if got != tc.want {
+			t.Errorf("served=%v %.20q: label %q, want %q", tc.served, tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestModelLabelFollowsPrices: with [[models]] patterns, only a served name
+// matching one takes a label of its own; [metrics] models are labelled
+// whatever they match, and models_from_prices = false lets any served name
+// take one.
+func TestModelLabelFollowsPrices(t *testing.T) {
+	prices := func(c *config.Config) {
+		c.Models = []config.Model{{Pattern: "gpt-4o*", InputUSDPerMTok: 1, OutputUSDPerMTok: 1},
+			{Pattern: "claude-?", InputUSDPerMTok: 1, OutputUSDPerMTok: 1}}
+		c.Metrics.Models = []string{"local-free"}
+	}
+	m, _ := newTest(t, prices)
+	for in, want := range map[string]string{"gpt-4o": "gpt-4o", "gpt-4o-mini": "gpt-4o-mini", "claude-3": "claude-3",
+		"claude-35": "other", "hostile": "other", "local-free": "local-free", "GPT-4O": "other"} {
+		if got := m.ModelServed(in); got != want {
+			t.Errorf("ModelServed(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := m.Model("hostile"); got != "other" {
+		t.Errorf("a refused name took a label: %q", got)
+	}
+
+	m, _ = newTest(t, func(c *config.Config) { prices(c); c.Metrics.ModelsFromPrices = false })
+	if got := m.ModelServed("hostile"); got != "hostile" {
+		t.Errorf("models_from_prices = false: ModelServed(hostile) = %q", got)
 	}
 }
 
@@ -53,7 +98,7 @@ func TestObserveStreamedRecord(t *testing.T) {
 		Usage:       llm.Usage{Input: 600, Output: 10, CacheRead: 100, Reasoning: 2, HasInput: true, HasOutput: true},
 		InputBucket: "500-2000", Outcome: llm.OutcomeOK, Goodput: llm.SLOMet, Interruption: llm.InterruptNone,
 	}
-	m.Observe(rec, m.Model(rec.Model))
+	m.Observe(rec, m.ModelServed(rec.Model))
 	want := `
 # HELP tollgate_tokens_total Tokens by type (input, output, cache_read, cache_write, reasoning); input includes cache_read and cache_write, output includes reasoning; estimated=true when the upstream reported no usage: output counted from events (or max_tokens billed for a forwarded answer), input estimated from the prompt.
 # TYPE tollgate_tokens_total counter

@@ -84,6 +84,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	}
 	defer resp.Body.Close()
 	ex.rec.UpstreamRequestID = upstreamRequestID(resp.Header)
+	ex.servedBy(resp.StatusCode)
 
 	switch {
 	case resp.StatusCode >= 400:
@@ -104,6 +105,19 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 		ex.prepareHeaders(resp.Header)
 		return ex.copyAnswer(ctx, resp)
 	}
+}
+
+// servedBy fixes the exchange's model label at the first success status an
+// upstream answers it with: only then may the model take a label of its own
+// (metrics.ModelServed), so that names the upstream refuses, and requests
+// the gateway refuses or never sends, use up none. It runs before the relay
+// resolves the ITL observer with the label. A probe's model is no caller's.
+func (ex *exchange) servedBy(status int) {
+	if ex.served || ex.probe != nil || status < 200 || status > 299 {
+		return
+	}
+	ex.served = true
+	ex.modelLabel = ex.g.metrics.ModelServed(ex.rec.Model)
 }
 
 // trace reports the moments the request was written and the first byte of

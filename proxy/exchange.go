@@ -37,6 +37,12 @@ type exchange struct {
 	// (about 4 bytes a token), -1 when unknown. It only places a request
 	// whose upstream reported no usage in an input-size bucket.
 	promptEstimate int64
+	// served is set once an upstream has answered with a success status:
+	// modelLabel is then metrics.ModelServed's answer, before it was
+	// metrics.Model's (see servedBy). Every series of the exchange carries
+	// modelLabel as it is when written, and the only one written before
+	// finish, ITL, is resolved after the success status.
+	served bool
 
 	// tk is the breaker ticket of the attempt in progress; a stream reports
 	// it healthy at its first token (tkEarly), so a long stream does not
@@ -196,6 +202,8 @@ func (ex *exchange) serve() {
 		ex.fail(aerr, llm.OutcomeRejected)
 		return
 	}
+	// No label of its own yet for a name nobody has served: the gateway
+	// or the upstream may still refuse it (see servedBy).
 	ex.modelLabel = g.metrics.Model(ex.rec.Model)
 	if (d != llm.DialectNone && !replay || ex.metered) && !ex.admit() {
 		return

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
@@ -26,12 +27,15 @@ type streamState struct {
 }
 
 // itlTee sends each inter-token gap to the Prometheus histogram at once and
-// keeps it for the live windows, which get the gaps of a read after its
-// events are flushed (drain): the windows' lock is shared by every stream of
-// a route and model, and waiting on it must not delay a token. It lives in
-// the pooled streamState, so it costs no allocation per stream.
+// keeps it for the live windows (when sink is set), which get the gaps of a
+// read after its events are flushed (drain): the windows' lock is shared by
+// every stream of a route and model, and waiting on it must not delay a
+// token. The histogram's child is resolved at the first gap, once per
+// stream, so a stream with fewer than two tokens creates no ITL series. It
+// lives in the pooled streamState, so it costs no allocation per stream.
 type itlTee struct {
-	prom    llm.Observer
+	metrics *metrics.Metrics
+	prom    llm.Observer // nil until the first gap
 	sink    StatsSink
 	route   llm.Route
 	model   string
@@ -41,7 +45,13 @@ type itlTee struct {
 
 // Observe takes a gap in seconds, as the tap reports it.
 func (t *itlTee) Observe(v float64) {
+	if t.prom == nil {
+		t.prom = t.metrics.ITL(t.route, t.model)
+	}
 	t.prom.Observe(v)
+	if t.sink == nil {
+		return
+	}
 	if t.n == len(t.pending) { // a read of more than 64 token events
 		t.drain()
 	}
@@ -103,12 +113,9 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	defer g.putStreamState(st)
 	st.tap.Reset(ex.rec.Dialect)
 	if ex.probe == nil { // a probe's gaps are no user's figure
-		st.tap.ITL = g.metrics.ITL(ex.rec.Route, ex.modelLabel)
-		if g.stats != nil {
-			st.itl = itlTee{prom: st.tap.ITL, sink: g.stats, route: ex.rec.Route, model: ex.modelLabel}
-			st.tap.ITL = &st.itl
-			defer st.itl.drain() // runs before putStreamState
-		}
+		st.itl = itlTee{metrics: g.metrics, sink: g.stats, route: ex.rec.Route, model: ex.modelLabel}
+		st.tap.ITL = &st.itl
+		defer st.itl.drain() // runs before putStreamState
 	}
 	bp := g.bufPool.Get().(*[]byte)
 	defer g.bufPool.Put(bp) // a stream that grew a larger buffer drops that one, not this

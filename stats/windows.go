@@ -294,9 +294,10 @@ func isOverflow(k groupKey) bool {
 	return k.model == labelOther && (k.team == labelOther || k.team == "")
 }
 
-// Observe adds one finished exchange; model is its metrics label (already
-// bounded by package metrics). It does not allocate once the group's
-// current slices exist.
+// Observe adds one finished exchange; model is its metrics label, bounded
+// by package metrics (a name is its own label only once an upstream served
+// it, else "other"), so callers' names add no groups. It does not allocate
+// once the group's current slices exist.
 func (w *Windows) Observe(rec *llm.Record, model string) {
 	var vals [nFigures]time.Duration
 	var buckets [nFigures]int
