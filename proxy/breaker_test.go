@@ -510,6 +510,139 @@ func TestBreakerClosingForgetsTheOutage(t *testing.T) {
 	}
 }
 
+// TestBreakerBypassJudgedAsProbe: a bypass ticket (a request sent although
+// the breaker refuses it) is judged as a half-open probe, without a probe
+// slot: its success half-opens an open breaker and counts toward closing
+// it, its failure reopens a half-open one and leaves an open one as it was.
+func TestBreakerBypassJudgedAsProbe(t *testing.T) {
+	bypass := func(t *testing.T, r *breakerRig) ticket {
+		t.Helper()
+		if _, ok := r.b.allow(); ok {
+			t.Fatalf("allow admitted a request in state %s; the case needs a refusing breaker", r.b.state())
+		}
+		tk := r.b.allowOrBypass()
+		if !tk.bypass || tk.probe {
+			t.Fatalf("allowOrBypass on a refusing breaker: %+v, want a bypass ticket", tk)
+		}
+		return tk
+	}
+	cases := []struct {
+		name  string
+		run   func(t *testing.T, r *breakerRig)
+		want  breakerState
+		moves []string
+	}{
+		{"success while open half-opens", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			tk.done(true)
+		}, breakerHalfOpen, []string{"closed>open", "open>half_open"}},
+		{"success while open counts as a probe's", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			tk.done(true)
+			r.feed(t, "S") // the second of half_open_probes = 2
+		}, breakerClosed, []string{"closed>open", "open>half_open", "half_open>closed"}},
+		{"failure while open changes nothing", func(t *testing.T, r *breakerRig) {
+			r.clock.Advance(2 * time.Second)
+			tk := bypass(t, r)
+			tk.done(false)
+			if got := r.b.retryIn(); got != 3*time.Second {
+				t.Errorf("retryIn after a bypass failure = %v, want the cooldown's 3s left", got)
+			}
+		}, breakerOpen, []string{"closed>open"}},
+		{"half-open with every slot taken", func(t *testing.T, r *breakerRig) {
+			r.clock.Advance(r.b.cfg.cooldown)
+			p1, _ := r.b.allow()
+			p2, _ := r.b.allow()
+			tk := bypass(t, r)
+			tk.done(true)
+			p1.done(true)  // the second success closes it
+			p2.done(false) // stale: the breaker closed since p2 was issued
+		}, breakerClosed, []string{"closed>open", "open>half_open", "half_open>closed"}},
+		{"failure while half-open reopens", func(t *testing.T, r *breakerRig) {
+			r.clock.Advance(r.b.cfg.cooldown)
+			p1, _ := r.b.allow()
+			p2, _ := r.b.allow()
+			tk := bypass(t, r)
+			tk.done(false)
+			p1.done(true) // stale
+			p2.done(true) // stale
+		}, breakerOpen, []string{"closed>open", "open>half_open", "half_open>open"}},
+		{"stale bypass ignored", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			r.clock.Advance(r.b.cfg.cooldown)
+			r.b.state() // half-open: a new generation
+			tk.done(true)
+			p, ok := r.b.allow()
+			if !ok || !p.probe {
+				t.Fatalf("allow after a stale bypass: %+v %v, want a probe ticket", p, ok)
+			}
+			p.done(false)
+		}, breakerOpen, []string{"closed>open", "open>half_open", "half_open>open"}},
+		{"release gives no verdict", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			tk.release()
+			tk.done(true) // after release: nothing
+		}, breakerOpen, []string{"closed>open"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newBreakerRig(breakerConfig{cooldown: 5 * time.Second, halfOpenProbes: 2})
+			r.open(t)
+			c.run(t, r)
+			if got := r.b.state(); got != c.want {
+				t.Errorf("state = %s, want %s", got, c.want)
+			}
+			if got := r.transitions(); !slices.Equal(got, c.moves) {
+				t.Errorf("transitions = %q, want %q", got, c.moves)
+			}
+		})
+	}
+}
+
+// TestBreakerBypassWithOneProbeCloses: with half_open_probes = 1 a bypass
+// success closes an open breaker at once, through half-open.
+func TestBreakerBypassWithOneProbeCloses(t *testing.T) {
+	r := newBreakerRig(breakerConfig{halfOpenProbes: 1})
+	r.open(t)
+	tk := r.b.allowOrBypass()
+	tk.done(true)
+	if got := r.b.state(); got != breakerClosed {
+		t.Fatalf("state = %s, want closed", got)
+	}
+	if got, want := r.transitions(), []string{"closed>open", "open>half_open", "half_open>closed"}; !slices.Equal(got, want) {
+		t.Fatalf("transitions = %q, want %q", got, want)
+	}
+}
+
+// TestBreakerAllowOrBypassAdmitsAsAllow: where allow would admit a request,
+// allowOrBypass gives the same ticket (closed, or a half-open probe slot),
+// and refusing says so.
+func TestBreakerAllowOrBypassAdmitsAsAllow(t *testing.T) {
+	r := newBreakerRig(breakerConfig{halfOpenProbes: 1})
+	if _, refused := r.b.refusing(); refused {
+		t.Fatal("a closed breaker refuses")
+	}
+	if tk := r.b.allowOrBypass(); tk.bypass || tk.probe || tk.b == nil {
+		t.Fatalf("closed: %+v, want a plain ticket", tk)
+	}
+	r.halfOpen(t)
+	opened := r.clock.Now().Add(-r.b.cfg.cooldown)
+	if at, refused := r.b.refusing(); refused || !at.Equal(opened) {
+		t.Fatalf("half-open with a free slot: refusing = %v, %v; want false, %v", at, refused, opened)
+	}
+	p := r.b.allowOrBypass()
+	if !p.probe || p.bypass {
+		t.Fatalf("half-open with a free slot: %+v, want a probe ticket", p)
+	}
+	if at, refused := r.b.refusing(); !refused || !at.Equal(opened) {
+		t.Fatalf("half-open, slot taken: refusing = %v, %v; want true, %v", at, refused, opened)
+	}
+	p.done(true)
+	if got := r.b.state(); got != breakerClosed {
+		t.Fatalf("state = %s, want closed", got)
+	}
+}
+
 // The gateway's verdicts: which answers of an upstream open its breaker
 // and which spare it, through a real gateway in front of loopback upstreams.
 // An answer that says nothing of the upstream's health (a caller's own rate
