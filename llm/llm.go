@@ -388,6 +388,9 @@ type Attempt struct {
 	// Duration runs from the attempt's start to its end (for a stream
 	// relayed to the caller, the stream's end).
 	Duration time.Duration
+	// BreakerBypass: the attempt was sent although the upstream's breaker
+	// refused it, every upstream the request could use refusing it.
+	BreakerBypass bool
 }
 
 // AddAttempt appends a to the record's attempts. Past MaxRecordedAttempts

@@ -70,6 +70,7 @@ type Metrics struct {
 	fallbacks          *prometheus.CounterVec
 	circuitState       *prometheus.GaugeVec
 	circuitTransitions *prometheus.CounterVec
+	breakerBypass      *prometheus.CounterVec
 	retryWait          *prometheus.HistogramVec
 	queueWait          *prometheus.HistogramVec
 	queueWaiting       *prometheus.GaugeVec
@@ -170,6 +171,9 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		circuitTransitions: counter("upstream_circuit_transitions_total",
 			"Circuit breaker state changes, by the state entered (closed, half_open, open).",
 			"upstream", "to"),
+		breakerBypass: counter("upstream_breaker_bypass_total",
+			"Attempts sent to an upstream although its circuit breaker refused them (open, or half-open with every probe slot taken), because the breaker of every upstream the request could use refused it: the one open longest gets the request, once.",
+			"upstream"),
 		retryWait: hist("upstream_retry_wait_seconds",
 			"Time one request spent waiting between attempts (backoff and Retry-After), once per request that waited, by the upstream that finally answered it.",
 			latencyBuckets, "upstream"),
@@ -207,7 +211,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
 		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded,
-		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions,
+		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
 		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval} {
 		if err := reg.Register(c); err != nil {
@@ -220,12 +224,14 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	for _, c := range []string{"ratelimit", "spend"} {
 		m.degraded.WithLabelValues(c)
 	}
-	// Every upstream shows a closed circuit and a zero ok count from the
-	// start, so rate() and alerts on them work before the first failure.
+	// Every upstream shows a closed circuit, a zero ok count and no bypass
+	// from the start, so rate() and alerts on them work before the first
+	// failure.
 	for _, u := range cfg.Upstreams {
 		m.circuitState.WithLabelValues(u.Name)
 		m.circuit[u.Name] = CircuitClosed
 		m.attempts.WithLabelValues(u.Name, "ok")
+		m.breakerBypass.WithLabelValues(u.Name)
 	}
 	// Every probe target's series exist from the start, so dashboards show
 	// them before the first round; the gauges are NaN until then, which no
@@ -414,6 +420,13 @@ func (m *Metrics) SetCircuitState(upstream string, state int) {
 	if state != prev {
 		m.circuitTransitions.WithLabelValues(upstream, circuitStates[state]).Inc()
 	}
+}
+
+// UpstreamBreakerBypass counts an attempt sent to upstream although its
+// breaker refused it, because every upstream of the request's route refused
+// it (see tollgate_upstream_breaker_bypass_total).
+func (m *Metrics) UpstreamBreakerBypass(upstream string) {
+	m.breakerBypass.WithLabelValues(upstream).Inc()
 }
 
 // RetryWait observes the time one request spent waiting between attempts

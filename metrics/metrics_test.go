@@ -200,13 +200,17 @@ func TestUpstreamSeriesArePreCreated(t *testing.T) {
 # TYPE tollgate_upstream_attempts_total counter
 tollgate_upstream_attempts_total{result="ok",upstream="backup"} 0
 tollgate_upstream_attempts_total{result="ok",upstream="mock"} 0
+# HELP tollgate_upstream_breaker_bypass_total Attempts sent to an upstream although its circuit breaker refused them (open, or half-open with every probe slot taken), because the breaker of every upstream the request could use refused it: the one open longest gets the request, once.
+# TYPE tollgate_upstream_breaker_bypass_total counter
+tollgate_upstream_breaker_bypass_total{upstream="backup"} 0
+tollgate_upstream_breaker_bypass_total{upstream="mock"} 0
 # HELP tollgate_upstream_circuit_state An upstream's circuit breaker: 0 closed, 1 half-open, 2 open.
 # TYPE tollgate_upstream_circuit_state gauge
 tollgate_upstream_circuit_state{upstream="backup"} 0
 tollgate_upstream_circuit_state{upstream="mock"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
-		"tollgate_upstream_attempts_total", "tollgate_upstream_circuit_state",
+		"tollgate_upstream_attempts_total", "tollgate_upstream_breaker_bypass_total", "tollgate_upstream_circuit_state",
 		"tollgate_upstream_circuit_transitions_total", "tollgate_upstream_retries_total"); err != nil {
 		t.Error(err)
 	}
@@ -226,6 +230,7 @@ func TestUpstreamCountersMove(t *testing.T) {
 	m.UpstreamFallback("mock", "backup", "breaker_open")
 	m.SetQueueWaiting("mock", 3)
 	m.SetQueueWaiting("mock", 1)
+	m.UpstreamBreakerBypass("mock")
 
 	for _, tc := range []struct {
 		name string
@@ -241,6 +246,8 @@ func TestUpstreamCountersMove(t *testing.T) {
 		{"fallbacks rate_limited", m.fallbacks.WithLabelValues("mock", "backup", "rate_limited"), 1},
 		{"fallbacks breaker_open", m.fallbacks.WithLabelValues("mock", "backup", "breaker_open"), 2},
 		{"queue waiting mock", m.queueWaiting.WithLabelValues("mock"), 1},
+		{"breaker bypass mock", m.breakerBypass.WithLabelValues("mock"), 1},
+		{"breaker bypass backup", m.breakerBypass.WithLabelValues("backup"), 0},
 	} {
 		if got := testutil.ToFloat64(tc.c); got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, got, tc.want)

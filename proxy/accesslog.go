@@ -111,7 +111,8 @@ func attemptAttrs(attrs []slog.Attr, rec *llm.Record) []slog.Attr {
 		n := min(rec.AttemptCount, llm.MaxRecordedAttempts)
 		list := make([]attemptEntry, n)
 		for i, a := range rec.Attempts[:n] {
-			list[i] = attemptEntry{Upstream: a.Upstream, Status: a.Status, Result: a.Result, Ms: ms(a.Duration)}
+			list[i] = attemptEntry{Upstream: a.Upstream, Status: a.Status, Result: a.Result, Ms: ms(a.Duration),
+				BreakerBypass: a.BreakerBypass}
 		}
 		attrs = append(attrs, slog.Int("attempt_count", rec.AttemptCount), slog.Any("attempts", list))
 	}
@@ -126,10 +127,12 @@ func attemptAttrs(attrs []slog.Attr, rec *llm.Record) []slog.Attr {
 
 // attemptEntry is one upstream attempt in the access log: the upstream, its
 // status (0 when it sent none or was skipped), the result ("ok" or why it
-// failed or was skipped) and how long it took.
+// failed or was skipped), how long it took, and breaker_bypass (only when
+// true) for an attempt sent although the upstream's breaker refused it.
 type attemptEntry struct {
-	Upstream string  `json:"upstream"`
-	Status   int     `json:"status"`
-	Result   string  `json:"result"`
-	Ms       float64 `json:"ms"`
+	Upstream      string  `json:"upstream"`
+	Status        int     `json:"status"`
+	Result        string  `json:"result"`
+	Ms            float64 `json:"ms"`
+	BreakerBypass bool    `json:"breaker_bypass,omitempty"`
 }

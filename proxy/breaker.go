@@ -153,6 +153,8 @@ type ticket struct {
 	b     *breaker
 	gen   uint64
 	probe bool
+	// bypass: issued by allowOrBypass although the breaker refuses requests.
+	bypass bool
 }
 
 // allow asks whether a request may go to the upstream. When it may not, the
@@ -160,6 +162,42 @@ type ticket struct {
 func (b *breaker) allow() (ticket, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.allowLocked()
+}
+
+// allowOrBypass is allow for a request that no other upstream would take:
+// where allow refuses (open, or half-open with every probe slot taken) it
+// issues a bypass ticket instead of none. A bypass ticket holds no probe
+// slot and is judged as a probe is: its success moves an open breaker to
+// half-open and counts as one of the half_open_probes successes that close
+// it; its failure opens a half-open breaker again and leaves an open one as
+// it is, cooldown and all.
+func (b *breaker) allowOrBypass() ticket {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if tk, ok := b.allowLocked(); ok {
+		return tk
+	}
+	return ticket{b: b, gen: b.gen, bypass: true}
+}
+
+// refusing reports whether allow would refuse a request now, and when the
+// breaker last opened (which orders the upstreams a bypass may pick).
+func (b *breaker) refusing() (openedAt time.Time, refused bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance()
+	switch b.st {
+	case breakerOpen:
+		return b.openedAt, true
+	case breakerHalfOpen:
+		return b.openedAt, b.probes >= b.cfg.halfOpenProbes
+	}
+	return time.Time{}, false
+}
+
+// allowLocked is allow with b.mu held.
+func (b *breaker) allowLocked() (ticket, bool) {
 	b.advance()
 	switch b.st {
 	case breakerClosed:
@@ -192,19 +230,33 @@ func (t *ticket) done(success bool) {
 	switch b.st {
 	case breakerClosed:
 		b.record(now, success)
+	case breakerOpen:
+		// Only a bypass ticket is of an open generation.
+		if t.bypass && success {
+			b.setState(breakerHalfOpen, now)
+			b.pass(now)
+		}
 	case breakerHalfOpen:
-		if !t.probe {
+		if !t.probe && !t.bypass {
 			return
 		}
-		b.probes--
+		if t.probe {
+			b.probes--
+		}
 		if !success {
 			b.setState(breakerOpen, now)
 			return
 		}
-		b.passed++
-		if b.passed >= b.cfg.halfOpenProbes {
-			b.setState(breakerClosed, now)
-		}
+		b.pass(now)
+	}
+}
+
+// pass counts a half-open probe's success and closes the breaker at the
+// half_open_probes-th.
+func (b *breaker) pass(now time.Time) {
+	b.passed++
+	if b.passed >= b.cfg.halfOpenProbes {
+		b.setState(breakerClosed, now)
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/openai/openai-go/v3"
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -510,6 +509,139 @@ func TestBreakerClosingForgetsTheOutage(t *testing.T) {
 	}
 }
 
+// TestBreakerBypassJudgedAsProbe: a bypass ticket (a request sent although
+// the breaker refuses it) is judged as a half-open probe, without a probe
+// slot: its success half-opens an open breaker and counts toward closing
+// it, its failure reopens a half-open one and leaves an open one as it was.
+func TestBreakerBypassJudgedAsProbe(t *testing.T) {
+	bypass := func(t *testing.T, r *breakerRig) ticket {
+		t.Helper()
+		if _, ok := r.b.allow(); ok {
+			t.Fatalf("allow admitted a request in state %s; the case needs a refusing breaker", r.b.state())
+		}
+		tk := r.b.allowOrBypass()
+		if !tk.bypass || tk.probe {
+			t.Fatalf("allowOrBypass on a refusing breaker: %+v, want a bypass ticket", tk)
+		}
+		return tk
+	}
+	cases := []struct {
+		name  string
+		run   func(t *testing.T, r *breakerRig)
+		want  breakerState
+		moves []string
+	}{
+		{"success while open half-opens", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			tk.done(true)
+		}, breakerHalfOpen, []string{"closed>open", "open>half_open"}},
+		{"success while open counts as a probe's", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			tk.done(true)
+			r.feed(t, "S") // the second of half_open_probes = 2
+		}, breakerClosed, []string{"closed>open", "open>half_open", "half_open>closed"}},
+		{"failure while open changes nothing", func(t *testing.T, r *breakerRig) {
+			r.clock.Advance(2 * time.Second)
+			tk := bypass(t, r)
+			tk.done(false)
+			if got := r.b.retryIn(); got != 3*time.Second {
+				t.Errorf("retryIn after a bypass failure = %v, want the cooldown's 3s left", got)
+			}
+		}, breakerOpen, []string{"closed>open"}},
+		{"half-open with every slot taken", func(t *testing.T, r *breakerRig) {
+			r.clock.Advance(r.b.cfg.cooldown)
+			p1, _ := r.b.allow()
+			p2, _ := r.b.allow()
+			tk := bypass(t, r)
+			tk.done(true)
+			p1.done(true)  // the second success closes it
+			p2.done(false) // stale: the breaker closed since p2 was issued
+		}, breakerClosed, []string{"closed>open", "open>half_open", "half_open>closed"}},
+		{"failure while half-open reopens", func(t *testing.T, r *breakerRig) {
+			r.clock.Advance(r.b.cfg.cooldown)
+			p1, _ := r.b.allow()
+			p2, _ := r.b.allow()
+			tk := bypass(t, r)
+			tk.done(false)
+			p1.done(true) // stale
+			p2.done(true) // stale
+		}, breakerOpen, []string{"closed>open", "open>half_open", "half_open>open"}},
+		{"stale bypass ignored", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			r.clock.Advance(r.b.cfg.cooldown)
+			r.b.state() // half-open: a new generation
+			tk.done(true)
+			p, ok := r.b.allow()
+			if !ok || !p.probe {
+				t.Fatalf("allow after a stale bypass: %+v %v, want a probe ticket", p, ok)
+			}
+			p.done(false)
+		}, breakerOpen, []string{"closed>open", "open>half_open", "half_open>open"}},
+		{"release gives no verdict", func(t *testing.T, r *breakerRig) {
+			tk := bypass(t, r)
+			tk.release()
+			tk.done(true) // after release: nothing
+		}, breakerOpen, []string{"closed>open"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newBreakerRig(breakerConfig{cooldown: 5 * time.Second, halfOpenProbes: 2})
+			r.open(t)
+			c.run(t, r)
+			if got := r.b.state(); got != c.want {
+				t.Errorf("state = %s, want %s", got, c.want)
+			}
+			if got := r.transitions(); !slices.Equal(got, c.moves) {
+				t.Errorf("transitions = %q, want %q", got, c.moves)
+			}
+		})
+	}
+}
+
+// TestBreakerBypassWithOneProbeCloses: with half_open_probes = 1 a bypass
+// success closes an open breaker at once, through half-open.
+func TestBreakerBypassWithOneProbeCloses(t *testing.T) {
+	r := newBreakerRig(breakerConfig{halfOpenProbes: 1})
+	r.open(t)
+	tk := r.b.allowOrBypass()
+	tk.done(true)
+	if got := r.b.state(); got != breakerClosed {
+		t.Fatalf("state = %s, want closed", got)
+	}
+	if got, want := r.transitions(), []string{"closed>open", "open>half_open", "half_open>closed"}; !slices.Equal(got, want) {
+		t.Fatalf("transitions = %q, want %q", got, want)
+	}
+}
+
+// TestBreakerAllowOrBypassAdmitsAsAllow: where allow would admit a request,
+// allowOrBypass gives the same ticket (closed, or a half-open probe slot),
+// and refusing says so.
+func TestBreakerAllowOrBypassAdmitsAsAllow(t *testing.T) {
+	r := newBreakerRig(breakerConfig{halfOpenProbes: 1})
+	if _, refused := r.b.refusing(); refused {
+		t.Fatal("a closed breaker refuses")
+	}
+	if tk := r.b.allowOrBypass(); tk.bypass || tk.probe || tk.b == nil {
+		t.Fatalf("closed: %+v, want a plain ticket", tk)
+	}
+	r.halfOpen(t)
+	opened := r.clock.Now().Add(-r.b.cfg.cooldown)
+	if at, refused := r.b.refusing(); refused || !at.Equal(opened) {
+		t.Fatalf("half-open with a free slot: refusing = %v, %v; want false, %v", at, refused, opened)
+	}
+	p := r.b.allowOrBypass()
+	if !p.probe || p.bypass {
+		t.Fatalf("half-open with a free slot: %+v, want a probe ticket", p)
+	}
+	if at, refused := r.b.refusing(); !refused || !at.Equal(opened) {
+		t.Fatalf("half-open, slot taken: refusing = %v, %v; want true, %v", at, refused, opened)
+	}
+	p.done(true)
+	if got := r.b.state(); got != breakerClosed {
+		t.Fatalf("state = %s, want closed", got)
+	}
+}
+
 // The gateway's verdicts: which answers of an upstream open its breaker
 // and which spare it, through a real gateway in front of loopback upstreams.
 // An answer that says nothing of the upstream's health (a caller's own rate
@@ -518,7 +650,9 @@ func TestBreakerClosingForgetsTheOutage(t *testing.T) {
 
 // TestBreakerCycleEndToEnd: on the gateway's clock, a breaker opens after
 // its consecutive failures, makes requests skip its upstream, half-opens
-// after the cooldown, and closes on a successful probe.
+// after the cooldown, and closes on a successful probe. With no other
+// upstream, requests still go to it while it is open (in bypass), and the
+// first success closes it.
 func TestBreakerCycleEndToEnd(t *testing.T) {
 	breakerEdit := func(u *config.Upstream) {
 		u.Retry.MaxAttempts = 1
@@ -591,8 +725,9 @@ func TestBreakerCycleEndToEnd(t *testing.T) {
 		w := newResWorld(t, resSetup{upstreams: []string{"primary"}, clock: true, edit: func(c *config.Config) {
 			breakerEdit(upstreamCfg(t, c, "primary"))
 		}})
-		// Two failures, relayed as they came (nothing to retry on).
-		w.inject(t, "primary", "status=500", 2)
+		// Two failures, relayed as they came (nothing to retry on), and a
+		// third for the first request while the circuit is open.
+		w.inject(t, "primary", "status=500", 3)
 		for range 2 {
 			a := w.call(t, kindOpenAI, nil)
 			var oe *openai.Error
@@ -604,42 +739,41 @@ func TestBreakerCycleEndToEnd(t *testing.T) {
 		if state(t, w, "primary") != 2 {
 			t.Fatalf("circuit state %v after 2 failures, want 2 (open)", state(t, w, "primary"))
 		}
-		retryAfter := func(h http.Header) {
-			t.Helper()
-			s, err := strconv.Atoi(h.Get("Retry-After"))
-			if err != nil || s < 1 || s > 5 {
-				t.Errorf("Retry-After %q; want whole seconds in [1, 5]", h.Get("Retry-After"))
-			}
-		}
+		// Open, with no other upstream to take the request: it still goes
+		// to primary (in bypass), whose failure the caller gets as it came,
+		// and the circuit stays open.
 		a := w.call(t, kindOpenAI, nil)
 		var oe *openai.Error
-		if !errors.As(a.err, &oe) || oe.StatusCode != http.StatusServiceUnavailable || oe.Code != "upstream_unavailable" {
-			t.Errorf("OpenAI SDK with the circuit open: %v; want a 503 upstream_unavailable", a.err)
-		} else {
-			retryAfter(oe.Response.Header)
+		if !errors.As(a.err, &oe) || oe.StatusCode != http.StatusInternalServerError {
+			t.Errorf("OpenAI SDK with the circuit open: %v; want the upstream's 500", a.err)
 		}
 		rec := w.tg.record(t)
-		if rec.Status != http.StatusServiceUnavailable {
-			t.Errorf("record status %d", rec.Status)
+		wantAttempts(t, rec, "primary:500:server_error")
+		if !rec.Attempts[0].BreakerBypass {
+			t.Error("the attempt on the open circuit is not marked breaker_bypass")
 		}
-		wantAttempts(t, rec, "primary:0:breaker_open")
-		a = w.call(t, kindAnthropicStream, nil)
-		var ae *anthropic.Error
-		if !errors.As(a.err, &ae) || ae.StatusCode != http.StatusServiceUnavailable || ae.Type() != "overloaded_error" {
-			t.Errorf("Anthropic SDK with the circuit open: %v; want a 503 overloaded_error", a.err)
-		} else {
-			retryAfter(ae.Response.Header)
+		if state(t, w, "primary") != 2 {
+			t.Errorf("circuit state %v after a failed bypass, want 2 (open)", state(t, w, "primary"))
 		}
-		w.tg.record(t)
-		if n := w.requests("primary"); n != 2 {
-			t.Errorf("primary saw %d requests, want the 2 failures only", n)
+		// Still open (the clock has not moved): the next request goes to
+		// primary too, and its success closes the circuit (half_open_probes 1).
+		wantSuccess(t, kindAnthropicStream, w.call(t, kindAnthropicStream, nil))
+		rec = w.tg.record(t)
+		wantAttempts(t, rec, "primary:200:ok")
+		if !rec.Attempts[0].BreakerBypass {
+			t.Error("the attempt on the open circuit is not marked breaker_bypass")
 		}
-		// After the cooldown a probe goes through and closes the circuit.
-		w.clock.Advance(5 * time.Second)
+		if n := w.requests("primary"); n != 4 {
+			t.Errorf("primary saw %d requests, want 4: every request reached it", n)
+		}
+		wantMetric(t, w.tg, "tollgate_upstream_breaker_bypass_total", map[string]string{"upstream": "primary"}, 2)
+		if state(t, w, "primary") != 0 || transitions(t, w, "half_open") != 1 || transitions(t, w, "closed") != 1 {
+			t.Errorf("after the bypass success: state %v, transitions half_open %v closed %v; want 0, 1, 1",
+				state(t, w, "primary"), transitions(t, w, "half_open"), transitions(t, w, "closed"))
+		}
 		wantSuccess(t, kindOpenAIStream, w.call(t, kindOpenAIStream, nil))
-		wantAttempts(t, w.tg.record(t), "primary:200:ok")
-		if state(t, w, "primary") != 0 {
-			t.Errorf("circuit state %v after a good probe, want 0", state(t, w, "primary"))
+		if rec := w.tg.record(t); rec.AttemptCount != 1 || rec.Attempts[0].BreakerBypass {
+			t.Errorf("closed again: attempts %+v, want one plain attempt", rec.Attempts[:rec.AttemptCount])
 		}
 	})
 }
@@ -677,8 +811,9 @@ func (u *halfOpenProbeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request
 
 // TestHalfOpenProbeReleasedAtFirstToken: a half-open probe that is a stream
 // reports the upstream healthy at its first token, so the breaker closes
-// and the next request reaches the upstream while the probe still streams,
-// instead of getting 503 until the probe's stream ends.
+// and the next request reaches the upstream on an ordinary ticket while the
+// probe still streams, instead of being refused one (and sent only in
+// bypass) until the probe's stream ends.
 func TestHalfOpenProbeReleasedAtFirstToken(t *testing.T) {
 	clk := newFakeClock()
 	up := &halfOpenProbeUpstream{release: make(chan struct{})}
@@ -780,8 +915,7 @@ func TestBreakAfterFirstTokenCountsAsFailure(t *testing.T) {
 
 // TestQuotaDoesNotOpenBreaker: insufficient_quota (a 429 no retry can
 // fix) says nothing about the upstream's health, so two of them leave a
-// breaker set to open after one failure closed (the second request reaches
-// the upstream, not the gateway's 503); a plain 500 then opens it.
+// breaker set to open after one failure closed; a plain 500 then opens it.
 func TestQuotaDoesNotOpenBreaker(t *testing.T) {
 	// With retries possible the error body is read before deciding; on the
 	// last attempt (max_attempts 1) it is relayed first and judged after.
@@ -1042,12 +1176,16 @@ func TestPassthrough429SparesBreaker(t *testing.T) {
 		if s := state(t, tg); s != metrics.CircuitOpen {
 			t.Errorf("circuit state %v after 2 429s on the gateway's key, want open", s)
 		}
+		// The only upstream is open: beta's request still goes to it, in
+		// bypass, and gets its 429 as it came.
 		resp, b := post(t, tg.URL+"/v1/chat/completions", plainChat, map[string]string{"Authorization": "Bearer " + keyBeta})
-		wantAttempts(t, tg.record(t), "mock:0:breaker_open")
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Errorf("beta with the circuit open: %d %s, want 503", resp.StatusCode, b)
+		rec := tg.record(t)
+		wantAttempts(t, rec, "mock:429:rate_limited")
+		if resp.StatusCode != http.StatusTooManyRequests || !rec.Attempts[0].BreakerBypass {
+			t.Errorf("beta with the circuit open: %d %s, bypass %v; want the upstream's 429, sent in bypass",
+				resp.StatusCode, b, rec.Attempts[0].BreakerBypass)
 		}
-		if n, want := up.count("Bearer "+upstreamKey), 2; n != want || up.requests() != want {
+		if n, want := up.count("Bearer "+upstreamKey), 3; n != want || up.requests() != want {
 			t.Errorf("upstream saw %d requests (%d with the gateway's key), want %d", up.requests(), n, want)
 		}
 	})
@@ -1057,8 +1195,9 @@ func TestPassthrough429SparesBreaker(t *testing.T) {
 // token and then carried an error event of a request type
 // (invalid_request_error, context_length_exceeded) says nothing of the
 // upstream's health: a consecutive_failures 1 breaker stays closed and the
-// next request reaches the upstream, whether the opening was held (another
-// attempt could follow) or not. A server_error event opens it.
+// next request reaches the upstream on an ordinary ticket, whether the
+// opening was held (another attempt could follow) or not. A server_error
+// event opens it: the next request reaches the only upstream in bypass.
 func TestCommittedClientErrorEventSparesBreaker(t *testing.T) {
 	for _, attempts := range []int{1, 2} {
 		for _, c := range []struct {
@@ -1103,18 +1242,16 @@ func TestCommittedClientErrorEventSparesBreaker(t *testing.T) {
 				if s := circuitState(t, tg, "mock"); s != want {
 					t.Errorf("circuit state %v after a committed %s event, want %v", s, c.typ, want)
 				}
+				// The next request reaches the only upstream either way; with
+				// the circuit open it is sent in bypass.
 				resp, b = post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
 				rec = tg.record(t)
-				if c.open {
-					if resp.StatusCode != http.StatusServiceUnavailable || hits.Load() != 1 {
-						t.Errorf("next request: %d %.80q, upstream hits %d; want 503 without reaching it", resp.StatusCode, b, hits.Load())
-					}
-					wantAttempts(t, rec, "mock:0:breaker_open")
-				} else {
-					if resp.StatusCode != http.StatusOK || hits.Load() != 2 {
-						t.Errorf("next request: %d %.80q, upstream hits %d; want it to reach the upstream", resp.StatusCode, b, hits.Load())
-					}
-					wantAttempts(t, rec, "mock:200:error_event")
+				if resp.StatusCode != http.StatusOK || hits.Load() != 2 {
+					t.Errorf("next request: %d %.80q, upstream hits %d; want it to reach the upstream", resp.StatusCode, b, hits.Load())
+				}
+				wantAttempts(t, rec, "mock:200:error_event")
+				if got := rec.Attempts[0].BreakerBypass; got != c.open {
+					t.Errorf("next request sent in bypass: %v, want %v (the circuit open)", got, c.open)
 				}
 			})
 		}

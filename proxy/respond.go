@@ -114,10 +114,12 @@ func (ex *exchange) clientGone() {
 	ex.rec.Status = statusClientClosed
 }
 
-// allUnavailable answers a request whose every upstream was skipped (open
-// breaker, full or timed-out queue, a caller's key that may not go there):
-// 503 with Retry-After, the shortest wait until one of the skipped breakers
-// lets probes through (at least 1 s).
+// allUnavailable answers a request whose every upstream was skipped, a
+// full or timed-out shaping queue among them (the others with an open
+// breaker, or a caller's key that may not go there; a request that every
+// breaker refuses is sent in bypass instead, see bypassTarget): 503 with
+// Retry-After, the shortest wait until one of the skipped breakers lets
+// probes through (at least 1 s).
 func (ex *exchange) allUnavailable(wait time.Duration) {
 	if wait < time.Second {
 		wait = time.Second

@@ -37,9 +37,10 @@ func (ex *exchange) routeDialect() llm.Dialect {
 // roundTrip sends the request to its route's upstreams and relays the
 // answer: each upstream gets up to its retry policy's attempts, with backoff
 // or the upstream's Retry-After between them; then the next upstream, while
-// nothing has been sent to the caller. callerKeyUp says whether the
-// caller's key goes upstream; when it does not, each upstream's own key (if
-// any) is sent instead.
+// nothing has been sent to the caller. When the breaker of every upstream
+// the request may use refuses it, it goes to the one open longest anyway
+// (bypassTarget). callerKeyUp says whether the caller's key goes upstream;
+// when it does not, each upstream's own key (if any) is sent instead.
 func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 	ex.callerKeyUp = callerKeyUp
 	targets := ex.targets(ex.rec.Model)
@@ -57,8 +58,22 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 		// probe is one attempt: it must see its upstream's raw health.
 		retryOK: ex.probe == nil && (ex.rec.Dialect != llm.DialectNone || ex.metered ||
 			r.Method == http.MethodGet || r.Method == http.MethodHead)}
-	for ti := range targets {
-		if ex.tryUpstream(rt, ti) {
+	by := ex.bypassTarget(rt)
+	if by < 0 {
+		for ti := range targets {
+			if ex.tryUpstream(rt, ti) {
+				return
+			}
+		}
+		if !rt.sent && !rt.shed {
+			// Every breaker refused it after all: one turned between
+			// bypassTarget's look and its ticket.
+			by = ex.bypassTarget(rt)
+		}
+	}
+	if by >= 0 {
+		rt.bypass = true
+		if ex.tryUpstream(rt, by) {
 			return
 		}
 	}
@@ -89,6 +104,11 @@ type route struct {
 	triedResult, skip string
 	sent              bool
 	openFor           time.Duration // shortest wait until a skipped breaker half-opens
+	// shed: a shaping queue refused the request (full, or timed out).
+	shed bool
+	// bypass: the request goes to one upstream although its breaker
+	// refuses it (bypassTarget).
+	bypass bool
 }
 
 // eligible reports whether target t may get the request. A caller's own
@@ -108,6 +128,46 @@ func (rt *route) hasNext(ti int, callerKeyUp bool) bool {
 	return false
 }
 
+// bypassTarget returns the target a request goes to although its breaker
+// refuses it, or -1. Refusing a request that every breaker of its route
+// refuses would black out the route, an only upstream included, for a
+// cooldown that one caller's failing requests can start and a steady share
+// of failures can renew. So when the breaker of every target the request
+// may use (rt.eligible) refuses it (open, or half-open with every probe
+// slot taken), it goes, as under Envoy's healthy panic threshold, to the
+// target whose breaker opened longest ago (the first in route order on a
+// tie), the likeliest to have recovered. The breaker then only orders
+// fallbacks (an open upstream is skipped while another takes requests) and
+// holds back retries: none goes to an open upstream, so a request sent in
+// bypass gets one attempt unless the breaker lets probes through before it
+// fails, and it falls back nowhere. The bypass is judged as a half-open
+// probe (breaker.allowOrBypass), so its success starts closing the circuit.
+// -1 when a target has no breaker, and for the synthetic probe, which must
+// see its upstream's own state.
+func (ex *exchange) bypassTarget(rt *route) int {
+	if ex.probe != nil {
+		return -1
+	}
+	by := -1
+	var oldest time.Time
+	for i, t := range rt.targets {
+		if !rt.eligible(t, ex.callerKeyUp) {
+			continue
+		}
+		if t.up.breaker == nil {
+			return -1
+		}
+		at, refused := t.up.breaker.refusing()
+		if !refused {
+			return -1
+		}
+		if by < 0 || at.Before(oldest) {
+			by, oldest = i, at
+		}
+	}
+	return by
+}
+
 // tryUpstream makes the attempts on rt.targets[ti] that its retry policy,
 // breaker, shaping queue and retry budget allow. done says the exchange is
 // over (answered, or its caller gone); otherwise the next target follows.
@@ -120,20 +180,26 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 	}
 	var waited time.Duration // between attempts on this upstream
 	for n := 0; ; n++ {
-		tk, ok, gone := ex.takeSlot(rt, up)
+		tk, ok, gone := ex.takeSlot(rt, up, rt.bypass && n == 0)
 		if !ok {
 			return gone
 		}
 		if n == 0 {
 			ex.countMove(rt, up)
 		}
-		mayRetry := rt.retryOK && (n+1 < up.policy.maxAttempts || rt.hasNext(ti, ex.callerKeyUp))
+		bypassed := tk.bypass
+		if bypassed {
+			g.metrics.UpstreamBreakerBypass(up.cfg.Name)
+		}
+		// A request sent in bypass falls back nowhere: every other target
+		// refused it too.
+		mayRetry := rt.retryOK && (n+1 < up.policy.maxAttempts || !rt.bypass && rt.hasNext(ti, ex.callerKeyUp))
 		start := g.now()
 		ex.rec.Retrying = start.Sub(rt.firstStart)
 		res := ex.attemptWith(t, tk, rt.body, mayRetry)
 		rt.sent = true
 		ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Status: res.status, Result: res.result,
-			Duration: g.now().Sub(start)})
+			Duration: g.now().Sub(start), BreakerBypass: bypassed})
 		g.metrics.UpstreamAttempt(up.cfg.Name, res.result)
 		if res.done {
 			ex.reportRetryWait(up)
@@ -163,10 +229,15 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 
 // takeSlot asks up's breaker for a ticket and its shaping queue for a slot.
 // Without them up is skipped (ok false); gone says the caller left while it
-// queued, which ends the exchange.
-func (ex *exchange) takeSlot(rt *route, up *upstream) (tk ticket, ok, gone bool) {
+// queued, which ends the exchange. bypass asks for a ticket even from a
+// breaker that refuses requests (bypassTarget).
+func (ex *exchange) takeSlot(rt *route, up *upstream, bypass bool) (tk ticket, ok, gone bool) {
 	g, r := ex.g, ex.r
-	tk, ok = up.allow()
+	if bypass {
+		tk, ok = up.allowOrBypass(), true
+	} else {
+		tk, ok = up.allow()
+	}
 	if !ok {
 		ex.skip(up, skipBreakerOpen)
 		rt.skipped, rt.skip = up, skipBreakerOpen
@@ -194,7 +265,7 @@ func (ex *exchange) takeSlot(rt *route, up *upstream) (tk ticket, ok, gone bool)
 			why = skipQueueTimeout
 		}
 		ex.skip(up, why)
-		rt.skipped, rt.skip = up, why
+		rt.skipped, rt.skip, rt.shed = up, why, true
 		return tk, false, false
 	}
 	return tk, true, false
@@ -203,7 +274,8 @@ func (ex *exchange) takeSlot(rt *route, up *upstream) (tk ticket, ok, gone bool)
 // countMove counts a first request to up: in its retry budget (its own
 // retries are charged before their wait), and as a retry taken as a
 // fallback when an attempt on another upstream failed, or as a fallback
-// from an upstream skipped.
+// from an upstream skipped (not for a request sent in bypass, which was
+// refused everywhere and goes to one of those it was refused by).
 func (ex *exchange) countMove(rt *route, up *upstream) {
 	g := ex.g
 	up.budget.recordRequest()
@@ -211,7 +283,7 @@ func (ex *exchange) countMove(rt *route, up *upstream) {
 	case rt.tried != nil:
 		g.metrics.UpstreamRetry(rt.tried.cfg.Name, rt.triedResult)
 		g.metrics.UpstreamFallback(rt.tried.cfg.Name, up.cfg.Name, rt.triedResult)
-	case rt.skipped != nil:
+	case rt.skipped != nil && !rt.bypass:
 		g.metrics.UpstreamFallback(rt.skipped.cfg.Name, up.cfg.Name, rt.skip)
 	}
 }

@@ -484,8 +484,9 @@ func TestRefusedRetryDoesNotWait(t *testing.T) {
 }
 
 // TestUnavailableRetryAfterFromSkippedBreakers: the 503 of a request
-// whose every upstream was skipped advertises the cooldown of the breakers
-// it skipped, not that of an upstream its key may not go to.
+// whose every upstream was skipped (a breaker open, a full queue: no
+// bypass, since not every breaker refused it) advertises the cooldown of the
+// breakers it skipped, not that of an upstream its key may not go to.
 func TestUnavailableRetryAfterFromSkippedBreakers(t *testing.T) {
 	clk := newFakeClock()
 	primary := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -502,22 +503,40 @@ func TestUnavailableRetryAfterFromSkippedBreakers(t *testing.T) {
 		u := &cfg.Upstreams[0]
 		u.Retry.MaxAttempts = 1
 		u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds = 1, 30
+		// A replica at the primary's origin, without a breaker, whose
+		// rate lets one request through and refuses the next at once.
+		rep := config.DefaultUpstream()
+		rep.Name, rep.BaseURL = "replica", primary.URL
+		rep.Retry.MaxAttempts = 1
+		rep.Breaker.Enabled = false
+		rep.RequestsPerSecond, rep.QueueSize = 0.001, 0
 		b := config.DefaultUpstream()
 		b.Name, b.BaseURL = "other", other.URL
 		b.Retry.MaxAttempts = 1
 		b.Breaker.ConsecutiveFailures, b.Breaker.CooldownSeconds = 1, 2
-		cfg.Upstreams = append(cfg.Upstreams, b)
+		cfg.Upstreams = append(cfg.Upstreams, rep, b)
 	}, func(o *Options) { o.Now = clk.Now })
-	// A keyless request opens both breakers (primary, then the fallback).
+	// A keyless request opens both breakers (mock, the primary, then the
+	// last fallback) and takes the replica's turn.
 	post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
-	tg.record(t)
-	// A caller with a key may only go to the primary (another origin):
-	// its 503 must say 30 s, not the other upstream's 2 s.
+	wantAttempts(t, tg.record(t), "mock:500:server_error", "replica:500:server_error", "other:500:server_error")
+	// A caller with a key may only go to the primary and the replica
+	// (another origin for the third): its 503 must say 30 s, not the other
+	// upstream's 2 s.
 	resp, body := post(t, tg.URL+"/v1/chat/completions", plainChat, map[string]string{"Authorization": "Bearer sk-caller"})
-	tg.record(t)
+	wantAttempts(t, tg.record(t), "mock:0:breaker_open", "replica:0:queue_full", "other:0:key_scope")
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "30" {
 		t.Fatalf("status %d Retry-After %q body %s; want 503 with Retry-After 30", resp.StatusCode,
 			resp.Header.Get("Retry-After"), body)
+	}
+	// The same in the Anthropic dialect: its overloaded_error.
+	resp, body = post(t, tg.URL+"/v1/messages", `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`,
+		map[string]string{"X-Api-Key": "sk-ant-caller", "Anthropic-Version": "2023-06-01"})
+	wantAttempts(t, tg.record(t), "mock:0:breaker_open", "replica:0:queue_full", "other:0:key_scope")
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "30" ||
+		!strings.Contains(string(body), `"type":"overloaded_error"`) {
+		t.Errorf("Anthropic caller: status %d Retry-After %q body %s; want 503 overloaded_error with Retry-After 30",
+			resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 }
 
@@ -965,5 +984,238 @@ func TestCallerKeyScope(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOnlyUpstreamOpenCircuitStillServes: with the default breaker and one
+// upstream, two requests that the upstream fails open its circuit. Once the
+// upstream is healthy again, the next requests reach it and succeed (the
+// first sent in bypass, whose success half-opens the circuit; the second a
+// probe that closes it), instead of the gateway refusing every caller with
+// its own 503 for the cooldown.
+func TestOnlyUpstreamOpenCircuitStillServes(t *testing.T) {
+	w := newResWorld(t, resSetup{upstreams: []string{"mock"}, clock: true})
+	// 3 attempts, then 2: the fifth failure in a row opens the circuit and
+	// the breaker holds back the last retry.
+	w.inject(t, "mock", "status=500", 5)
+	for i := range 2 {
+		a := w.call(t, kindOpenAI, nil)
+		var oe *openai.Error
+		if !errors.As(a.err, &oe) || oe.StatusCode != http.StatusInternalServerError {
+			t.Fatalf("failing request %d: %v; want the upstream's 500", i+1, a.err)
+		}
+		w.tg.record(t)
+	}
+	if s := circuitState(t, w.tg, "mock"); s != metrics.CircuitOpen {
+		t.Fatalf("circuit state %v after 5 failures in a row, want open", s)
+	}
+	hits := w.requests("mock")
+	// The gateway's clock stands still: without the upstream's answers the
+	// circuit would stay open for the whole test.
+	for i, k := range []sdkKind{kindOpenAI, kindAnthropicStream, kindOpenAIStream} {
+		wantSuccess(t, k, w.call(t, k, nil))
+		rec := w.tg.record(t)
+		wantAttempts(t, rec, "mock:200:ok")
+		if n := w.requests("mock"); n != hits+int64(i)+1 {
+			t.Errorf("after healthy request %d the upstream saw %d requests, want %d", i+1, n, hits+int64(i)+1)
+		}
+		if got, want := rec.Attempts[0].BreakerBypass, i == 0; got != want {
+			t.Errorf("healthy request %d: breaker bypass %v, want %v", i+1, got, want)
+		}
+		line := accessLogLine(t, w.tg, rec.RequestID)
+		if got, want := strings.Contains(string(line["attempts"]), `"breaker_bypass":true`), i == 0; got != want {
+			t.Errorf("healthy request %d: access-log attempts %s; breaker_bypass shown %v, want %v", i+1, line["attempts"], got, want)
+		}
+		if want := []float64{metrics.CircuitHalfOpen, metrics.CircuitClosed, metrics.CircuitClosed}[i]; circuitState(t, w.tg, "mock") != want {
+			t.Errorf("after healthy request %d the circuit state is %v, want %v", i+1, circuitState(t, w.tg, "mock"), want)
+		}
+	}
+	wantMetric(t, w.tg, "tollgate_upstream_breaker_bypass_total", map[string]string{"upstream": "mock"}, 1)
+	wantMetric(t, w.tg, "tollgate_upstream_retries_skipped_total", map[string]string{"upstream": "mock", "why": "breaker_open"}, 1)
+}
+
+// TestBypassAttemptNotRetried: a request sent in bypass to an upstream that
+// still fails gets one attempt there: its retry, like any retry to an open
+// upstream, is held back by the breaker (before any wait), and it falls back
+// nowhere, so the caller gets the upstream's failure as it came, not the
+// gateway's 503; the circuit stays open.
+func TestBypassAttemptNotRetried(t *testing.T) {
+	w := newResWorld(t, resSetup{upstreams: []string{"a", "b"}, clock: true, edit: func(c *config.Config) {
+		for _, name := range []string{"a", "b"} {
+			u := upstreamCfg(t, c, name)
+			u.Breaker = tightBreaker
+			u.Breaker.ConsecutiveFailures = 1
+		}
+	}})
+	// One request opens both: a's 500 (retry held back: a is open), then b's.
+	w.inject(t, "a", "status=500", 3)
+	w.inject(t, "b", "status=500", 1)
+	if a := w.call(t, kindOpenAI, nil); a.err == nil {
+		t.Fatal("the SDK saw a success, want b's 500")
+	}
+	wantAttempts(t, w.tg.record(t), "a:500:server_error", "b:500:server_error")
+	skipped := metricValue(t, w.tg, "tollgate_upstream_retries_skipped_total", map[string]string{"upstream": "a", "why": "breaker_open"})
+	for _, k := range []sdkKind{kindOpenAI, kindAnthropicStream} {
+		a := w.call(t, k, nil)
+		rec := w.tg.record(t)
+		if a.err == nil || rec.Status != http.StatusInternalServerError {
+			t.Fatalf("%s: error %v, status %d; want a's 500", k.name, a.err, rec.Status)
+		}
+		// a and b opened at the same instant: a, first in route order.
+		wantAttempts(t, rec, "a:500:server_error")
+		if !rec.Attempts[0].BreakerBypass || rec.RetryWait != 0 {
+			t.Errorf("%s: bypass %v, retry wait %v; want a bypass and no wait", k.name, rec.Attempts[0].BreakerBypass, rec.RetryWait)
+		}
+	}
+	if n, m := w.requests("a"), w.requests("b"); n != 3 || m != 1 {
+		t.Errorf("a saw %d requests, b %d; want 3 and 1", n, m)
+	}
+	wantMetric(t, w.tg, "tollgate_upstream_retries_skipped_total", map[string]string{"upstream": "a", "why": "breaker_open"}, skipped+2)
+	for _, name := range []string{"a", "b"} {
+		if s := circuitState(t, w.tg, name); s != metrics.CircuitOpen {
+			t.Errorf("%s's circuit state %v, want open", name, s)
+		}
+	}
+}
+
+// TestOpenUpstreamSkippedWhileAnotherServes: with one upstream open and the
+// next one healthy, the open one is still skipped without being asked (no
+// bypass), and the request is a fallback to the healthy one, as before.
+func TestOpenUpstreamSkippedWhileAnotherServes(t *testing.T) {
+	w := newResWorld(t, resSetup{upstreams: []string{"primary", "backup"}, clock: true, edit: func(c *config.Config) {
+		u := upstreamCfg(t, c, "primary")
+		u.Retry.MaxAttempts = 1
+		u.Breaker = tightBreaker
+		u.Breaker.ConsecutiveFailures = 1
+	}})
+	w.inject(t, "primary", "status=500", 1)
+	wantSuccess(t, kindOpenAI, w.call(t, kindOpenAI, nil))
+	wantAttempts(t, w.tg.record(t), "primary:500:server_error", "backup:200:ok")
+	if s := circuitState(t, w.tg, "primary"); s != metrics.CircuitOpen {
+		t.Fatalf("primary's circuit state %v, want open", s)
+	}
+	for _, k := range allKinds {
+		wantSuccess(t, k, w.call(t, k, nil))
+		rec := w.tg.record(t)
+		wantAttempts(t, rec, "primary:0:breaker_open", "backup:200:ok")
+		if rec.Upstream != "backup" || rec.Attempts[1].BreakerBypass {
+			t.Errorf("%s: answered by %q, bypass %v; want backup, no bypass", k.name, rec.Upstream, rec.Attempts[1].BreakerBypass)
+		}
+	}
+	if n := w.requests("primary"); n != 1 {
+		t.Errorf("primary saw %d requests, want its one failure: an open upstream is skipped while another serves", n)
+	}
+	wantMetric(t, w.tg, "tollgate_upstream_fallbacks_total",
+		map[string]string{"from": "primary", "to": "backup", "reason": "breaker_open"}, float64(len(allKinds)))
+	for _, name := range []string{"primary", "backup"} {
+		wantMetric(t, w.tg, "tollgate_upstream_breaker_bypass_total", map[string]string{"upstream": name}, 0)
+	}
+}
+
+// TestAllOpenLongestOpenServes: with both upstreams open, the request goes
+// to the one whose circuit opened first, though it comes second in the
+// route; its success closes that circuit, and the next request goes to it
+// as a fallback from the still open first one.
+func TestAllOpenLongestOpenServes(t *testing.T) {
+	w := newResWorld(t, resSetup{upstreams: []string{"a", "b"}, clock: true, edit: func(c *config.Config) {
+		for _, name := range []string{"a", "b"} {
+			u := upstreamCfg(t, c, name)
+			u.Retry.MaxAttempts = 1
+			u.Breaker = tightBreaker // two failures in a row, 60 s cooldown, one probe
+		}
+		upstreamCfg(t, c, "b").Breaker.ConsecutiveFailures = 1
+	}})
+	// b opens first: a fails once (still closed), then b.
+	w.inject(t, "a", "status=500", 2)
+	w.inject(t, "b", "status=500", 1)
+	if a := w.call(t, kindOpenAI, nil); a.err == nil {
+		t.Fatal("the SDK saw a success, want b's 500")
+	}
+	wantAttempts(t, w.tg.record(t), "a:500:server_error", "b:500:server_error")
+	// 2 s later a opens: its second failure, relayed (b is skipped).
+	w.clock.Advance(2 * time.Second)
+	if a := w.call(t, kindOpenAI, nil); a.err == nil {
+		t.Fatal("the SDK saw a success, want a's 500")
+	}
+	wantAttempts(t, w.tg.record(t), "a:500:server_error", "b:0:breaker_open")
+	for _, name := range []string{"a", "b"} {
+		if s := circuitState(t, w.tg, name); s != metrics.CircuitOpen {
+			t.Fatalf("%s's circuit state %v, want open", name, s)
+		}
+	}
+	aHits, bHits := w.requests("a"), w.requests("b")
+	wantSuccess(t, kindOpenAIStream, w.call(t, kindOpenAIStream, nil))
+	rec := w.tg.record(t)
+	wantAttempts(t, rec, "b:200:ok")
+	if rec.Upstream != "b" || !rec.Attempts[0].BreakerBypass {
+		t.Errorf("answered by %q, bypass %v; want b, the one open longest, in bypass", rec.Upstream, rec.Attempts[0].BreakerBypass)
+	}
+	if w.requests("a") != aHits || w.requests("b") != bHits+1 {
+		t.Errorf("a saw %d more requests, b %d more; want 0 and 1", w.requests("a")-aHits, w.requests("b")-bHits)
+	}
+	wantMetric(t, w.tg, "tollgate_upstream_breaker_bypass_total", map[string]string{"upstream": "b"}, 1)
+	wantMetric(t, w.tg, "tollgate_upstream_breaker_bypass_total", map[string]string{"upstream": "a"}, 0)
+	if s := circuitState(t, w.tg, "b"); s != metrics.CircuitClosed {
+		t.Errorf("b's circuit state %v after its bypass succeeded (half_open_probes 1), want closed", s)
+	}
+	// b is closed again: an ordinary fallback from a, still open.
+	wantSuccess(t, kindAnthropicStream, w.call(t, kindAnthropicStream, nil))
+	rec = w.tg.record(t)
+	wantAttempts(t, rec, "a:0:breaker_open", "b:200:ok")
+	if rec.Attempts[1].BreakerBypass {
+		t.Error("a fallback to a closed circuit marked breaker_bypass")
+	}
+}
+
+// TestBypassOnlyWhereTheKeyMayGo: a passthrough caller's key goes only to
+// its route's first origin, in bypass too. With both upstreams open, the one
+// at another origin open longest, a keyless request goes there and a keyed
+// one to the first upstream.
+func TestBypassOnlyWhereTheKeyMayGo(t *testing.T) {
+	w := newResWorld(t, resSetup{upstreams: []string{"primary", "other"}, clock: true, edit: func(c *config.Config) {
+		for _, name := range []string{"primary", "other"} {
+			u := upstreamCfg(t, c, name)
+			u.Retry.MaxAttempts = 1
+			u.Breaker = tightBreaker
+		}
+		upstreamCfg(t, c, "other").Breaker.ConsecutiveFailures = 1
+		upstreamCfg(t, c, "other").CallerKeysOnFallback = false
+	}})
+	w.inject(t, "primary", "status=500", 2)
+	w.inject(t, "other", "status=500", 1)
+	// Keyless requests (an empty Authorization: the SDKs always send one).
+	keyless := map[string]string{"Authorization": ""}
+	w.call(t, kindOpenAI, keyless)
+	wantAttempts(t, w.tg.record(t), "primary:500:server_error", "other:500:server_error")
+	w.clock.Advance(time.Second)
+	w.call(t, kindOpenAI, keyless)
+	wantAttempts(t, w.tg.record(t), "primary:500:server_error", "other:0:breaker_open")
+
+	// other opened first, but the SDK's key may not go there.
+	wantSuccess(t, kindOpenAI, w.call(t, kindOpenAI, nil))
+	rec := w.tg.record(t)
+	wantAttempts(t, rec, "primary:200:ok")
+	if !rec.Attempts[0].BreakerBypass {
+		t.Error("the keyed request's attempt on primary is not marked breaker_bypass")
+	}
+	if n := w.requests("other"); n != 1 {
+		t.Errorf("other saw %d requests, want 1: the caller's key must not reach it", n)
+	}
+	// primary's bypass success closed it (one probe). Two keyless
+	// failures open it again, later than other: the next keyless request
+	// goes to other, open longest.
+	w.inject(t, "primary", "status=500", 2)
+	for range 2 {
+		w.call(t, kindOpenAI, keyless)
+		w.tg.record(t)
+	}
+	if s := circuitState(t, w.tg, "primary"); s != metrics.CircuitOpen {
+		t.Fatalf("primary's circuit state %v, want open", s)
+	}
+	wantSuccess(t, kindOpenAI, w.call(t, kindOpenAI, keyless))
+	rec = w.tg.record(t)
+	wantAttempts(t, rec, "other:200:ok")
+	if !rec.Attempts[0].BreakerBypass {
+		t.Error("the keyless request's attempt on other is not marked breaker_bypass")
 	}
 }

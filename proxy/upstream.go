@@ -106,6 +106,15 @@ func (up *upstream) allow() (ticket, bool) {
 	return up.breaker.allow()
 }
 
+// allowOrBypass is allow for a request that no other upstream of its route
+// would take: a refusing breaker issues a bypass ticket (breaker.allowOrBypass).
+func (up *upstream) allowOrBypass() ticket {
+	if up.breaker == nil {
+		return ticket{}
+	}
+	return up.breaker.allowOrBypass()
+}
+
 // retryIn is how long until the upstream's open breaker lets probes through.
 func (up *upstream) retryIn() time.Duration {
 	if up.breaker == nil {
