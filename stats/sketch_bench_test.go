@@ -182,8 +182,9 @@ func BenchmarkSketchBytes(b *testing.B) {
 }
 
 // observeHour feeds w an hour of one load into one request group and one
-// ITL group per model, with the spreads above.
-func observeHour(clk *fakeClock, w *Windows, l load, models int) {
+// ITL group per model, with the spreads above; kinds says which groups
+// ("request", "itl" or both).
+func observeHour(clk *fakeClock, w *Windows, l load, models int, kinds string) {
 	r := rand.New(rand.NewPCG(5, 6))
 	gaps := make([]time.Duration, 100)
 	for range 360 {
@@ -192,6 +193,9 @@ func observeHour(clk *fakeClock, w *Windows, l load, models int) {
 		for m := range models {
 			model := fmt.Sprint("model-", m)
 			for range l.reqs {
+				if kinds == "itl" {
+					break
+				}
 				ttft, e2e := spreadTTFT.draw(r), spreadE2E.draw(r)
 				if e2e <= ttft {
 					e2e = ttft + time.Millisecond
@@ -206,7 +210,7 @@ func observeHour(clk *fakeClock, w *Windows, l load, models int) {
 					FirstTokenOut: in.Add(ttft), LastToken: first.Add(time.Duration(tokens-1) * tpot), End: now}
 				w.Observe(rec, model)
 			}
-			for done := 0; done < l.gaps; done += len(gaps) {
+			for done := 0; done < l.gaps && kinds != "request"; done += len(gaps) {
 				for i := range gaps {
 					gaps[i] = spreadITL.draw(r)
 				}
@@ -216,25 +220,30 @@ func observeHour(clk *fakeClock, w *Windows, l load, models int) {
 	}
 }
 
-// BenchmarkGroupBytes measures the heap one group holds after an hour of
-// each load: a request group (TTFT, TPOT, E2E, overhead) and an ITL group
-// together, as a route and model with one team has. Run with -benchtime
-// 1x.
+// BenchmarkGroupBytes measures the heap groups hold after an hour of each
+// load: a request group (TTFT, TPOT, E2E, overhead), an ITL group, and
+// both, as a route and model with one team has. Run with -benchtime 1x.
 func BenchmarkGroupBytes(b *testing.B) {
 	for _, l := range loads {
-		b.Run(l.name, func(b *testing.B) {
-			for b.Loop() {
-				clk := newFakeClock()
-				before := heapBytes()
-				w := New(clk.now)
-				observeHour(clk, w, l, l.groupsTimes)
-				after := heapBytes()
-				if len(w.groups) != 2*l.groupsTimes {
-					b.Fatalf("%d groups", len(w.groups))
+		for _, kinds := range []string{"request", "itl", "both"} {
+			b.Run(l.name+"/"+kinds, func(b *testing.B) {
+				for b.Loop() {
+					clk := newFakeClock()
+					before := heapBytes()
+					w := New(clk.now)
+					observeHour(clk, w, l, l.groupsTimes, kinds)
+					after := heapBytes()
+					want := l.groupsTimes
+					if kinds == "both" {
+						want *= 2
+					}
+					if len(w.groups) != want {
+						b.Fatalf("%d groups", len(w.groups))
+					}
+					b.ReportMetric(float64(after-before)/float64(l.groupsTimes)/1024, "KiB/"+kinds)
+					runtime.KeepAlive(w)
 				}
-				b.ReportMetric(float64(after-before)/float64(l.groupsTimes)/1024, "KiB/route+model")
-				runtime.KeepAlive(w)
-			}
-		})
+			})
+		}
 	}
 }
