@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
@@ -230,7 +231,8 @@ func (w *Windows) snapshot(f filter) Report {
 			rep.Windows = append(rep.Windows, Window{Name: spec.name, Seconds: covered(spec, e), Groups: []Group{}})
 		}
 	}
-	sc := newScratch()
+	sc := getScratch()
+	defer putScratch(sc)
 	for _, st := range w.sets(&f, e) {
 		for i, spec := range specs {
 			win := &rep.Windows[i]
@@ -266,6 +268,20 @@ func newScratch() *scratch {
 	return &sc
 }
 
+// scratchPool holds empty scratch, for reports and for closing a group's
+// 1 min slice (a merge of its 10 s slices).
+var scratchPool = sync.Pool{New: func() any { return newScratch() }}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+// putScratch empties sc and returns it to the pool.
+func putScratch(sc *scratch) {
+	for _, s := range sc {
+		s.reset()
+	}
+	scratchPool.Put(sc)
+}
+
 // sum merges the slices numbered lo to hi of ring ri of the set's groups,
 // which span seconds; ok is false when they hold nothing. sc is scratch
 // space. Each group is locked only while its own slices are read, so a
@@ -280,21 +296,7 @@ func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *scratch) (out Figu
 		g.mu.Lock()
 		r := &g.rings[ri]
 		for k := max(lo, hi-int64(len(r.slots))); k <= hi; k++ {
-			if r.cur.stamp == k {
-				c.merge(&r.cur.counters)
-				for f, d := range r.cur.figs {
-					if d != nil {
-						sc[f].Merge(d)
-					}
-				}
-			} else if sl := r.slot(k); sl != nil {
-				c.merge(&sl.counters)
-				for f, cp := range sl.figs {
-					if cp != nil {
-						sc[f].mergeCompact(cp)
-					}
-				}
-			}
+			g.mergeSlice(ri, k, &c, sc)
 		}
 		g.mu.Unlock()
 		if afterGroupHook != nil {
@@ -416,7 +418,8 @@ func (w *Windows) series(f filter) (SeriesReport, error) {
 	}
 	cur := floorDiv(e, width)
 	first := max(cur-spec.slices+1, 0)
-	sc := newScratch()
+	sc := getScratch()
+	defer putScratch(sc)
 	for _, st := range w.sets(&f, e) {
 		out := Series{Route: st.route, Model: st.model, Team: st.team, Points: make([]Point, 0, cur-first+1)}
 		for k := first; k <= cur; k++ {

@@ -102,8 +102,11 @@ func (c *counters) merge(o *counters) {
 	}
 }
 
-// active is the slice being written: dense sketches, so that adding to it is
-// O(1) and allocation-free.
+// active is the slice being written. The 10 s ring's holds dense sketches,
+// so that adding to it is O(1) and allocation-free; the 1 min ring's holds
+// none: its current slice's sketches are the merge of the 10 s slices it
+// spans (see group), which halves what a writer adds and what a group
+// holds.
 type active struct {
 	stamp int64 // slice number: elapsed time since start / ring width
 	counters
@@ -146,38 +149,29 @@ func newRing(width time.Duration, n int, stamp int64) ring {
 	return r
 }
 
-// advance makes slice sn the current one, closing the current slice into
-// its slot. A slice number at or before the current one (a clock that went
-// back) keeps the current slice, so stamps only grow.
-func (r *ring) advance(sn int64) {
-	if sn <= r.cur.stamp {
-		return
-	}
+// close moves the current slice's counters into its slot, and returns the
+// slot, its sketches still to be set.
+func (r *ring) close() *slot {
 	sl := &r.slots[mod(r.cur.stamp, int64(len(r.slots)))]
 	sl.stamp = r.cur.stamp
 	sl.counters = r.cur.counters
-	for f, d := range r.cur.figs {
-		c := sl.figs[f]
-		if d != nil && d.n > 0 {
-			if c == nil {
-				c = &compact{}
-				sl.figs[f] = c
-			}
-			c.fill(d)
-			d.reset()
-			continue
-		}
-		if d != nil {
-			// Unused for a whole slice: let the 4.4 KB dense sketch go;
-			// the next value allocates it again.
-			r.cur.figs[f] = nil
-		}
-		if c != nil {
-			c.empty()
-		}
-	}
-	r.cur.stamp = sn
 	r.cur.counters = counters{}
+	return sl
+}
+
+// setFig makes s, when it holds values, figure f of sl; else it empties
+// it.
+func (sl *slot) setFig(f int, s *sketch) {
+	c := sl.figs[f]
+	if s != nil && s.n > 0 {
+		if c == nil {
+			c = &compact{}
+			sl.figs[f] = c
+		}
+		c.fill(s)
+	} else if c != nil {
+		c.empty()
+	}
 }
 
 // slot returns the closed slice numbered k, or nil when the ring does not
@@ -203,11 +197,97 @@ type group struct {
 	rings [2]ring // sliceShort ×30, sliceLong ×60
 }
 
+// shortPerLong is the number of 10 s slices in a 1 min one; slice k of the
+// long ring spans slices [k·shortPerLong, (k+1)·shortPerLong) of the short
+// one, which keeps more than that many.
+const shortPerLong = int64(sliceLong / sliceShort)
+
 func newGroup(k groupKey, e int64) *group {
 	g := &group{key: k}
 	g.rings[0] = newRing(sliceShort, 30, floorDiv(e, int64(sliceShort)))
 	g.rings[1] = newRing(sliceLong, 60, floorDiv(e, int64(sliceLong)))
 	return g
+}
+
+// advance makes the slices at elapsed time e the current ones, closing the
+// current ones into their slots: the short ring's first, then the long
+// ring's, whose sketches are merged from the short slices it spans, all
+// closed by then. A time at or before the current slices' (a clock that
+// went back) keeps them, so stamps only grow, and the long ring's current
+// slice is always the one that spans the short ring's. Called with g.mu
+// held.
+func (g *group) advance(e int64) {
+	short, long := &g.rings[0], &g.rings[1]
+	if sn := floorDiv(e, short.width); sn > short.cur.stamp {
+		sl := short.close()
+		for f, d := range short.cur.figs {
+			sl.setFig(f, d)
+			if d != nil && d.n == 0 {
+				// Unused for a whole slice: let the 4.4 KB dense sketch
+				// go; the next value allocates it again.
+				short.cur.figs[f] = nil
+			} else if d != nil {
+				d.reset()
+			}
+		}
+		short.cur.stamp = sn
+	}
+	if sn := floorDiv(e, long.width); sn > long.cur.stamp {
+		k := long.cur.stamp
+		sl := long.close()
+		sc := getScratch()
+		g.mergeShort(k*shortPerLong, (k+1)*shortPerLong-1, sc)
+		for f, s := range sc {
+			sl.setFig(f, s)
+		}
+		putScratch(sc)
+		long.cur.stamp = sn
+	}
+}
+
+// mergeShort merges into sc the sketches of the short ring's slices lo to
+// hi (at most shortPerLong) that it holds. A slot is found by its stamp,
+// so slices closed long ago count as long as no later slice took their
+// slot: when the long ring closes a minute after an idle spell, its short
+// slices are all still there. Called with g.mu held.
+func (g *group) mergeShort(lo, hi int64, sc *scratch) {
+	r := &g.rings[0]
+	for k := lo; k <= hi; k++ {
+		if r.cur.stamp == k {
+			for f, d := range r.cur.figs {
+				if d != nil {
+					sc[f].Merge(d)
+				}
+			}
+		} else if sl := r.slot(k); sl != nil {
+			for f, cp := range sl.figs {
+				if cp != nil {
+					sc[f].mergeCompact(cp)
+				}
+			}
+		}
+	}
+}
+
+// mergeSlice merges slice k of ring ri into c and sc, if g holds it.
+// Called with g.mu held.
+func (g *group) mergeSlice(ri int, k int64, c *counters, sc *scratch) {
+	r := &g.rings[ri]
+	if r.cur.stamp == k {
+		c.merge(&r.cur.counters)
+		if ri == 0 {
+			g.mergeShort(k, k, sc)
+		} else {
+			g.mergeShort(k*shortPerLong, (k+1)*shortPerLong-1, sc)
+		}
+	} else if sl := r.slot(k); sl != nil {
+		c.merge(&sl.counters)
+		for f, cp := range sl.figs {
+			if cp != nil {
+				sc[f].mergeCompact(cp)
+			}
+		}
+	}
 }
 
 // stale reports whether every slice of g is older than the longest window
@@ -221,14 +301,17 @@ func (g *group) stale(e int64) bool {
 // model label and team, and serves them on /stats. It is safe for
 // concurrent use; create it with New.
 //
-// Memory: a group keeps, per figure it writes, two dense sketches (the
-// current 10 s and 1 min slices, 4,456 bytes each; one idle for a whole
-// slice is released), and 4 bytes per non-empty bucket in each of its 90
+// Memory: a group keeps, per figure it writes, one dense sketch for the
+// current 10 s slice (4,456 bytes; one idle for a whole slice is
+// released; the 1 min ring's current slice is merged from the 10 s ones
+// when read or closed), and 4 bytes per non-empty bucket in each of its 90
 // closed slices, plus about 15 KB of counters and slot headers. With an
-// hour of lognormal traffic (BenchmarkSnapshot50Groups) a request group
-// (TTFT, TPOT, E2E, overhead) holds about 130 KB (36 KB dense, 57 KB of
-// bucket entries) and an ITL group about 76 KB. Groups with nothing in the
-// last hour are dropped by Snapshot.
+// hour of traffic spread log-uniformly (BenchmarkGroupBytes: TTFT over
+// 50 ms–5 s, ITL over 1–200 ms), a request group (TTFT, TPOT, E2E,
+// overhead) holds about 167 KiB at 2 requests a second and an ITL group
+// 140 KiB at 100 gaps a second; with lognormal traffic
+// (BenchmarkSnapshot50Groups) about 124 KiB a group. Groups with nothing
+// in the last hour are dropped by Snapshot.
 type Windows struct {
 	now   func() time.Time
 	start time.Time
@@ -339,10 +422,14 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 
 	g := w.acquire(groupKey{route: rec.Route, model: model, team: team}, e)
 	defer w.release(g)
+	g.advance(e)
+	for f, ok := range has {
+		if ok {
+			g.rings[0].cur.fig(figure(f)).addAt(buckets[f], vals[f])
+		}
+	}
 	for i := range g.rings {
-		r := &g.rings[i]
-		r.advance(floorDiv(e, r.width))
-		c := &r.cur.counters
+		c := &g.rings[i].cur.counters
 		c.requests++
 		if o := int(rec.Outcome); o < nOutcomes {
 			c.outcomes[o]++
@@ -355,11 +442,6 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 		c.costMicros += rec.CostMicros
 		if rej >= 0 {
 			c.rejections[rej]++
-		}
-		for f, ok := range has {
-			if ok {
-				r.cur.fig(figure(f)).addAt(buckets[f], vals[f])
-			}
 		}
 	}
 }
@@ -380,14 +462,11 @@ func (w *Windows) ObserveITLs(route llm.Route, model string, gaps []time.Duratio
 	}
 	e := w.elapsed(w.now())
 	g := w.acquire(groupKey{route: route, model: model}, e)
-	for i := range g.rings {
-		r := &g.rings[i]
-		r.advance(floorDiv(e, r.width))
-		fig := r.cur.fig(figITL)
-		for _, gap := range gaps {
-			gap = max(gap, 0)
-			fig.addAt(bucketOf(gap), gap)
-		}
+	g.advance(e)
+	fig := g.rings[0].cur.fig(figITL)
+	for _, gap := range gaps {
+		gap = max(gap, 0)
+		fig.addAt(bucketOf(gap), gap)
 	}
 	w.release(g)
 }
