@@ -24,11 +24,12 @@ type Report struct {
 // SketchInfo names the quantile sketch and its error bound, so that a
 // reader (gateway bench) knows how far a quantile may be from the exact one.
 type SketchInfo struct {
-	// Kind is "ddsketch": log buckets at powers of (1+α)/(1−α) from 1 µs to
-	// 1 h.
+	// Kind is "log-linear": each octave of nanoseconds in 1,024 equal
+	// buckets, from 0 to 2^42 ns (73 min).
 	Kind string `json:"kind"`
-	// RelativeError is α: each quantile is within α·v of the value v at
-	// its rank, for v between 1 µs and 1 h.
+	// RelativeError is α = 0.001: each quantile is within α·v of the exact
+	// one v (linear interpolation between the closest ranks, as numpy
+	// computes it), for v under 73 min.
 	RelativeError float64 `json:"relative_error"`
 }
 
@@ -88,8 +89,9 @@ type Figures struct {
 }
 
 // Quantiles summarises one figure in milliseconds. Count, Mean and Max are
-// exact; the percentiles are within the sketch's relative error. All are
-// zero when Count is.
+// exact; the percentiles, interpolated between the closest ranks as numpy
+// does, are within the sketch's relative error. All are zero when Count
+// is.
 type Quantiles struct {
 	Count int64   `json:"count"`
 	Mean  float64 `json:"mean_ms"`

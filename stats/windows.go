@@ -4,12 +4,15 @@
 // E2E and gateway overhead, output tokens per second, goodput with the SLO
 // each bad request broke first, and outcome counts.
 //
-// Quantiles come from a log-bucketed sketch in the style of DDSketch: fixed
-// buckets at powers of γ = (1+α)/(1−α) with α = 1% between 1 µs and 1 h, so
-// a reported quantile is within 1% of the true value at its rank (values
-// outside that range are clamped to it, and to the exact min and max).
-// Sketches with the same layout merge by adding counts, which is how the
-// time slices of a window are combined; the merged answer is as exact as a
+// Quantiles come from a log-linear histogram (HdrHistogram's layout, see
+// sketch.go): every octave of nanoseconds cut into 1,024 buckets, so that a
+// bucket is at most 2^−10 of its value wide, from 0 to 2^42 ns (73 min). A
+// quantile is interpolated between the closest ranks, as numpy (and so
+// gateway bench, and vLLM) computes it, each rank's value estimated inside
+// its bucket; the answer is within 0.1 % of the exact quantile (exact under
+// 2 µs, and at the min and max). Sketches with the same layout merge by
+// adding counts, which is how the time slices of a window and the groups
+// of a merged report are combined; the merged answer is as exact as a
 // single sketch over all the values.
 //
 // Which records feed which figure mirrors package metrics: TTFT only for
@@ -223,11 +226,12 @@ func (g *group) advance(e int64) {
 		for f, d := range short.cur.figs {
 			sl.setFig(f, d)
 			if d != nil && d.n == 0 {
-				// Unused for a whole slice: let the 4.4 KB dense sketch
-				// go; the next value allocates it again.
+				// Unused for a whole slice: let the dense sketch go (its
+				// directory alone is 1 KB); the next value allocates it
+				// again.
 				short.cur.figs[f] = nil
 			} else if d != nil {
-				d.reset()
+				d.recycle()
 			}
 		}
 		short.cur.stamp = sn
@@ -302,16 +306,19 @@ func (g *group) stale(e int64) bool {
 // concurrent use; create it with New.
 //
 // Memory: a group keeps, per figure it writes, one dense sketch for the
-// current 10 s slice (4,456 bytes; one idle for a whole slice is
-// released; the 1 min ring's current slice is merged from the 10 s ones
-// when read or closed), and 4 bytes per non-empty bucket in each of its 90
-// closed slices, plus about 15 KB of counters and slot headers. With an
-// hour of traffic spread log-uniformly (BenchmarkGroupBytes: TTFT over
-// 50 ms–5 s, ITL over 1–200 ms), a request group (TTFT, TPOT, E2E,
-// overhead) holds about 167 KiB at 2 requests a second and an ITL group
-// 140 KiB at 100 gaps a second; with lognormal traffic
-// (BenchmarkSnapshot50Groups) about 124 KiB a group. Groups with nothing
-// in the last hour are dropped by Snapshot.
+// current 10 s slice (a 1 KB directory and 272 bytes per page of 64
+// buckets in use, so 7 KB for 20 TTFTs spread over 50 ms–5 s and 34–42 KB
+// for a thousand ITL gaps over 1–200 ms; one idle for a whole slice is
+// released) and its 90 closed slices as runs of buckets, one or two bytes
+// per non-empty bucket. The 1 min ring's current slice is merged from the
+// 10 s ones when read or closed, so it holds no dense sketch of its own.
+// With an hour of traffic spread as above (BenchmarkGroupBytes), a request
+// group (TTFT, TPOT, E2E, overhead) holds 166 KiB at 2 requests a second
+// and 1.8 MiB at 128, an ITL group 495 KiB at 100 gaps a second and 795
+// KiB at 12,800; with lognormal traffic (BenchmarkSnapshot50Groups) about
+// 146 KiB a group. However it is fed, a sketch has at most the layout's
+// 33,792 buckets: at most 140 KB dense and 8 bytes a bucket compact.
+// Groups with nothing in the last hour are dropped by Snapshot.
 type Windows struct {
 	now   func() time.Time
 	start time.Time
@@ -379,7 +386,8 @@ func isOverflow(k groupKey) bool {
 
 // Observe adds one finished exchange; model is its metrics label (already
 // bounded by package metrics). It does not allocate once the group's
-// current slices exist.
+// current slices exist and the sketch pages its values fall in are in use
+// (they are kept from slice to slice while traffic lasts).
 func (w *Windows) Observe(rec *llm.Record, model string) {
 	var vals [nFigures]time.Duration
 	var buckets [nFigures]int
@@ -447,8 +455,8 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 }
 
 // ObserveITL adds one gap between token-bearing events. ITL is kept per
-// route and model only, in groups whose team is "". It does not allocate
-// once the group's current slices exist.
+// route and model only, in groups whose team is "". Like Observe, it does
+// not allocate in steady traffic.
 func (w *Windows) ObserveITL(route llm.Route, model string, gap time.Duration) {
 	w.ObserveITLs(route, model, []time.Duration{gap})
 }
