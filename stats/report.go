@@ -259,15 +259,44 @@ func covered(spec windowSpec, e int64) float64 {
 // and unlocked.
 var afterGroupHook func(*group)
 
-// scratch holds one dense sketch per figure, reused across sums.
-type scratch [nFigures]*sketch
+// scratch holds one dense sketch per figure, reused across sums, and the
+// closed slices read under a group's lock, to be merged into them once it
+// is released (a compact is never written after fill, so a copy of one
+// stays whole).
+type scratch struct {
+	figs    [nFigures]*sketch
+	pending [nFigures][]compact
+}
 
 func newScratch() *scratch {
 	var sc scratch
-	for f := range sc {
-		sc[f] = newSketch()
+	for f := range sc.figs {
+		sc.figs[f] = newSketch()
 	}
 	return &sc
+}
+
+// addCompact notes closed slice cp of figure f, for flush.
+func (sc *scratch) addCompact(f int, cp *compact) { sc.pending[f] = append(sc.pending[f], *cp) }
+
+// flush merges the noted closed slices.
+func (sc *scratch) flush() {
+	for f, p := range sc.pending {
+		for i := range p {
+			sc.figs[f].mergeCompact(&p[i])
+		}
+		clear(p)
+		sc.pending[f] = p[:0]
+	}
+}
+
+// reset empties sc.
+func (sc *scratch) reset() {
+	for f, s := range sc.figs {
+		s.reset()
+		clear(sc.pending[f])
+		sc.pending[f] = sc.pending[f][:0]
+	}
 }
 
 // scratchPool holds empty scratch, for reports and for closing a group's
@@ -278,22 +307,19 @@ func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
 // putScratch empties sc and returns it to the pool.
 func putScratch(sc *scratch) {
-	for _, s := range sc {
-		s.reset()
-	}
+	sc.reset()
 	scratchPool.Put(sc)
 }
 
 // sum merges the slices numbered lo to hi of ring ri of the set's groups,
 // which span seconds; ok is false when they hold nothing. sc is scratch
-// space. Each group is locked only while its own slices are read, so a
-// writer waits for one group's part at most, however many groups a merged
-// report spans.
+// space. Each group is locked only while its own slices are read: its
+// counters and current slice merged, its closed slices copied, and merged
+// after it is unlocked. So a writer waits for one group's current slice at
+// most, however many slices and groups a report spans.
 func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *scratch) (out Figures, ok bool) {
 	var c counters
-	for _, s := range sc {
-		s.reset()
-	}
+	sc.reset()
 	for _, g := range st.groups {
 		g.mu.Lock()
 		r := &g.rings[ri]
@@ -301,6 +327,7 @@ func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *scratch) (out Figu
 			g.mergeSlice(ri, k, &c, sc)
 		}
 		g.mu.Unlock()
+		sc.flush()
 		if afterGroupHook != nil {
 			afterGroupHook(g)
 		}
@@ -308,7 +335,7 @@ func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *scratch) (out Figu
 
 	var qs [nFigures]Quantiles
 	for f := range nFigures {
-		qs[f] = quantilesOf(sc[f])
+		qs[f] = quantilesOf(sc.figs[f])
 		ok = ok || qs[f].Count > 0
 	}
 	return figuresOf(&c, &qs, seconds), ok || c.requests > 0

@@ -394,21 +394,19 @@ func (c *cursor) value(j uint64) float64 {
 // bucket's count as a zigzag uvarint of its difference from the previous
 // count in the run (the first from 0). Neighbouring counts are alike, so a
 // busy slice takes about a byte per bucket, and a sparse one two.
+//
+// data is never written once filled, so that a report may copy a compact
+// under its group's lock and decode it after releasing the lock.
 type compact struct {
 	data []byte
 	summary
 }
 
-// fill replaces c's content with s's, reusing c's storage unless it is too
-// small or more than twice too big (slices live up to an hour, so their
-// size should fit).
+// fill replaces c's content with s's, in new storage (see compact).
 func (c *compact) fill(s *sketch) {
 	size := 0
 	s.encode(func(v uint64) { size += uvarintLen(v) })
-	if cap(c.data) < size || cap(c.data) > 2*size+16 {
-		c.data = make([]byte, 0, size)
-	}
-	c.data = c.data[:0]
+	c.data = make([]byte, 0, size)
 	s.encode(func(v uint64) { c.data = binary.AppendUvarint(c.data, v) })
 	c.summary = s.summary
 }
@@ -473,6 +471,8 @@ func (s *sketch) mergeCompact(c *compact) {
 	i, first := 0, -1
 	pi, pg := -1, (*page)(nil)
 	for k := 0; k < len(b); {
+		// Each uvarint is one byte but for long gaps and large counts;
+		// that case is decoded without a call.
 		h := uint64(b[k])
 		if h < 0x80 {
 			k++

@@ -363,3 +363,20 @@ func TestCompactRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactNeverRewritten: a copy of a compact taken before the next fill
+// still decodes to what it held, which is what lets reports decode closed
+// slices after releasing the group's lock.
+func TestCompactNeverRewritten(t *testing.T) {
+	a, b := sketchOf(spreadTTFT.values(1, 500)), sketchOf(spreadITL.values(2, 500))
+	var c compact
+	c.fill(a)
+	kept := c
+	c.fill(b)
+	c.empty()
+	back := newSketch()
+	back.mergeCompact(&kept)
+	if !slices.Equal(bucketList(back), bucketList(a)) || back.summary != a.summary {
+		t.Error("a copy of a compact changed when the compact was filled again")
+	}
+}

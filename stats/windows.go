@@ -241,7 +241,8 @@ func (g *group) advance(e int64) {
 		sl := long.close()
 		sc := getScratch()
 		g.mergeShort(k*shortPerLong, (k+1)*shortPerLong-1, sc)
-		for f, s := range sc {
+		sc.flush()
+		for f, s := range sc.figs {
 			sl.setFig(f, s)
 		}
 		putScratch(sc)
@@ -250,7 +251,8 @@ func (g *group) advance(e int64) {
 }
 
 // mergeShort merges into sc the sketches of the short ring's slices lo to
-// hi (at most shortPerLong) that it holds. A slot is found by its stamp,
+// hi (at most shortPerLong) that it holds: the current one at once, the
+// closed ones at sc's next flush. A slot is found by its stamp,
 // so slices closed long ago count as long as no later slice took their
 // slot: when the long ring closes a minute after an idle spell, its short
 // slices are all still there. Called with g.mu held.
@@ -260,21 +262,21 @@ func (g *group) mergeShort(lo, hi int64, sc *scratch) {
 		if r.cur.stamp == k {
 			for f, d := range r.cur.figs {
 				if d != nil {
-					sc[f].Merge(d)
+					sc.figs[f].Merge(d)
 				}
 			}
 		} else if sl := r.slot(k); sl != nil {
 			for f, cp := range sl.figs {
 				if cp != nil {
-					sc[f].mergeCompact(cp)
+					sc.addCompact(f, cp)
 				}
 			}
 		}
 	}
 }
 
-// mergeSlice merges slice k of ring ri into c and sc, if g holds it.
-// Called with g.mu held.
+// mergeSlice merges slice k of ring ri into c and sc, if g holds it (its
+// closed sketches at sc's next flush). Called with g.mu held.
 func (g *group) mergeSlice(ri int, k int64, c *counters, sc *scratch) {
 	r := &g.rings[ri]
 	if r.cur.stamp == k {
@@ -288,7 +290,7 @@ func (g *group) mergeSlice(ri int, k int64, c *counters, sc *scratch) {
 		c.merge(&sl.counters)
 		for f, cp := range sl.figs {
 			if cp != nil {
-				sc[f].mergeCompact(cp)
+				sc.addCompact(f, cp)
 			}
 		}
 	}
@@ -316,7 +318,7 @@ func (g *group) stale(e int64) bool {
 // group (TTFT, TPOT, E2E, overhead) holds 166 KiB at 2 requests a second
 // and 1.8 MiB at 128, an ITL group 495 KiB at 100 gaps a second and 795
 // KiB at 12,800; with lognormal traffic (BenchmarkSnapshot50Groups) about
-// 146 KiB a group. However it is fed, a sketch has at most the layout's
+// 145 KiB a group. However it is fed, a sketch has at most the layout's
 // 33,792 buckets: at most 140 KB dense and 8 bytes a bucket compact.
 // Groups with nothing in the last hour are dropped by Snapshot.
 type Windows struct {
