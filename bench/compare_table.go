@@ -75,10 +75,10 @@ func (gs *GatewayStats) writeTable(b *strings.Builder) error {
 
 	if gs.Counts == "series" {
 		fmt.Fprintf(b, "gateway counts: /stats/series (1 min slices) from the minute the run began, less that minute's before the run (%d − %d); "+
-			"its quantiles: the whole window's (%.0f s, %d requests), ±%.0f%% (sketch).\n",
+			"its quantiles: the whole window's (%.0f s, %d requests), ±%g%% (sketch).\n",
 			gs.RequestsAfter, gs.RequestsBefore, gs.WindowSeconds, gs.WindowRequests, 100*gs.RelativeError)
 	} else {
-		fmt.Fprintf(b, "gateway counts: the window's after the run less before it (%d − %d); its quantiles: the whole window's (%.0f s), ±%.0f%% (sketch).\n",
+		fmt.Fprintf(b, "gateway counts: the window's after the run less before it (%d − %d); its quantiles: the whole window's (%.0f s), ±%g%% (sketch).\n",
 			gs.RequestsAfter, gs.RequestsBefore, gs.WindowSeconds, 100*gs.RelativeError)
 	}
 	if gs.CountsUnreliable {

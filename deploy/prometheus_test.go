@@ -491,7 +491,7 @@ spill_dir = ""
 	t.Logf("TTFT median: PromQL %.4f s, /stats %.4f s (α %.3g); allowed [%g, %g] s from the bucket edges",
 		promP50, statsP50, alpha, lo, hi)
 	if math.IsNaN(promP50) || promP50 < lo || promP50 > hi {
-		t.Errorf("PromQL median TTFT %.4f s is outside the buckets [%g, %g] s that hold /stats' median %.4f s (±%.0f%%)",
+		t.Errorf("PromQL median TTFT %.4f s is outside the buckets [%g, %g] s that hold /stats' median %.4f s (±%g%%)",
 			promP50, lo, hi, statsP50, 100*alpha)
 	}
 

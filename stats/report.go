@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
@@ -23,11 +24,12 @@ type Report struct {
 // SketchInfo names the quantile sketch and its error bound, so that a
 // reader (gateway bench) knows how far a quantile may be from the exact one.
 type SketchInfo struct {
-	// Kind is "ddsketch": log buckets at powers of (1+α)/(1−α) from 1 µs to
-	// 1 h.
+	// Kind is "log-linear": each octave of nanoseconds in 1,024 equal
+	// buckets, from 0 to 2^42 ns (73 min).
 	Kind string `json:"kind"`
-	// RelativeError is α: each quantile is within α·v of the value v at
-	// its rank, for v between 1 µs and 1 h.
+	// RelativeError is α = 0.001: each quantile is within α·v of the exact
+	// one v (linear interpolation between the closest ranks, as numpy
+	// computes it), for v under 73 min.
 	RelativeError float64 `json:"relative_error"`
 }
 
@@ -87,8 +89,9 @@ type Figures struct {
 }
 
 // Quantiles summarises one figure in milliseconds. Count, Mean and Max are
-// exact; the percentiles are within the sketch's relative error. All are
-// zero when Count is.
+// exact; the percentiles, interpolated between the closest ranks as numpy
+// does, are within the sketch's relative error. All are zero when Count
+// is.
 type Quantiles struct {
 	Count int64   `json:"count"`
 	Mean  float64 `json:"mean_ms"`
@@ -230,7 +233,8 @@ func (w *Windows) snapshot(f filter) Report {
 			rep.Windows = append(rep.Windows, Window{Name: spec.name, Seconds: covered(spec, e), Groups: []Group{}})
 		}
 	}
-	sc := newScratch()
+	sc := getScratch()
+	defer putScratch(sc)
 	for _, st := range w.sets(&f, e) {
 		for i, spec := range specs {
 			win := &rep.Windows[i]
@@ -255,48 +259,75 @@ func covered(spec windowSpec, e int64) float64 {
 // and unlocked.
 var afterGroupHook func(*group)
 
-// scratch holds one dense sketch per figure, reused across sums.
-type scratch [nFigures]*sketch
+// scratch holds one dense sketch per figure, reused across sums, and the
+// closed slices read under a group's lock, to be merged into them once it
+// is released (a compact is never written after fill, so a copy of one
+// stays whole).
+type scratch struct {
+	figs    [nFigures]*sketch
+	pending [nFigures][]compact
+}
 
 func newScratch() *scratch {
 	var sc scratch
-	for f := range sc {
-		sc[f] = newSketch()
+	for f := range sc.figs {
+		sc.figs[f] = newSketch()
 	}
 	return &sc
 }
 
+// addCompact notes closed slice cp of figure f, for flush.
+func (sc *scratch) addCompact(f int, cp *compact) { sc.pending[f] = append(sc.pending[f], *cp) }
+
+// flush merges the noted closed slices.
+func (sc *scratch) flush() {
+	for f, p := range sc.pending {
+		for i := range p {
+			sc.figs[f].mergeCompact(&p[i])
+		}
+		clear(p)
+		sc.pending[f] = p[:0]
+	}
+}
+
+// reset empties sc.
+func (sc *scratch) reset() {
+	for f, s := range sc.figs {
+		s.reset()
+		clear(sc.pending[f])
+		sc.pending[f] = sc.pending[f][:0]
+	}
+}
+
+// scratchPool holds empty scratch, for reports and for closing a group's
+// 1 min slice (a merge of its 10 s slices).
+var scratchPool = sync.Pool{New: func() any { return newScratch() }}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+// putScratch empties sc and returns it to the pool.
+func putScratch(sc *scratch) {
+	sc.reset()
+	scratchPool.Put(sc)
+}
+
 // sum merges the slices numbered lo to hi of ring ri of the set's groups,
 // which span seconds; ok is false when they hold nothing. sc is scratch
-// space. Each group is locked only while its own slices are read, so a
-// writer waits for one group's part at most, however many groups a merged
-// report spans.
+// space. Each group is locked only while its own slices are read: its
+// counters and current slice merged, its closed slices copied, and merged
+// after it is unlocked. So a writer waits for one group's current slice at
+// most, however many slices and groups a report spans.
 func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *scratch) (out Figures, ok bool) {
 	var c counters
-	for _, s := range sc {
-		s.reset()
-	}
+	sc.reset()
 	for _, g := range st.groups {
 		g.mu.Lock()
 		r := &g.rings[ri]
 		for k := max(lo, hi-int64(len(r.slots))); k <= hi; k++ {
-			if r.cur.stamp == k {
-				c.merge(&r.cur.counters)
-				for f, d := range r.cur.figs {
-					if d != nil {
-						sc[f].Merge(d)
-					}
-				}
-			} else if sl := r.slot(k); sl != nil {
-				c.merge(&sl.counters)
-				for f, cp := range sl.figs {
-					if cp != nil {
-						sc[f].mergeCompact(cp)
-					}
-				}
-			}
+			g.mergeSlice(ri, k, &c, sc)
 		}
 		g.mu.Unlock()
+		sc.flush()
 		if afterGroupHook != nil {
 			afterGroupHook(g)
 		}
@@ -304,7 +335,7 @@ func (st *set) sum(ri int, lo, hi int64, seconds float64, sc *scratch) (out Figu
 
 	var qs [nFigures]Quantiles
 	for f := range nFigures {
-		qs[f] = quantilesOf(sc[f])
+		qs[f] = quantilesOf(sc.figs[f])
 		ok = ok || qs[f].Count > 0
 	}
 	return figuresOf(&c, &qs, seconds), ok || c.requests > 0
@@ -416,7 +447,8 @@ func (w *Windows) series(f filter) (SeriesReport, error) {
 	}
 	cur := floorDiv(e, width)
 	first := max(cur-spec.slices+1, 0)
-	sc := newScratch()
+	sc := getScratch()
+	defer putScratch(sc)
 	for _, st := range w.sets(&f, e) {
 		out := Series{Route: st.route, Model: st.model, Team: st.team, Points: make([]Point, 0, cur-first+1)}
 		for k := first; k <= cur; k++ {

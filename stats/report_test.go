@@ -66,7 +66,7 @@ func TestHTTPShape(t *testing.T) {
 	if got := keys(doc["sketch"]); got != "kind,relative_error" {
 		t.Errorf("sketch keys %s", got)
 	}
-	if sk := doc["sketch"].(map[string]any); sk["kind"] != "ddsketch" || sk["relative_error"] != 0.01 {
+	if sk := doc["sketch"].(map[string]any); sk["kind"] != "log-linear" || sk["relative_error"] != 0.001 {
 		t.Errorf("sketch = %v", sk)
 	}
 	wins := doc["windows"].([]any)

@@ -3,6 +3,7 @@ package stats
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -148,8 +149,8 @@ func TestSeries(t *testing.T) {
 		if p.Requests != want || p.TTFT.Count != want {
 			t.Errorf("slice %d: %d requests, %d TTFTs, want %d", k, p.Requests, p.TTFT.Count, want)
 		}
-		if want > 0 && (p.TTFT.P50 < float64(10*k)*0.99 || p.TTFT.P50 > float64(10*k)*1.01) {
-			t.Errorf("slice %d: TTFT P50 %g ms, want %d ms ±1%%", k, p.TTFT.P50, 10*k)
+		if want > 0 && math.Abs(p.TTFT.P50-float64(10*k)) > float64(10*k)*relativeError {
+			t.Errorf("slice %d: TTFT P50 %g ms, want %d ms ±%g%%", k, p.TTFT.P50, 10*k, 100*relativeError)
 		}
 		if !p.Start.Equal(t0.Add(time.Duration(k) * 10 * time.Second)) {
 			t.Errorf("slice %d starts at %v, want %v", k, p.Start.Sub(t0), time.Duration(k)*10*time.Second)

@@ -4,12 +4,15 @@
 // E2E and gateway overhead, output tokens per second, goodput with the SLO
 // each bad request broke first, and outcome counts.
 //
-// Quantiles come from a log-bucketed sketch in the style of DDSketch: fixed
-// buckets at powers of γ = (1+α)/(1−α) with α = 1% between 1 µs and 1 h, so
-// a reported quantile is within 1% of the true value at its rank (values
-// outside that range are clamped to it, and to the exact min and max).
-// Sketches with the same layout merge by adding counts, which is how the
-// time slices of a window are combined; the merged answer is as exact as a
+// Quantiles come from a log-linear histogram (HdrHistogram's layout, see
+// sketch.go): every octave of nanoseconds cut into 1,024 buckets, so that a
+// bucket is at most 2^−10 of its value wide, from 0 to 2^42 ns (73 min). A
+// quantile is interpolated between the closest ranks, as numpy (and so
+// gateway bench, and vLLM) computes it, each rank's value estimated inside
+// its bucket; the answer is within 0.1 % of the exact quantile (exact under
+// 2 µs, and at the min and max). Sketches with the same layout merge by
+// adding counts, which is how the time slices of a window and the groups
+// of a merged report are combined; the merged answer is as exact as a
 // single sketch over all the values.
 //
 // Which records feed which figure mirrors package metrics: TTFT only for
@@ -102,8 +105,11 @@ func (c *counters) merge(o *counters) {
 	}
 }
 
-// active is the slice being written: dense sketches, so that adding to it is
-// O(1) and allocation-free.
+// active is the slice being written. The 10 s ring's holds dense sketches,
+// so that adding to it is O(1) and allocation-free; the 1 min ring's holds
+// none: its current slice's sketches are the merge of the 10 s slices it
+// spans (see group), which halves what a writer adds and what a group
+// holds.
 type active struct {
 	stamp int64 // slice number: elapsed time since start / ring width
 	counters
@@ -146,38 +152,29 @@ func newRing(width time.Duration, n int, stamp int64) ring {
 	return r
 }
 
-// advance makes slice sn the current one, closing the current slice into
-// its slot. A slice number at or before the current one (a clock that went
-// back) keeps the current slice, so stamps only grow.
-func (r *ring) advance(sn int64) {
-	if sn <= r.cur.stamp {
-		return
-	}
+// close moves the current slice's counters into its slot, and returns the
+// slot, its sketches still to be set.
+func (r *ring) close() *slot {
 	sl := &r.slots[mod(r.cur.stamp, int64(len(r.slots)))]
 	sl.stamp = r.cur.stamp
 	sl.counters = r.cur.counters
-	for f, d := range r.cur.figs {
-		c := sl.figs[f]
-		if d != nil && d.n > 0 {
-			if c == nil {
-				c = &compact{}
-				sl.figs[f] = c
-			}
-			c.fill(d)
-			d.reset()
-			continue
-		}
-		if d != nil {
-			// Unused for a whole slice: let the 4.4 KB dense sketch go;
-			// the next value allocates it again.
-			r.cur.figs[f] = nil
-		}
-		if c != nil {
-			c.empty()
-		}
-	}
-	r.cur.stamp = sn
 	r.cur.counters = counters{}
+	return sl
+}
+
+// setFig makes s, when it holds values, figure f of sl; else it empties
+// it.
+func (sl *slot) setFig(f int, s *sketch) {
+	c := sl.figs[f]
+	if s != nil && s.n > 0 {
+		if c == nil {
+			c = &compact{}
+			sl.figs[f] = c
+		}
+		c.fill(s)
+	} else if c != nil {
+		c.empty()
+	}
 }
 
 // slot returns the closed slice numbered k, or nil when the ring does not
@@ -203,11 +200,100 @@ type group struct {
 	rings [2]ring // sliceShort ×30, sliceLong ×60
 }
 
+// shortPerLong is the number of 10 s slices in a 1 min one; slice k of the
+// long ring spans slices [k·shortPerLong, (k+1)·shortPerLong) of the short
+// one, which keeps more than that many.
+const shortPerLong = int64(sliceLong / sliceShort)
+
 func newGroup(k groupKey, e int64) *group {
 	g := &group{key: k}
 	g.rings[0] = newRing(sliceShort, 30, floorDiv(e, int64(sliceShort)))
 	g.rings[1] = newRing(sliceLong, 60, floorDiv(e, int64(sliceLong)))
 	return g
+}
+
+// advance makes the slices at elapsed time e the current ones, closing the
+// current ones into their slots: the short ring's first, then the long
+// ring's, whose sketches are merged from the short slices it spans, all
+// closed by then. A time at or before the current slices' (a clock that
+// went back) keeps them, so stamps only grow, and the long ring's current
+// slice is always the one that spans the short ring's. Called with g.mu
+// held.
+func (g *group) advance(e int64) {
+	short, long := &g.rings[0], &g.rings[1]
+	if sn := floorDiv(e, short.width); sn > short.cur.stamp {
+		sl := short.close()
+		for f, d := range short.cur.figs {
+			sl.setFig(f, d)
+			if d != nil && d.n == 0 {
+				// Unused for a whole slice: let the dense sketch go (its
+				// directory alone is 1 KB); the next value allocates it
+				// again.
+				short.cur.figs[f] = nil
+			} else if d != nil {
+				d.recycle()
+			}
+		}
+		short.cur.stamp = sn
+	}
+	if sn := floorDiv(e, long.width); sn > long.cur.stamp {
+		k := long.cur.stamp
+		sl := long.close()
+		sc := getScratch()
+		g.mergeShort(k*shortPerLong, (k+1)*shortPerLong-1, sc)
+		sc.flush()
+		for f, s := range sc.figs {
+			sl.setFig(f, s)
+		}
+		putScratch(sc)
+		long.cur.stamp = sn
+	}
+}
+
+// mergeShort merges into sc the sketches of the short ring's slices lo to
+// hi (at most shortPerLong) that it holds: the current one at once, the
+// closed ones at sc's next flush. A slot is found by its stamp,
+// so slices closed long ago count as long as no later slice took their
+// slot: when the long ring closes a minute after an idle spell, its short
+// slices are all still there. Called with g.mu held.
+func (g *group) mergeShort(lo, hi int64, sc *scratch) {
+	r := &g.rings[0]
+	for k := lo; k <= hi; k++ {
+		if r.cur.stamp == k {
+			for f, d := range r.cur.figs {
+				if d != nil {
+					sc.figs[f].Merge(d)
+				}
+			}
+		} else if sl := r.slot(k); sl != nil {
+			for f, cp := range sl.figs {
+				if cp != nil {
+					sc.addCompact(f, cp)
+				}
+			}
+		}
+	}
+}
+
+// mergeSlice merges slice k of ring ri into c and sc, if g holds it (its
+// closed sketches at sc's next flush). Called with g.mu held.
+func (g *group) mergeSlice(ri int, k int64, c *counters, sc *scratch) {
+	r := &g.rings[ri]
+	if r.cur.stamp == k {
+		c.merge(&r.cur.counters)
+		if ri == 0 {
+			g.mergeShort(k, k, sc)
+		} else {
+			g.mergeShort(k*shortPerLong, (k+1)*shortPerLong-1, sc)
+		}
+	} else if sl := r.slot(k); sl != nil {
+		c.merge(&sl.counters)
+		for f, cp := range sl.figs {
+			if cp != nil {
+				sc.addCompact(f, cp)
+			}
+		}
+	}
 }
 
 // stale reports whether every slice of g is older than the longest window
@@ -221,14 +307,20 @@ func (g *group) stale(e int64) bool {
 // model label and team, and serves them on /stats. It is safe for
 // concurrent use; create it with New.
 //
-// Memory: a group keeps, per figure it writes, two dense sketches (the
-// current 10 s and 1 min slices, 4,456 bytes each; one idle for a whole
-// slice is released), and 4 bytes per non-empty bucket in each of its 90
-// closed slices, plus about 15 KB of counters and slot headers. With an
-// hour of lognormal traffic (BenchmarkSnapshot50Groups) a request group
-// (TTFT, TPOT, E2E, overhead) holds about 130 KB (36 KB dense, 57 KB of
-// bucket entries) and an ITL group about 76 KB. Groups with nothing in the
-// last hour are dropped by Snapshot.
+// Memory: a group keeps, per figure it writes, one dense sketch for the
+// current 10 s slice (a 1 KB directory and 272 bytes per page of 64
+// buckets in use, so 7 KB for 20 TTFTs spread over 50 ms–5 s and 34–42 KB
+// for a thousand ITL gaps over 1–200 ms; one idle for a whole slice is
+// released) and its 90 closed slices as runs of buckets, one or two bytes
+// per non-empty bucket. The 1 min ring's current slice is merged from the
+// 10 s ones when read or closed, so it holds no dense sketch of its own.
+// With an hour of traffic spread as above (BenchmarkGroupBytes), a request
+// group (TTFT, TPOT, E2E, overhead) holds 166 KiB at 2 requests a second
+// and 1.8 MiB at 128, an ITL group 495 KiB at 100 gaps a second and 795
+// KiB at 12,800; with lognormal traffic (BenchmarkSnapshot50Groups) about
+// 145 KiB a group. However it is fed, a sketch has at most the layout's
+// 33,792 buckets: at most 140 KB dense and 8 bytes a bucket compact.
+// Groups with nothing in the last hour are dropped by Snapshot.
 type Windows struct {
 	now   func() time.Time
 	start time.Time
@@ -297,7 +389,8 @@ func isOverflow(k groupKey) bool {
 // Observe adds one finished exchange; model is its metrics label, bounded
 // by package metrics (a name is its own label only once an upstream served
 // it, else "other"), so callers' names add no groups. It does not allocate
-// once the group's current slices exist.
+// once the group's current slices exist and the sketch pages its values
+// fall in are in use (they are kept from slice to slice while traffic lasts).
 func (w *Windows) Observe(rec *llm.Record, model string) {
 	var vals [nFigures]time.Duration
 	var buckets [nFigures]int
@@ -340,10 +433,14 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 
 	g := w.acquire(groupKey{route: rec.Route, model: model, team: team}, e)
 	defer w.release(g)
+	g.advance(e)
+	for f, ok := range has {
+		if ok {
+			g.rings[0].cur.fig(figure(f)).addAt(buckets[f], vals[f])
+		}
+	}
 	for i := range g.rings {
-		r := &g.rings[i]
-		r.advance(floorDiv(e, r.width))
-		c := &r.cur.counters
+		c := &g.rings[i].cur.counters
 		c.requests++
 		if o := int(rec.Outcome); o < nOutcomes {
 			c.outcomes[o]++
@@ -357,17 +454,12 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 		if rej >= 0 {
 			c.rejections[rej]++
 		}
-		for f, ok := range has {
-			if ok {
-				r.cur.fig(figure(f)).addAt(buckets[f], vals[f])
-			}
-		}
 	}
 }
 
 // ObserveITL adds one gap between token-bearing events. ITL is kept per
-// route and model only, in groups whose team is "". It does not allocate
-// once the group's current slices exist.
+// route and model only, in groups whose team is "". Like Observe, it does
+// not allocate in steady traffic.
 func (w *Windows) ObserveITL(route llm.Route, model string, gap time.Duration) {
 	w.ObserveITLs(route, model, []time.Duration{gap})
 }
@@ -381,14 +473,11 @@ func (w *Windows) ObserveITLs(route llm.Route, model string, gaps []time.Duratio
 	}
 	e := w.elapsed(w.now())
 	g := w.acquire(groupKey{route: route, model: model}, e)
-	for i := range g.rings {
-		r := &g.rings[i]
-		r.advance(floorDiv(e, r.width))
-		fig := r.cur.fig(figITL)
-		for _, gap := range gaps {
-			gap = max(gap, 0)
-			fig.addAt(bucketOf(gap), gap)
-		}
+	g.advance(e)
+	fig := g.rings[0].cur.fig(figITL)
+	for _, gap := range gaps {
+		gap = max(gap, 0)
+		fig.addAt(bucketOf(gap), gap)
 	}
 	w.release(g)
 }

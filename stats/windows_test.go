@@ -3,6 +3,7 @@ package stats
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -182,7 +183,7 @@ func TestWindowSeconds(t *testing.T) {
 }
 
 // TestWindowSpecsMatchRings: each window reads a ring of its slice width
-// holding at least its slices.
+// holding at least its slices, and the 1 min slices are made of 10 s ones.
 func TestWindowSpecsMatchRings(t *testing.T) {
 	g := newGroup(groupKey{}, 0)
 	for _, spec := range windowSpecs {
@@ -190,6 +191,10 @@ func TestWindowSpecsMatchRings(t *testing.T) {
 		if r.width != int64(spec.width) || int64(len(r.slots)) < spec.slices {
 			t.Errorf("window %s: ring of %v × %d, want %v × ≥ %d", spec.name, time.Duration(r.width), len(r.slots), spec.width, spec.slices)
 		}
+	}
+	// The long ring's slices are merged from the short ring's.
+	if sliceLong%sliceShort != 0 || int64(len(g.rings[0].slots)) <= shortPerLong {
+		t.Errorf("%v slices are not whole %v slices, or the short ring holds too few", sliceLong, sliceShort)
 	}
 }
 
@@ -355,13 +360,15 @@ func TestITLGroups(t *testing.T) {
 		t.Fatalf("groups %v, want %s (sorted by route, model, team)", keys, want)
 	}
 	g := win.Groups[0]
-	if g.ITL.Count != 10 || g.ITL.Max != 10 || g.ITL.Mean != 5.5 || math.Abs(g.ITL.P50-5) > 5*relativeError {
+	// The median of 1..10 ms interpolates between 5 and 6 ms.
+	if g.ITL.Count != 10 || g.ITL.Max != 10 || g.ITL.Mean != 5.5 || math.Abs(g.ITL.P50-5.5) > 5.5*relativeError {
 		t.Errorf("chat/m1 ITL = %+v", g.ITL)
 	}
 	if win.Groups[1].ITL.Count != 0 {
 		t.Error("request group got ITL")
 	}
-	if m := win.Groups[3].ITL; m.Count != 2 || m.Max != 40 || m.P50 != 0 {
+	// {0, 40 ms}: the median halfway, the exact ends at P0 and P100.
+	if m := win.Groups[3].ITL; m.Count != 2 || m.Max != 40 || m.P50 != 20 {
 		t.Errorf("messages/m1 ITL = %+v", m)
 	}
 }
@@ -387,8 +394,8 @@ func TestIdleSketchReleased(t *testing.T) {
 	}
 	clk.advance(sliceShort)
 	w.mu.Lock()
-	g.rings[0].advance(floorDiv(w.elapsed(clk.now()), g.rings[0].width)) // closes slice 3 (used)
-	g.rings[0].advance(g.rings[0].cur.stamp + 1)                         // closes slice 4 (empty)
+	g.advance(w.elapsed(clk.now()))                     // closes slice 3 (used)
+	g.advance(w.elapsed(clk.now()) + int64(sliceShort)) // closes slice 4 (empty)
 	w.mu.Unlock()
 	if g.rings[0].cur.figs[figITL] != nil {
 		t.Error("sketch kept after an empty slice")
@@ -489,6 +496,77 @@ func TestObserveITLsBatchEqualsOneByOne(t *testing.T) {
 		ga, gb := a.Windows[i].Groups[0].ITL, b.Windows[i].Groups[0].ITL
 		if ga != gb || gb.Count != int64(len(gaps)) {
 			t.Errorf("%s: one by one %+v, batch %+v", a.Windows[i].Name, ga, gb)
+		}
+	}
+}
+
+// TestObserveAllocationFree: in steady traffic, recording a request or a
+// read's gaps allocates nothing, slice after slice.
+func TestObserveAllocationFree(t *testing.T) {
+	clk := newFakeClock()
+	w := New(clk.now)
+	slo := llm.SLOTargets{TTFT: time.Second}
+	recs := make([]*llm.Record, 64)
+	for i := range recs {
+		ttft := spreadTTFT.values(uint64(i), 1)[0]
+		recs[i] = record(clk.now(), okStream("a", ttft, ttft+time.Second, 50), slo)
+	}
+	gaps := spreadITL.values(3, 4096)
+	feed := func() {
+		for _, rec := range recs {
+			w.Observe(rec, "m")
+		}
+		for i := 0; i < len(gaps); i += 16 {
+			w.ObserveITLs(llm.RouteChatCompletions, "m", gaps[i:i+16])
+		}
+	}
+	for range 3 { // the groups, their sketches and pages, and a closed slice of each
+		feed()
+		clk.advance(sliceShort)
+	}
+	feed()
+	if n := testing.AllocsPerRun(20, feed); n != 0 {
+		t.Errorf("%g allocations per %d records and %d gaps", n, len(recs), len(gaps))
+	}
+}
+
+// TestHourSeriesEqualsMinuteSketches: with writes at random times, idle
+// spells of minutes included, each point of the 1h series (a 1 min slice,
+// merged from its 10 s slices when current or closed) equals one sketch of
+// the values written in that minute.
+func TestHourSeriesEqualsMinuteSketches(t *testing.T) {
+	clk := newFakeClock()
+	w := New(clk.now)
+	r := rand.New(rand.NewPCG(61, 62))
+	byMinute := map[int64][]time.Duration{}
+	elapsed := time.Duration(0)
+	for elapsed < 100*time.Minute {
+		step := time.Duration(r.Int64N(int64(4 * time.Second)))
+		if r.IntN(40) == 0 {
+			step = time.Duration(r.Int64N(int64(8 * time.Minute))) // idle
+		}
+		clk.advance(step)
+		elapsed += step
+		v := spreadITL.draw(r)
+		w.ObserveITL(llm.RouteMessages, "m", v)
+		k := int64(elapsed / sliceLong)
+		byMinute[k] = append(byMinute[k], v)
+	}
+	rep, err := w.Series("1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Series) != 1 || len(rep.Series[0].Points) != 60 {
+		t.Fatalf("series %+v", rep)
+	}
+	first := int64(elapsed/sliceLong) - 59
+	for i, p := range rep.Series[0].Points {
+		want := newSketch()
+		for _, v := range byMinute[first+int64(i)] {
+			want.Add(v)
+		}
+		if p.ITL != quantilesOf(want) {
+			t.Errorf("minute %d: ITL %+v, want %+v", first+int64(i), p.ITL, quantilesOf(want))
 		}
 	}
 }
