@@ -85,6 +85,13 @@ func TestNonCanonicalPathsNeverReachTheUpstream(t *testing.T) {
 		"/v1/models/",
 		`/v1/models\..\admin`,
 		"/v1/.",
+		"/v1/respons%65s/resp_1",
+		"/v1/models/..;/..;/admin",
+		"/v1/models;x",
+		"/v1/models/%252e%252e/admin",
+		"/v1/models/a%00b",
+		"/v1/models/%ff",
+		"/v1/mod%7Eels",
 	} {
 		for _, anthropic := range []bool{false, true} {
 			hdr := ""

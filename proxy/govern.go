@@ -316,11 +316,8 @@ func (ex *exchange) meterForwarded(body []byte) *apiError {
 	case info.Stream || info.Background:
 		return nil
 	}
-	if !strings.HasPrefix(path, "/v1/responses/") {
-		// Only the Responses API's own paths (input_tokens, compact)
-		// name stored responses and conversations in their bodies.
-		info.PreviousResponseID, info.Conversation = "", ""
-	}
+	// previous_response_id and conversation are checked whatever the path:
+	// an upstream may serve the Responses API under another spelling of it.
 	ex.info, ex.metered = info, true
 	ex.rec.Model = info.Model
 	ex.promptEstimate = int64(len(body)+3) / 4

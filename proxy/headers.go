@@ -58,6 +58,11 @@ func canonical(s string) string { return http.CanonicalHeaderKey(strings.TrimSpa
 //   - X-Tollgate-Probe (ProbeHeader): set by the gateway on its own probes.
 //
 // A missing User-Agent stays missing instead of becoming Go's default.
+// routingOverrides are request headers that ask a server to route by
+// another path or method than the request line's.
+var routingOverrides = [...]string{"X-Original-Url", "X-Rewrite-Url", "X-Http-Method-Override",
+	"X-Http-Method", "X-Method-Override"}
+
 func upstreamRequestHeaders(in http.Header) http.Header {
 	out := in.Clone()
 	removeHopHeaders(out)
@@ -70,6 +75,12 @@ func upstreamRequestHeaders(in http.Header) http.Header {
 	out.Del("Content-Length")
 	out.Del("Expect")
 	out.Del(ProbeHeader) // upstream, it marks the gateway's own probes only
+	// Headers some servers and frameworks read as the real path or method
+	// (IIS, Symfony, Spring, Express middleware): the gateway judged the
+	// request line, so the upstream must serve that.
+	for _, k := range routingOverrides {
+		out.Del(k)
+	}
 	if _, ok := out["User-Agent"]; !ok {
 		out["User-Agent"] = []string{""}
 	}

@@ -18,10 +18,17 @@ func TestHopHeaders(t *testing.T) {
 		"Accept-Encoding":   {"gzip"},
 		"Authorization":     {"Bearer sk-test"},
 		"Anthropic-Beta":    {"a,b"},
+		// Asking the upstream to route by another path or method.
+		"X-Original-Url":         {"/v1/responses/resp_other"},
+		"X-Rewrite-Url":          {"/admin"},
+		"X-Http-Method-Override": {"DELETE"},
+		"X-Http-Method":          {"DELETE"},
+		"X-Method-Override":      {"DELETE"},
 	}
 	out := upstreamRequestHeaders(in)
 	for _, k := range []string{"Connection", "X-Secret-Hop", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade",
-		"Forwarded", "X-Forwarded-For", "Accept-Encoding"} {
+		"Forwarded", "X-Forwarded-For", "Accept-Encoding", "X-Original-Url", "X-Rewrite-Url",
+		"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"} {
 		if _, ok := out[k]; ok {
 			t.Errorf("%s forwarded upstream", k)
 		}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -576,5 +577,36 @@ func BenchmarkStoredState(b *testing.B) {
 			}
 		})
 		_ = owners.Close()
+	}
+}
+
+// TestStoredStateHasNoOtherSpelling: another team's response can be named
+// by no other spelling of the Responses API's path: an escaped letter is
+// refused at the door, and a spelling the gateway does not route as the
+// Responses API still has its body's references checked.
+func TestStoredStateHasNoOtherSpelling(t *testing.T) {
+	mock, up := storedMock(t)
+	tg := storedGateway(t, up, nil)
+	ctx := testCtx(t)
+	own, err := storedClient(tg, keyAlpha).Responses.New(ctx, storedParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(mock.Requests())
+	body := `{"model":"gpt-test","input":"x","previous_response_id":"` + own.ID + `"}`
+	for path, want := range map[string]int{
+		"/v1/respons%65s": http.StatusBadRequest, // refused at the door
+		"/v1/Responses":   http.StatusNotFound,   // forwarded spelling: its references are checked
+		"/v1/responses;x": http.StatusBadRequest,
+	} {
+		resp, got := rawRequest(t, strings.TrimPrefix(tg.URL, "http://"), "POST "+path+" HTTP/1.1\r\nHost: gw\r\n"+
+			"Authorization: Bearer "+keyBeta+"\r\nContent-Type: application/json\r\nContent-Length: "+
+			strconv.Itoa(len(body))+"\r\nConnection: close\r\n\r\n"+body)
+		if resp.StatusCode != want {
+			t.Errorf("POST %s chaining onto another team's response: %d %s, want %d", path, resp.StatusCode, got, want)
+		}
+	}
+	if n := len(mock.Requests()) - before; n != 0 {
+		t.Errorf("the upstream got %d of those requests, want none", n)
 	}
 }
