@@ -47,7 +47,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	ex.rec.Upstream = up.cfg.Name
 	body = ex.bodyFor(t, body)
 	// Each attempt that succeeds upstream creates its own stored object.
-	ex.claimPending = ex.claims() != storedNone
+	ex.pendingClaim = ex.claims()
 
 	// The attempt lives in the caller's context: a caller that hangs up
 	// cancels it. No http.Client.Timeout: it would cap streams.

@@ -34,7 +34,7 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 	switch {
 	case metered:
 		limit = g.cfg.Server.MaxEventBytes
-	case ex.claimPending: // a conversation created: its id is read
+	case ex.pendingClaim != storedNone: // a conversation created: its id is read
 		limit = errorCaptureLimit
 	}
 	s.err, s.writeErr = ex.copyBody(resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
@@ -74,7 +74,7 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 	defer g.bufPool.Put(bp)
 	buf := *bp
 	rc := http.NewResponseController(ex.w)
-	if ex.claimPending && ex.rec.Status == http.StatusOK && capture > 0 {
+	if ex.pendingClaim != storedNone && ex.rec.Status == http.StatusOK && capture > 0 {
 		// The answer names a new stored object: hold it until the object
 		// is recorded as the caller's, so the caller never holds an id
 		// its team cannot use yet.

@@ -62,10 +62,11 @@ type exchange struct {
 	costMicros int64
 
 	// stored is the stored response or conversation the path addresses;
-	// claimPending is set while the answer's new id is still to be recorded
-	// as the caller's (mode "keys", see claims).
+	// pendingClaim is the kind of object whose new id this attempt's answer
+	// names, still to be recorded as the caller's (mode "keys", see claims);
+	// storedNone once recorded, or when there is none.
 	stored       storedUse
-	claimPending bool
+	pendingClaim storedKind
 
 	// probe, set for a synthetic probe (Gateway.Probe), is its one target:
 	// tried once, with no retry and no fallback. nil for a caller's request.

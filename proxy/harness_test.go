@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -1193,4 +1195,53 @@ func chatParams(maxTokens int64) openai.ChatCompletionNewParams {
 func circuitState(t *testing.T, tg *testGateway, upstream string) float64 {
 	t.Helper()
 	return metricValue(t, tg, "tollgate_upstream_circuit_state", map[string]string{"upstream": upstream})
+}
+
+// rawRequest writes request (a whole HTTP/1.1 request) to addr as it is,
+// so no client library cleans its path, and reads the answer.
+func rawRequest(t *testing.T, addr, request string) (*http.Response, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, request); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+// errorCode reads the code of an OpenAI error body ("" if none), or the
+// type of an Anthropic one.
+func errorCode(body []byte) (openAICode, anthropicType string) {
+	var e struct {
+		Type  string `json:"type"`
+		Error struct {
+			Code *string `json:"code"`
+			Type string  `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return "", ""
+	}
+	if e.Type == "error" {
+		return "", e.Error.Type
+	}
+	if e.Error.Code != nil {
+		return *e.Error.Code, ""
+	}
+	return "", ""
 }

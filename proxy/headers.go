@@ -153,3 +153,15 @@ func printableASCII(s string) bool {
 	}
 	return true
 }
+
+// headerBytes is the size of h as sent: each line's name, ": ", value and
+// CRLF.
+func headerBytes(h http.Header) int {
+	n := 0
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}

@@ -292,14 +292,14 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 	withheld := false
 	if ev := l.st.fr.Event(); ev != nil {
 		obs := l.st.tap.Observe(ev, now)
-		if ex.claimPending {
+		if ex.pendingClaim != storedNone {
 			// Before it is written: the caller must not hold the id of a
 			// response its team does not own yet.
 			switch {
 			case len(obs.ResponseID) > 0:
 				ex.claimCreated(l.st.tap.ResponseID())
 			case obs.TokenBearing:
-				ex.claimPending = false
+				ex.pendingClaim = storedNone
 				ex.g.log.Warn("stream without response.created before its first token: its owner is not recorded",
 					"request_id", ex.rec.RequestID)
 			}

@@ -468,3 +468,116 @@ func TestChunkedBodyWithinTheLimitGoesUpstreamAsSent(t *testing.T) {
 		t.Fatalf("the upstream got %d bytes, differing from the %d sent at byte %d", len(got), len(sent), firstByteDiff(got, []byte(sent)))
 	}
 }
+
+func TestNonCanonicalPathsNeverReachTheUpstream(t *testing.T) {
+	up := newFixedUpstream(http.StatusOK, `{"object":"list","data":[]}`, `{}`)
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	tg := newTestGateway(t, srv.URL, nil)
+	addr := strings.TrimPrefix(tg.URL, "http://")
+	for _, path := range []string{
+		"/v1/../metrics",
+		"/v1/chat/completions/../../metrics",
+		"/v1/%2e%2e/admin",
+		"/v1/%2E%2E/admin",
+		"/v1/models/..%2fadmin",
+		"/v1/files%2F..%2Fadmin",
+		"/v1/files%5cadmin",
+		"/v1/models%2ex",
+		"/v1//models",
+		"/v1/./models",
+		"/v1/models/",
+		`/v1/models\..\admin`,
+		"/v1/.",
+		"/v1/respons%65s/resp_1",
+		"/v1/models/..;/..;/admin",
+		"/v1/models;x",
+		"/v1/models/%252e%252e/admin",
+		"/v1/models/a%00b",
+		"/v1/models/%ff",
+		"/v1/mod%7Eels",
+	} {
+		for _, anthropic := range []bool{false, true} {
+			hdr := ""
+			if anthropic {
+				hdr = "anthropic-version: 2023-06-01\r\n"
+			}
+			resp, body := rawRequest(t, addr, "GET "+path+" HTTP/1.1\r\nHost: gw\r\n"+hdr+"Connection: close\r\n\r\n")
+			code, typ := errorCode(body)
+			switch {
+			case resp.StatusCode != http.StatusBadRequest:
+				t.Errorf("GET %s: %d %s, want 400", path, resp.StatusCode, body)
+			case anthropic && typ != "invalid_request_error":
+				t.Errorf("GET %s (Anthropic caller): %s, want an Anthropic invalid_request_error", path, body)
+			case !anthropic && code != "invalid_path":
+				t.Errorf("GET %s: %s, want an OpenAI error with code invalid_path", path, body)
+			}
+			if rec := tg.record(t); rec.Outcome != llm.OutcomeRejected || rec.Rejection != llm.RejectNonCanonicalPath {
+				t.Errorf("GET %s: record outcome %s rejection %s", path, rec.Outcome, rec.Rejection)
+			}
+		}
+	}
+	if n := up.requests(); n != 0 {
+		t.Errorf("the upstream got %d requests, want none", n)
+	}
+	// A canonical path still goes through.
+	resp, body := rawRequest(t, addr, "GET /v1/models HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+	if resp.StatusCode != http.StatusOK || up.requests() != 1 {
+		t.Errorf("GET /v1/models: %d %s, upstream %d requests", resp.StatusCode, body, up.requests())
+	}
+	tg.record(t)
+}
+
+func TestResponsesRequestNamesItsStoredState(t *testing.T) {
+	cases := []struct {
+		body      string
+		prev      string
+		conv      string
+		noStore   bool
+		wantParam string // "" when the body is accepted
+	}{
+		{body: `{"model":"m","previous_response_id":"resp_1"}`, prev: "resp_1"},
+		{body: `{"model":"m","conversation":"conv_1"}`, conv: "conv_1"},
+		{body: `{"model":"m","conversation":{"id":"conv_1"}}`, conv: "conv_1"},
+		{body: `{"model":"m","conversation":{"id":"conv_1","id":"conv_2"}}`, conv: "conv_2"},
+		{body: `{"model":"m","conversation":{"ID":"conv_x","id":"conv_1"}}`, conv: "conv_1"},
+		{body: `{"model":"m","conversation":{"i\u0064":"conv_1"}}`, conv: "conv_1"},
+		{body: `{"model":"m","previous_response_id":"resp_1","previous_response_id":"resp_2"}`, prev: "resp_2"},
+		{body: `{"model":"m","previous_response_id":null,"conversation":null}`},
+		{body: `{"model":"m","store":false}`, noStore: true},
+		{body: `{"model":"m","store":true}`},
+		{body: `{"model":"m","previous_response_id":7}`, wantParam: "previous_response_id"},
+		{body: `{"model":"m","conversation":{"name":"x"}}`, wantParam: "conversation"},
+		{body: `{"model":"m","conversation":""}`, wantParam: "conversation"},
+		{body: `{"model":"m","conversation":[1]}`, wantParam: "conversation"},
+		{body: `{"model":"m","store":"no"}`, wantParam: "store"},
+	}
+	for _, c := range cases {
+		info, aerr := inspectRequest(llm.DialectResponses, []byte(c.body))
+		switch {
+		case c.wantParam != "":
+			if aerr == nil || aerr.Param != c.wantParam || aerr.Status != http.StatusBadRequest {
+				t.Errorf("%s: %+v, want a 400 naming %s", c.body, aerr, c.wantParam)
+			}
+		case aerr != nil:
+			t.Errorf("%s: %v", c.body, aerr)
+		case info.PreviousResponseID != c.prev || info.Conversation != c.conv || info.NoStore != c.noStore:
+			t.Errorf("%s: previous %q conversation %q no-store %v; want %q %q %v", c.body,
+				info.PreviousResponseID, info.Conversation, info.NoStore, c.prev, c.conv, c.noStore)
+		}
+		fwd, ok := inspectForwarded([]byte(c.body))
+		if ok != (c.wantParam == "") || ok && (fwd.PreviousResponseID != c.prev || fwd.Conversation != c.conv) {
+			t.Errorf("%s forwarded: ok %v, previous %q, conversation %q", c.body, ok, fwd.PreviousResponseID, fwd.Conversation)
+		}
+	}
+	// The upstream reads keys exactly: a case variant of a reference could
+	// name another team's response than the one the gateway checked.
+	for _, body := range []string{
+		`{"model":"m","previous_response_id":"resp_mine","Previous_Response_ID":"resp_theirs"}`,
+		`{"model":"m","CONVERSATION":"conv_theirs"}`,
+	} {
+		if _, _, bad := caseVariantField([]byte(body)); !bad {
+			t.Errorf("%s: case variant not caught", body)
+		}
+	}
+}

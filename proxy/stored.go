@@ -175,21 +175,22 @@ func (ex *exchange) claims() storedKind {
 // claimCreated records the response a stream's response.created names
 // (id, decoded by the tap), before that event is written.
 func (ex *exchange) claimCreated(id []byte) {
-	ex.claimPending = false
+	ex.pendingClaim = storedNone
 	ex.claimID(storedResponse, string(id))
 }
 
 // claimAnswer records the object a non-streamed answer (a response, a
 // conversation) names by its top-level id.
 func (ex *exchange) claimAnswer(body []byte) {
-	ex.claimPending = false
+	kind := ex.pendingClaim
+	ex.pendingClaim = storedNone
 	raw, _ := jsonscan.Get(body, "id")
 	s, ok := jsonscan.String(raw)
 	if !ok || len(s) == 0 {
 		ex.g.log.Warn("stored object without an id: its owner is not recorded", "request_id", ex.rec.RequestID)
 		return
 	}
-	ex.claimID(ex.claims(), string(jsonscan.AppendUnescape(nil, s)))
+	ex.claimID(kind, string(jsonscan.AppendUnescape(nil, s)))
 }
 
 // claimID records id, of a new object of kind, as the caller's. A claim

@@ -100,60 +100,6 @@ func TestReplayIsAStreamedGetOfOneResponse(t *testing.T) {
 	}
 }
 
-func TestResponsesRequestNamesItsStoredState(t *testing.T) {
-	cases := []struct {
-		body      string
-		prev      string
-		conv      string
-		noStore   bool
-		wantParam string // "" when the body is accepted
-	}{
-		{body: `{"model":"m","previous_response_id":"resp_1"}`, prev: "resp_1"},
-		{body: `{"model":"m","conversation":"conv_1"}`, conv: "conv_1"},
-		{body: `{"model":"m","conversation":{"id":"conv_1"}}`, conv: "conv_1"},
-		{body: `{"model":"m","conversation":{"id":"conv_1","id":"conv_2"}}`, conv: "conv_2"},
-		{body: `{"model":"m","conversation":{"ID":"conv_x","id":"conv_1"}}`, conv: "conv_1"},
-		{body: `{"model":"m","conversation":{"i\u0064":"conv_1"}}`, conv: "conv_1"},
-		{body: `{"model":"m","previous_response_id":"resp_1","previous_response_id":"resp_2"}`, prev: "resp_2"},
-		{body: `{"model":"m","previous_response_id":null,"conversation":null}`},
-		{body: `{"model":"m","store":false}`, noStore: true},
-		{body: `{"model":"m","store":true}`},
-		{body: `{"model":"m","previous_response_id":7}`, wantParam: "previous_response_id"},
-		{body: `{"model":"m","conversation":{"name":"x"}}`, wantParam: "conversation"},
-		{body: `{"model":"m","conversation":""}`, wantParam: "conversation"},
-		{body: `{"model":"m","conversation":[1]}`, wantParam: "conversation"},
-		{body: `{"model":"m","store":"no"}`, wantParam: "store"},
-	}
-	for _, c := range cases {
-		info, aerr := inspectRequest(llm.DialectResponses, []byte(c.body))
-		switch {
-		case c.wantParam != "":
-			if aerr == nil || aerr.Param != c.wantParam || aerr.Status != http.StatusBadRequest {
-				t.Errorf("%s: %+v, want a 400 naming %s", c.body, aerr, c.wantParam)
-			}
-		case aerr != nil:
-			t.Errorf("%s: %v", c.body, aerr)
-		case info.PreviousResponseID != c.prev || info.Conversation != c.conv || info.NoStore != c.noStore:
-			t.Errorf("%s: previous %q conversation %q no-store %v; want %q %q %v", c.body,
-				info.PreviousResponseID, info.Conversation, info.NoStore, c.prev, c.conv, c.noStore)
-		}
-		fwd, ok := inspectForwarded([]byte(c.body))
-		if ok != (c.wantParam == "") || ok && (fwd.PreviousResponseID != c.prev || fwd.Conversation != c.conv) {
-			t.Errorf("%s forwarded: ok %v, previous %q, conversation %q", c.body, ok, fwd.PreviousResponseID, fwd.Conversation)
-		}
-	}
-	// The upstream reads keys exactly: a case variant of a reference could
-	// name another team's response than the one the gateway checked.
-	for _, body := range []string{
-		`{"model":"m","previous_response_id":"resp_mine","Previous_Response_ID":"resp_theirs"}`,
-		`{"model":"m","CONVERSATION":"conv_theirs"}`,
-	} {
-		if _, _, bad := caseVariantField([]byte(body)); !bad {
-			t.Errorf("%s: case variant not caught", body)
-		}
-	}
-}
-
 // storedKeyGamma is a key without a team: its stored state is its own.
 const storedKeyGamma = "tg-test-gamma-0123456789"
 
