@@ -62,6 +62,7 @@ type Metrics struct {
 	cost         *prometheus.CounterVec
 	rejections   *prometheus.CounterVec
 	degraded     *prometheus.GaugeVec
+	replicas     prometheus.Gauge
 
 	// Upstream resilience: retries, fallbacks, the circuit breaker.
 	attempts           *prometheus.CounterVec
@@ -153,6 +154,8 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "degraded",
 			Help: "1 while a shared backend is unreachable and the gateway runs on its fallback (component = ratelimit, spend)."},
 			[]string{"component"}),
+		replicas: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "fleet_replicas",
+			Help: "Replicas sharing Redis at this replica's last heartbeat; while Redis is down, its fallback admits 1/this of every limit."}),
 
 		attempts: counter("upstream_attempts_total",
 			"Attempts sent to an upstream, by result (ok, client_error, rate_limited, overloaded, server_error, connect_error, connection_error, header_timeout, first_token_timeout, idle_timeout, error_event, stream_broken, timeout, client_gone).",
@@ -210,7 +213,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		models:  newModelSet(mc.Models, mc.MaxModels, labelPatterns(cfg)),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
-		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded,
+		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded, m.replicas,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
 		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval} {
@@ -360,6 +363,10 @@ func (m *Metrics) SetDegraded(component string, degraded bool) {
 	}
 	m.degraded.WithLabelValues(component).Set(v)
 }
+
+// SetReplicas sets the replicas sharing Redis, as the fleet's heartbeat
+// last read them.
+func (m *Metrics) SetReplicas(n int) { m.replicas.Set(float64(n)) }
 
 // UpstreamAttempt counts one attempt sent to an upstream, by result.
 func (m *Metrics) UpstreamAttempt(upstream, result string) {

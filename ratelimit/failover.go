@@ -52,6 +52,12 @@ type FailoverOptions struct {
 	OnDegraded func(degraded bool)
 	// Logger receives the transitions and dropped settlements; nil discards.
 	Logger *slog.Logger
+	// Replicas returns how many replicas share the primary (this one
+	// included; fleet.Fleet.Live). While the primary is down, the fallback
+	// admits 1/Replicas of every limit, from the fleet's state the primary
+	// last reported (share.go), so that the fleet as a whole holds the
+	// limits. nil means 1: the fallback admits the whole of every limit.
+	Replicas func() int
 	// SpillFile, if set, keeps what is still queued for the primary when the
 	// Failover closes (Redis still down: Retry failed): Close writes it
 	// there, and the next NewFailover on the same file queues it again and
@@ -81,6 +87,13 @@ type Failover struct {
 	onDegraded        func(bool)
 	log               *slog.Logger
 	spillFile         string
+	replicas          func() int
+
+	// view is what the primary last said of each subject, which the
+	// fallback starts an outage from; share is the divisor of the limits
+	// during the current outage, fixed when it starts.
+	view  sharedView
+	share atomic.Int64
 
 	// degraded and pendingN mirror the fields under mu, so that the healthy
 	// path reads two atomics and takes no lock.
@@ -151,7 +164,7 @@ type pendingOp struct {
 // apply performs p on the primary.
 func (f *Failover) apply(ctx context.Context, p pendingOp) error {
 	if p.kind == opCharge {
-		return f.charger.Charge(ctx, p.lease.Subjects, p.lease.At, p.tokens, p.costMicros, p.chargeID)
+		return f.charger.Charge(ctx, p.lease.fleetSubjects(), p.lease.At, p.tokens, p.costMicros, p.chargeID)
 	}
 	return f.primary.Settle(ctx, p.lease, p.tokens, p.costMicros)
 }
@@ -184,6 +197,9 @@ func NewFailover(o FailoverOptions) (*Failover, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Replicas == nil {
+		o.Replicas = func() int { return 1 }
+	}
 	charger, _ := o.Primary.(Charger)
 	var ops []pendingOp
 	if o.SpillFile != "" {
@@ -209,11 +225,12 @@ func NewFailover(o FailoverOptions) (*Failover, error) {
 		charger: charger,
 		primary: o.Primary, fallback: o.Fallback, deny: o.Deny,
 		retryAfter: o.RetryAfter, maxPending: o.MaxPending, now: o.Now,
-		onDegraded: o.OnDegraded, log: o.Logger, spillFile: o.SpillFile,
+		onDegraded: o.OnDegraded, log: o.Logger, spillFile: o.SpillFile, replicas: o.Replicas,
 		replayCtx: ctx, cancelReplay: cancel,
 		pending: ops, spillOnDisk: ops != nil, spillLeft: len(ops),
 	}
 	f.pendingN.Store(int64(len(ops)))
+	f.share.Store(1)
 	return f, nil
 }
 
@@ -256,18 +273,53 @@ func (f *Failover) Admit(ctx context.Context, req Request) (Decision, error) {
 	if d.Lease != nil {
 		d.Lease.issuer = f.primary
 	}
+	if _, ok := f.fallback.(*Local); ok {
+		f.view.learn(req.Subjects, d, f.now())
+	}
 	return d, nil
 }
 
+// degradedAdmit admits on the fallback, each limit divided by the share
+// fixed when the outage started.
 func (f *Failover) degradedAdmit(ctx context.Context, req Request) (Decision, error) {
 	if f.deny {
 		return Decision{}, ErrUnavailable
 	}
+	whole := req.Subjects
+	n := f.share.Load()
+	var stack [2]Subject
+	if n > 1 {
+		req.Subjects = stack[:0]
+		for _, s := range whole {
+			req.Subjects = append(req.Subjects, shareOf(s, n))
+		}
+	}
 	d, err := f.fallback.Admit(ctx, req)
 	if d.Lease != nil {
 		d.Lease.issuer = f.fallback
+		if n > 1 {
+			d.Lease.whole = append([]Subject(nil), whole...)
+		}
 	}
 	return d, err
+}
+
+// startSharesLocked fixes the share of the outage that starts and sets the
+// fallback's state of every subject the primary reported on to the fleet's
+// share of it.
+func (f *Failover) startSharesLocked() {
+	l, ok := f.fallback.(*Local)
+	if !ok || f.deny {
+		return
+	}
+	n := int64(max(f.replicas(), 1))
+	f.share.Store(n)
+	known := f.view.snapshot()
+	for _, sh := range known {
+		l.startShare(sh, n)
+	}
+	f.log.Warn("ratelimit: the fallback admits this replica's share of every limit",
+		"replicas", n, "subjects_known", len(known))
 }
 
 // Settle implements Limiter. A fallback lease settles on the fallback, and
@@ -310,7 +362,7 @@ func (f *Failover) charge(ctx context.Context, l *Lease, tokens, costMicros int6
 		return nil
 	}
 	needed := false
-	for _, s := range l.Subjects {
+	for _, s := range l.fleetSubjects() {
 		needed = needed || chargeable(s, tokens, costMicros)
 	}
 	if !needed {
@@ -355,7 +407,8 @@ func (f *Failover) toPrimary(ctx context.Context, p pendingOp) error {
 }
 
 // Peek implements Limiter: the primary's state, or the fallback's while the
-// primary is down (ErrUnavailable in deny mode).
+// primary is down (this replica's share of each limit; ErrUnavailable in
+// deny mode).
 func (f *Failover) Peek(ctx context.Context, subjects []Subject) ([]State, error) {
 	if f.closed.Load() {
 		return nil, ErrClosed
@@ -378,6 +431,14 @@ func (f *Failover) Peek(ctx context.Context, subjects []Subject) ([]State, error
 	}
 	if f.deny {
 		return nil, ErrUnavailable
+	}
+	// This replica's share, which is what it admits.
+	if n := f.share.Load(); n > 1 {
+		own := make([]Subject, len(subjects))
+		for i, s := range subjects {
+			own[i] = shareOf(s, n)
+		}
+		subjects = own
 	}
 	return f.fallback.Peek(ctx, subjects)
 }
@@ -493,6 +554,7 @@ func (f *Failover) primaryFailed(ctx context.Context, err error, probe bool) boo
 		f.onDegraded(true)
 		f.log.Warn("ratelimit: primary limiter failed, using the fallback", "err", err,
 			"deny", f.deny, "retry_after", f.retryAfter)
+		f.startSharesLocked()
 	}
 	return true
 }

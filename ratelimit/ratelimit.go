@@ -164,6 +164,11 @@ type Decision struct {
 	// Tightest); a refused decision has them too, as they are after the
 	// refusal (which reserved nothing).
 	States []State
+	// Budgets holds, from Redis, the state of every budget of every subject
+	// after the decision (usage includes the reservations of requests in
+	// flight), which a Failover remembers so that an outage starts from
+	// them; nil from Local.
+	Budgets []State
 	// Lease is the admitted request's reservation (when Allowed). The caller
 	// must Settle it exactly once, also when the request fails or is
 	// cancelled.
@@ -219,6 +224,10 @@ type Lease struct {
 	// charged makes a Failover charge a fallback lease's usage to the
 	// primary's budgets once, however often the lease is settled.
 	charged atomic.Bool
+	// whole are the subjects with the fleet's limits, for a fallback lease
+	// that a Failover admitted on a share of them (Subjects): its usage is
+	// charged to the primary's budgets as theirs.
+	whole []Subject
 	// issuer is the backend that issued the lease, set by Failover so that
 	// Settle goes back to it; nil for a lease from a bare backend.
 	issuer Limiter
@@ -235,6 +244,15 @@ type hold struct {
 	// differs from the estimate (a clamped reservation): settling the lease
 	// deletes it.
 	kept bool
+}
+
+// fleetSubjects returns the subjects with the limits the primary holds,
+// which a fallback lease's usage is charged to.
+func (l *Lease) fleetSubjects() []Subject {
+	if l.whole != nil {
+		return l.whole
+	}
+	return l.Subjects
 }
 
 // holdOf returns the budget reservation of subject i and whether it is

@@ -245,6 +245,8 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 					continue
 				}
 				replies[j].rpmD, replies[j].tpmD = v[2], v[3]
+				h := replies[j].hold
+				replies[j].tpd, replies[j].cpd, replies[j].cpm = replies[j].tpd-h.tpd, replies[j].cpd-h.cpd, replies[j].cpm-h.cpm
 			}
 		}
 		if firstErr != nil {
@@ -259,10 +261,12 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 			return Decision{}, firstErr
 		}
 		rep := replies[refusedAt]
+		states, budgets := r.states(req.Subjects, idx, replies)
 		return Decision{
 			Refused:    refusedState(req.Subjects[idx[refusedAt]], rep),
 			RetryAfter: time.Duration(rep.retry) * time.Microsecond,
-			States:     r.rateStates(req.Subjects, idx, replies),
+			States:     states,
+			Budgets:    budgets,
 		}, nil
 	}
 
@@ -271,7 +275,8 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	for j, i := range idx {
 		lease.holds[i] = replies[j].hold
 	}
-	return Decision{Allowed: true, Lease: lease, States: r.rateStates(req.Subjects, idx, replies)}, nil
+	states, budgets := r.states(req.Subjects, idx, replies)
+	return Decision{Allowed: true, Lease: lease, States: states, Budgets: budgets}, nil
 }
 
 // Settle implements Limiter. tokens and costMicros are the real usage (so
@@ -552,10 +557,19 @@ func parseAdmit(res any) (admitReply, error) {
 	return rep, nil
 }
 
-// rateStates lists the RPM and TPM states of every subject with such limits,
-// in request order.
-func (r *Redis) rateStates(subjects []Subject, idx []int, replies []admitReply) []State {
-	var out []State
+// states lists the RPM and TPM states of every subject with such limits,
+// then the states of its budgets, in request order, in one allocation.
+func (r *Redis) states(subjects []Subject, idx []int, replies []admitReply) (rates, budgets []State) {
+	nr, nb := 0, 0
+	for _, i := range idx {
+		l := subjects[i].Limits
+		nr += b2i(l.RPM > 0) + b2i(l.TPM > 0)
+		nb += b2i(l.TokensPerDay > 0) + b2i(l.CostPerDayMicros > 0) + b2i(l.CostPerMonthMicros > 0)
+	}
+	if nr+nb == 0 {
+		return nil, nil
+	}
+	out := make([]State, 0, nr+nb)
 	for j, i := range idx {
 		s := subjects[i]
 		if s.Limits.RPM > 0 {
@@ -565,7 +579,29 @@ func (r *Redis) rateStates(subjects []Subject, idx []int, replies []admitReply) 
 			out = append(out, rateStateMicros(s, KindTPM, replies[j].tpmD))
 		}
 	}
-	return out
+	for j, i := range idx {
+		s, rep := subjects[i], &replies[j]
+		if s.Limits.TokensPerDay > 0 {
+			out = append(out, budgetStateMicros(s, KindTokensPerDay, rep.tpd, rep.dayLeft))
+		}
+		if s.Limits.CostPerDayMicros > 0 {
+			out = append(out, budgetStateMicros(s, KindCostPerDay, rep.cpd, rep.dayLeft))
+		}
+		if s.Limits.CostPerMonthMicros > 0 {
+			out = append(out, budgetStateMicros(s, KindCostPerMonth, rep.cpm, rep.monthLeft))
+		}
+	}
+	if nr == 0 {
+		return nil, out
+	}
+	return out[:nr:nr], out[nr:]
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // refusedState is the state of the limit that refused s.

@@ -80,7 +80,7 @@ func toSpillOp(p pendingOp) spillOp {
 	o := spillOp{Kind: p.kind.String(), LeaseID: l.ID, ChargeID: p.chargeID, At: l.At.UTC(),
 		EstimateTokens: l.Tokens, EstimateCostMicros: l.CostMicros, Tokens: p.tokens, CostMicros: p.costMicros,
 		Subjects: make([]spillSubject, len(l.Subjects))}
-	for i, s := range l.Subjects {
+	for i, s := range l.fleetSubjects() {
 		o.Subjects[i] = spillSubject{Scope: s.Scope.String(), ID: s.ID, Limits: spillLimits(s.Limits)}
 	}
 	if p.kind == opSettle && len(l.holds) == len(l.Subjects) {

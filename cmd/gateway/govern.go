@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/fleet"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/ownership"
 	"github.com/tollgate-llm/tollgate/ratelimit"
@@ -26,6 +27,7 @@ type governance struct {
 	ledger    spend.Ledger
 	owners    ownership.Store // nil outside mode "keys"
 	redis     redis.UniversalClient
+	fleet     *fleet.Fleet // the replicas sharing Redis; nil without it
 	lock      *fileLock // on the state file or the spill directory
 	ownerLock *fileLock // on [ownership] state_file
 }
@@ -129,6 +131,21 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	client := redis.NewUniversalClient(opts)
+	// The heartbeat tells this replica how many share the limits, which
+	// its fallback divides them by while Redis is down.
+	ctx, cancel := context.WithTimeout(context.Background(), config.Millis(rc.DialTimeoutMs)+config.Millis(rc.TimeoutMs))
+	fl, err := fleet.New(ctx, client, fleet.Options{Prefix: rc.KeyPrefix, Logger: log, OnLive: m.SetReplicas})
+	cancel()
+	if err != nil {
+		_ = local.Close()
+		_ = client.Close()
+		return nil, err
+	}
+	closeFleet := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = fl.Close(ctx)
+		cancel()
+	}
 	// The spill file keeps settlements and budget charges a replica could
 	// not send before it stopped; the next start replays them.
 	limiter, err := ratelimit.NewFailover(ratelimit.FailoverOptions{
@@ -137,10 +154,12 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 		Deny:       cfg.RateLimit.OnRedisError == "deny",
 		RetryAfter: config.Seconds(cfg.RateLimit.RedisRetrySeconds),
 		OnDegraded: func(d bool) { m.SetDegraded("ratelimit", d) },
+		Replicas:   fl.Live,
 		Logger:     log,
 		SpillFile:  spillPath(rc.SpillDir, "tollgate-ratelimit-spill.json"),
 	})
 	if err != nil {
+		closeFleet()
 		_ = local.Close()
 		_ = client.Close()
 		return nil, err
@@ -150,11 +169,12 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
 		SpillFile: spillPath(rc.SpillDir, "tollgate-spend-spill.json"), OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
 	if err != nil {
+		closeFleet()
 		_ = limiter.Close()
 		_ = client.Close()
 		return nil, err
 	}
-	return &governance{limiter: limiter, ledger: ledger, redis: client}, nil
+	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl}, nil
 }
 
 // Close flushes the ledger and releases everything; it reports what failed.
@@ -180,6 +200,13 @@ func (g *governance) Close() error {
 		if err := g.owners.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("closing the ownership store: %w", err))
 		}
+	}
+	if g.fleet != nil {
+		// Out of the fleet at once, so that the others' share grows now;
+		// with Redis down, the entry expires with its TTL instead.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = g.fleet.Close(ctx)
+		cancel()
 	}
 	if g.redis != nil {
 		if err := g.redis.Close(); err != nil {
