@@ -82,6 +82,10 @@ type SpendReport struct {
 	Filter spend.Filter `json:"filter"`
 	Rows   []SpendRow   `json:"rows"`
 	Total  SpendRow     `json:"total"`
+	// Partial says that the shared ledger could not be read and the rows
+	// are only what this replica billed itself; Note says why.
+	Partial bool   `json:"partial,omitempty"`
+	Note    string `json:"note,omitempty"`
 }
 
 func spendRow(k spend.Key, t spend.Totals) SpendRow {
@@ -115,13 +119,20 @@ func (g *Gateway) adminSpend(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
+	rep := SpendReport{Filter: f}
 	rows, err := g.gov.ledger.Query(ctx, f)
+	if own, ok := g.gov.ledger.(spend.OwnQuerier); ok && err != nil && ctx.Err() == nil {
+		g.log.Warn("admin: the shared spend ledger cannot be read; answering with this replica's own spend", "err", err)
+		rep.Partial = true
+		rep.Note = "the shared ledger cannot be read (" + err.Error() + "): these rows are only what this replica billed; the other replicas' spend is missing"
+		rows, err = own.QueryOwn(ctx, f)
+	}
 	if err != nil {
 		g.log.Warn("admin: spend query failed", "err", err)
 		adminError(w, http.StatusServiceUnavailable, "the spend ledger cannot be read right now: "+err.Error())
 		return
 	}
-	rep := SpendReport{Filter: f, Rows: make([]SpendRow, 0, len(rows))}
+	rep.Rows = make([]SpendRow, 0, len(rows))
 	var total spend.Totals
 	for _, row := range rows {
 		rep.Rows = append(rep.Rows, spendRow(row.Key, row.Totals))

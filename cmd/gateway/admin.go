@@ -167,7 +167,14 @@ func printSpend(w io.Writer, rep proxy.SpendReport) error {
 	t := rep.Total
 	t.Day, t.KeyID, t.Model = "total", "", ""
 	row(t)
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if rep.Partial {
+		_, err := fmt.Fprintf(w, "partial: %s\n", rep.Note)
+		return err
+	}
+	return nil
 }
 
 func printLimits(w io.Writer, rep proxy.LimitsReport) error {

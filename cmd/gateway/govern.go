@@ -28,8 +28,8 @@ type governance struct {
 	owners    ownership.Store // nil outside mode "keys"
 	redis     redis.UniversalClient
 	fleet     *fleet.Fleet // the replicas sharing Redis; nil without it
-	lock      *fileLock // on the state file or the spill directory
-	ownerLock *fileLock // on [ownership] state_file
+	lock      *fileLock    // on the state file or the spill directory
+	ownerLock *fileLock    // on [ownership] state_file
 }
 
 // openGovernance builds the limiter and the ledger from cfg: shared through
@@ -131,21 +131,28 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	client := redis.NewUniversalClient(opts)
+	// Each part opened is closed again, last first, if a later one fails.
+	var undo []func()
+	fail := func(err error) (*governance, error) {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		return nil, err
+	}
+	undo = append(undo, func() { _ = local.Close(); _ = client.Close() })
 	// The heartbeat tells this replica how many share the limits, which
 	// its fallback divides them by while Redis is down.
 	ctx, cancel := context.WithTimeout(context.Background(), config.Millis(rc.DialTimeoutMs)+config.Millis(rc.TimeoutMs))
 	fl, err := fleet.New(ctx, client, fleet.Options{Prefix: rc.KeyPrefix, Logger: log, OnLive: m.SetReplicas})
 	cancel()
 	if err != nil {
-		_ = local.Close()
-		_ = client.Close()
-		return nil, err
+		return fail(err)
 	}
-	closeFleet := func() {
+	undo = append(undo, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = fl.Close(ctx)
 		cancel()
-	}
+	})
 	// The spill file keeps settlements and budget charges a replica could
 	// not send before it stopped; the next start replays them.
 	limiter, err := ratelimit.NewFailover(ratelimit.FailoverOptions{
@@ -159,21 +166,26 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 		SpillFile:  spillPath(rc.SpillDir, "tollgate-ratelimit-spill.json"),
 	})
 	if err != nil {
-		closeFleet()
-		_ = local.Close()
-		_ = client.Close()
-		return nil, err
+		return fail(err)
 	}
+	undo = append(undo, func() { _ = limiter.Close() })
 	// The spill file holds what a replica could not send to Redis before it
 	// stopped; the next start sends it, under the same batch ids.
-	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
+	shared, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
 		SpillFile: spillPath(rc.SpillDir, "tollgate-spend-spill.json"), OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
 	if err != nil {
-		closeFleet()
-		_ = limiter.Close()
-		_ = client.Close()
-		return nil, err
+		return fail(err)
 	}
+	undo = append(undo, func() { _ = shared.Close() })
+	// What this replica billed itself, kept beside the shared ledger (in
+	// the spill directory when there is one): /admin/spend answers from it,
+	// flagged partial, while Redis cannot be read.
+	own, err := spend.NewLocal(spend.LocalOptions{StateFile: spillPath(rc.SpillDir, "tollgate-spend-own.json"),
+		FlushInterval: flush, Logger: log})
+	if err != nil {
+		return fail(err)
+	}
+	ledger := &spend.Mirrored{Shared: shared, Own: own}
 	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl}, nil
 }
 

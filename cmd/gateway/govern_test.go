@@ -690,6 +690,55 @@ func TestRedisDownDeny(t *testing.T) {
 	}
 }
 
+// TestAdminSpendDuringOutageIsThisReplicasOwn: with Redis up, /admin/spend
+// is the fleet's spend; with Redis down, it is what the asked replica billed
+// itself, 200 and flagged partial with a note saying so, where it used to
+// be a 503; `gateway spend` prints the note under its table.
+func TestAdminSpendDuringOutageIsThisReplicasOwn(t *testing.T) {
+	srv := redistest.Start(t)
+	mock := mockllm.New(mockllm.Options{OutputTokens: 7, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Redis.Addrs = []string{srv.Addr()}
+	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg)}
+	for i, r := range reps {
+		if res := load(t, []*replica{r}, testKeyA, 2, time.Hour, 0, int64(5+5*i)); res.ok.Load() != int64(5+5*i) {
+			t.Fatalf("replica %d: %d of %d requests answered", i, res.ok.Load(), 5+5*i)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	fleetWide, own := map[string]*usageSum{}, map[string]*usageSum{}
+	for _, r := range reps {
+		if err := r.rg.gov.ledger.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		billed(r.records(), fleetWide)
+	}
+	billed(reps[0].records(), own)
+	if rep := adminSpend(t, reps[0].url, ""); rep.Partial || rep.Note != "" {
+		t.Fatalf("Redis up: partial %v, note %q", rep.Partial, rep.Note)
+	}
+	sameSums(t, "Redis up", spendByKey(t, reps[0].url), fleetWide)
+
+	srv.Kill()
+	rep := adminSpend(t, reps[0].url, "")
+	if !rep.Partial || !strings.Contains(rep.Note, "only what this replica billed") {
+		t.Fatalf("Redis down: partial %v, note %q", rep.Partial, rep.Note)
+	}
+	sameSums(t, "Redis down", spendByKey(t, reps[0].url), own)
+
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", testAdmin)
+	var out, errb strings.Builder
+	if code := run([]string{"spend", "-url", reps[0].url}, &out, &errb); code != 0 {
+		t.Fatalf("gateway spend: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "partial: the shared ledger cannot be read") {
+		t.Errorf("gateway spend during the outage printed no partial note:\n%s", out.String())
+	}
+}
+
 func gaugeValue(t *testing.T, r *replica, name, component string) float64 {
 	t.Helper()
 	mfs, err := r.rg.registry.Gather()
