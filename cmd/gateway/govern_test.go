@@ -690,6 +690,61 @@ func TestRedisDownDeny(t *testing.T) {
 	}
 }
 
+// TestFleetOutageHoldsTheTeamsLimits runs three gateways on one Redis with
+// on_redis_error = "allow": team red (1,200 a minute) has emptied its bucket
+// and team blue its daily tokens when Redis dies. During the outage the
+// fleet admits for red what the rate refills, within 1.2 times (where each
+// replica would once have admitted a whole burst more), and nothing for
+// blue.
+func TestFleetOutageHoldsTheTeamsLimits(t *testing.T) {
+	srv := redistest.Start(t)
+	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Redis.Addrs = []string{srv.Addr()}
+	cfg.Teams[0].RPM = p64(1200)
+	cfg.Teams[1].TokensPerDay = p64(2000)
+	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
+	for i, r := range reps {
+		for n := 0; gaugeValue(t, r, "tollgate_fleet_replicas", "") != 3; n++ {
+			if n == 500 {
+				t.Fatalf("replica %d counts %v replicas, want 3", i, gaugeValue(t, r, "tollgate_fleet_replicas", ""))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	red := load(t, reps, testKeyA, 4, 20*time.Second, 50*time.Millisecond, 5000)
+	emptied := time.Now()
+	blue := load(t, reps, testKeyB, 2, 20*time.Second, 20*time.Millisecond, 500)
+	if red.limited.Load() == 0 || blue.limited.Load() == 0 {
+		t.Fatalf("the limits never refused: red %d, blue %d 429s", red.limited.Load(), blue.limited.Load())
+	}
+
+	srv.Kill()
+	done := make(chan *loadResult)
+	go func() { done <- load(t, reps, testKeyB, 1, 2*time.Second, 0, 1000) }()
+	redOut := load(t, reps, testKeyA, 4, 2*time.Second, 0, 100000)
+	blueOut := <-done
+	due := 1200 * time.Since(emptied).Seconds() / 60
+	t.Logf("outage: red admitted %d where %.0f were due (×%.2f); blue %d of %d", redOut.ok.Load(), due,
+		float64(redOut.ok.Load())/due, blueOut.ok.Load(), blueOut.ok.Load()+blueOut.limited.Load())
+	for i, r := range reps {
+		if gaugeValue(t, r, "tollgate_degraded", "ratelimit") != 1 {
+			t.Errorf("replica %d is not degraded during the outage", i)
+		}
+	}
+	if float64(redOut.ok.Load()) > 1.2*due+3 { // one per replica for rounding
+		t.Errorf("red: the fleet admitted %d in the outage where %.0f were due", redOut.ok.Load(), due)
+	}
+	if redOut.ok.Load() == 0 || redOut.other.Load() != 0 {
+		t.Errorf("red in the outage: %d admitted, %d other answers", redOut.ok.Load(), redOut.other.Load())
+	}
+	if blueOut.ok.Load() != 0 || blueOut.limited.Load() == 0 {
+		t.Errorf("blue's spent budget in the outage: %d admitted, %d refused", blueOut.ok.Load(), blueOut.limited.Load())
+	}
+}
+
 // TestAdminSpendDuringOutageIsThisReplicasOwn: with Redis up, /admin/spend
 // is the fleet's spend; with Redis down, it is what the asked replica billed
 // itself, 200 and flagged partial with a note saying so, where it used to
@@ -739,6 +794,8 @@ func TestAdminSpendDuringOutageIsThisReplicasOwn(t *testing.T) {
 	}
 }
 
+// gaugeValue reads a gauge of r's registry: the series of the component, or
+// the unlabelled one for component "".
 func gaugeValue(t *testing.T, r *replica, name, component string) float64 {
 	t.Helper()
 	mfs, err := r.rg.registry.Gather()
@@ -750,6 +807,9 @@ func gaugeValue(t *testing.T, r *replica, name, component string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if component == "" && len(m.GetLabel()) == 0 {
+				return m.GetGauge().GetValue()
+			}
 			for _, lp := range m.GetLabel() {
 				if lp.GetName() == "component" && lp.GetValue() == component {
 					return m.GetGauge().GetValue()
