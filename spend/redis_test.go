@@ -130,9 +130,14 @@ func TestRedisPrefix(t *testing.T) {
 func TestRedisKillUnderLoad(t *testing.T) {
 	srv := startRedisServer(t, true)
 	var deg degradedLog
-	r := newRedis(t, srv.Client(t), RedisOptions{FlushInterval: 2 * time.Millisecond, OnDegraded: deg.record})
+	// Failing fast, as the gateway's client does (govern.go): go-redis's
+	// default retries and dial retries would take seconds to notice.
+	c := srv.ClientWith(t, redis.Options{MaxRetries: -1, DialerRetries: 1})
+	r := newRedis(t, c, RedisOptions{FlushInterval: 2 * time.Millisecond, OnDegraded: deg.record})
 
-	const workers, maxAdds = 8, 200_000 // bounded even if the stop never comes
+	// Bounded even if the stop never comes; high enough that the adds go on
+	// through the outage on a slow machine.
+	const workers, maxAdds = 8, 2_000_000
 	stop := make(chan struct{})
 	sums := make([]map[Key]Totals, workers)
 	var added atomic.Int64
