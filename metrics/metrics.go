@@ -152,7 +152,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 			"Requests refused by a limit, by scope (key, team) and limit (rpm, tpm, concurrency, tokens_per_day, cost_per_day, cost_per_month).",
 			"scope", "limit", "team"),
 		degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "degraded",
-			Help: "1 while a shared backend is unreachable and the gateway runs on its fallback (component = ratelimit, spend)."},
+			Help: "1 while a shared backend is unreachable and the gateway runs on its fallback (component = ratelimit, spend), or while Redis, found to have lost its data, is being refilled (redis_data)."},
 			[]string{"component"}),
 		replicas: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "fleet_replicas",
 			Help: "Replicas sharing Redis at this replica's last heartbeat; while Redis is down, its fallback admits 1/this of every limit."}),
@@ -224,7 +224,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	for _, r := range []llm.Route{llm.RouteChatCompletions, llm.RouteMessages, llm.RouteResponses, llm.RouteResponsesRetrieve, llm.RouteOther} {
 		m.inflight.WithLabelValues(r.String())
 	}
-	for _, c := range []string{"ratelimit", "spend"} {
+	for _, c := range []string{"ratelimit", "spend", "redis_data"} {
 		m.degraded.WithLabelValues(c)
 	}
 	// Every upstream shows a closed circuit, a zero ok count and no bypass
@@ -354,8 +354,8 @@ func (m *Metrics) Rejected(scope, limit, team string) {
 	m.rejections.WithLabelValues(scope, limit, team).Inc()
 }
 
-// SetDegraded sets the degraded gauge of a component ("ratelimit" or
-// "spend").
+// SetDegraded sets the degraded gauge of a component ("ratelimit",
+// "spend" or "redis_data").
 func (m *Metrics) SetDegraded(component string, degraded bool) {
 	v := 0.0
 	if degraded {

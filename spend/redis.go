@@ -83,6 +83,22 @@ type RedisOptions struct {
 	// file would overwrite or remove each other's batches. Its directory
 	// must exist.
 	SpillFile string
+	// OwnFile, if set, keeps this replica's own part of the ledger (what
+	// Redis applied of its batches, and the generation of Redis's data they
+	// went to) across restarts, written atomically after every flush that
+	// sent something; empty keeps it in memory. A replica refills an empty
+	// Redis from it (generation.go). Like SpillFile, it belongs to one
+	// replica.
+	OwnFile string
+	// OnRefill, if set, is called when this replica refills a Redis that
+	// lost its data, with its own rows and an id unique to this refill and
+	// replica, before the rows are sent: for the limits' budgets, whose
+	// counters were lost too. It may be called again with the same id if
+	// the refill is cut short, so it must apply each id once.
+	OnRefill func(ctx context.Context, rows []Row, id string) error
+	// OnDataLost, if set, is called with true when this replica finds that
+	// Redis lost its data and with false once its own part is back.
+	OnDataLost func(lost bool)
 }
 
 // Redis is a Ledger shared by every replica through Redis. Add aggregates in
@@ -119,6 +135,16 @@ type Redis struct {
 	spillOnDisk   bool // the spill file may exist and must go once its batches are applied
 	spillLeft     int  // batches at the head of queue that the spill file holds
 	spillRmFailed bool // removing the spill file failed and was logged
+	// The own part (generation.go): sent is what Redis applied of this
+	// replica's batches under generation gen; owner names the part.
+	ownFile              string
+	owner, gen           string
+	onRefill             func(context.Context, []Row, string) error
+	onDataLost           func(bool)
+	dataLost             bool
+	ownChanges, ownSaved uint64
+	sentMu               sync.Mutex // guards sent, also for QueryOwn
+	sent                 map[Key]*Totals
 
 	ctx       context.Context // cancelled by Close, to stop the flusher
 	cancel    context.CancelFunc
@@ -141,29 +167,38 @@ type batch struct {
 }
 
 // applyScript applies one batch. KEYS[1] is the batch marker, KEYS[2] the
-// days set and KEYS[3..] the day hashes; ARGV[1] is the marker TTL in
-// seconds, then for each day hash: the day, the number of fields, and that
-// many field/increment pairs. It returns 1 if it applied the batch, 0 if the
-// batch had been applied before.
+// days set, KEYS[3] the generation of Redis's data (generation.go) and
+// KEYS[4..] the day hashes; ARGV[1] is the marker TTL in seconds, ARGV[2]
+// the generation the sender expects ('*': any), then for each day hash: the day, the
+// number of fields, and that many field/increment pairs. It returns 1 if it
+// applied the batch, 0 if the batch had been applied before, and an error
+// starting TOLLGATE_GENERATION, writing nothing, if Redis's generation is
+// not the expected one (Redis lost its data since).
 //
 // Redis does not undo a script that fails halfway, so the key types are
 // checked before anything is written: a key of the wrong type fails the
 // batch whole and it can be retried once repaired. Only an HINCRBY beyond
 // 2^63 (9 trillion dollars in one row) could still fail halfway.
 var applyScript = redis.NewScript(`
+local gen = redis.call('GET', KEYS[3])
+if ARGV[2] ~= '*' and gen ~= ARGV[2] then
+  return redis.error_reply('TOLLGATE_GENERATION ' .. (gen or 'none'))
+end
 local want = 'set'
 for k = 2, #KEYS do
-  local t = redis.call('TYPE', KEYS[k]).ok
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('WRONGTYPE spend key ' .. KEYS[k] .. ' is a ' .. t)
+  if k ~= 3 then
+    local t = redis.call('TYPE', KEYS[k]).ok
+    if t ~= 'none' and t ~= want then
+      return redis.error_reply('WRONGTYPE spend key ' .. KEYS[k] .. ' is a ' .. t)
+    end
+    want = 'hash'
   end
-  want = 'hash'
 end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
   return 0
 end
-local a = 2
-for k = 3, #KEYS do
+local a = 3
+for k = 4, #KEYS do
   redis.call('SADD', KEYS[2], ARGV[a])
   local n = tonumber(ARGV[a + 1])
   a = a + 2
@@ -220,6 +255,13 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 		sem:        make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		spillFile:  opts.SpillFile,
+		ownFile:    opts.OwnFile,
+		onRefill:   opts.OnRefill,
+		onDataLost: opts.OnDataLost,
+		sent:       make(map[Key]*Totals),
+	}
+	if err := r.loadOwn(); err != nil {
+		return nil, err
 	}
 	if spilled != nil {
 		r.queueSpilled(spilled)
@@ -303,8 +345,89 @@ func (r *Redis) Flush(ctx context.Context) error {
 	}
 	defer func() { <-r.sem }()
 	err := r.flushLocked(ctx)
+	if err == nil {
+		err = r.saveOwnLocked()
+	}
 	r.noteResultLocked(err)
 	return errors.Join(err, r.removeSpillLocked())
+}
+
+// tick is the flusher's Flush. With nothing to send, it reads Redis's
+// generation instead, so that a Redis that lost its data is refilled
+// without waiting for traffic.
+func (r *Redis) tick(ctx context.Context) {
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-r.sem }()
+	before := r.ownChanges
+	err := r.flushLocked(ctx)
+	if err == nil && r.ownChanges == before {
+		err = r.checkGenerationLocked(ctx)
+	}
+	if err == nil {
+		err = r.saveOwnLocked()
+	}
+	r.noteResultLocked(err)
+	_ = r.removeSpillLocked() // logged there
+}
+
+// OwnQuerier is a shared ledger that can answer from this replica's own
+// part of it, which is partial: the other replicas' spend is missing.
+type OwnQuerier interface {
+	QueryOwn(ctx context.Context, f Filter) ([]Row, error)
+}
+
+var _ OwnQuerier = (*Redis)(nil)
+
+// QueryOwn returns this replica's own rows: what Redis applied of its
+// batches, what waits to be sent, and what a spill file held; the answer
+// while Redis cannot be read. It waits for a flush in progress.
+func (r *Redis) QueryOwn(ctx context.Context, f Filter) ([]Row, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("spend: reading this replica's spend: %w", ctx.Err())
+	}
+	defer func() { <-r.sem }()
+	acc := make(map[Key]*Totals)
+	add := func(k Key, t Totals) {
+		if !f.match(k) {
+			return
+		}
+		a := acc[k]
+		if a == nil {
+			a = new(Totals)
+			acc[k] = a
+		}
+		a.Add(t)
+	}
+	r.sentMu.Lock()
+	for k, t := range r.sent {
+		add(k, *t)
+	}
+	r.sentMu.Unlock()
+	for _, b := range r.queue {
+		for _, row := range b.rows {
+			add(row.Key, row.Totals)
+		}
+	}
+	r.mu.Lock()
+	for k, t := range r.pending {
+		add(k, *t)
+	}
+	r.mu.Unlock()
+	rows := make([]Row, 0, len(acc))
+	for k, t := range acc {
+		rows = append(rows, Row{Key: k, Totals: *t})
+	}
+	sortRows(rows)
+	return rows, nil
 }
 
 // flushLocked sends the queue, then cuts pending into new batches and sends
@@ -334,14 +457,28 @@ func (r *Redis) flushLocked(ctx context.Context) error {
 // sendQueueLocked sends the queued batches in order, stopping at the first
 // failure.
 func (r *Redis) sendQueueLocked(ctx context.Context) error {
+	refilled := false
 	for len(r.queue) > 0 {
 		b := r.queue[0]
-		applied, err := applyScript.Run(ctx, r.client, b.keys, b.args...).Int()
+		gen := r.gen
+		if b.tag != r.tag {
+			// A spilled batch of another prefix: its generation is
+			// not this ledger's to know, nor its rows this ledger's part.
+			gen = "*"
+		}
+		err := r.applyLocked(ctx, b, gen)
+		if isGeneration(err) && !refilled {
+			// Redis lost its data, or this replica has not met it yet.
+			refilled = true
+			if err = r.refillLocked(ctx); err == nil {
+				continue
+			}
+		}
 		if err != nil {
 			return fmt.Errorf("spend: writing batch %s (%d rows) to Redis: %w", b.id, len(b.rows), err)
 		}
-		if applied == 0 {
-			r.log.Info("spend: batch was already applied; an earlier attempt had succeeded", "batch", b.id)
+		if b.tag == r.tag {
+			r.noteSentLocked(b)
 		}
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
@@ -459,7 +596,7 @@ func (r *Redis) makeBatches(tag string, rows map[Key]*Totals) []*batch {
 // Rows of one day must be adjacent.
 func makeBatch(tag, id string, rows []Row) *batch {
 	b := &batch{id: id, tag: tag, rows: rows}
-	b.keys = []string{tag + ":batch:" + id, daysKey(tag)}
+	b.keys = []string{tag + ":batch:" + id, daysKey(tag), tag + ":gen"}
 	b.args = []any{int64(batchTTL / time.Second)}
 	nAt := 0 // index in args of the current day's field count
 	for i, row := range rows {
@@ -570,7 +707,7 @@ func (r *Redis) flusher() {
 			return
 		case <-tick.C:
 			ctx, cancel := context.WithTimeout(r.ctx, flushTimeout)
-			_ = r.Flush(ctx) // noteResultLocked logs failures
+			r.tick(ctx) // noteResultLocked logs failures
 			cancel()
 		}
 	}
@@ -620,7 +757,7 @@ func (r *Redis) Close() error {
 				errs = append(errs, fmt.Errorf("spend: closing with %d rows not written to Redis: %w", n, errors.Join(err, serr)))
 			}
 		}
-		errs = append(errs, r.removeSpillLocked())
+		errs = append(errs, r.removeSpillLocked(), r.saveOwnLocked())
 		if d := r.Dropped(); d > 0 {
 			errs = append(errs, fmt.Errorf("spend: %d adds were dropped (MaxPending %d)", d, r.maxPending))
 		}

@@ -153,10 +153,12 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 		_ = fl.Close(ctx)
 		cancel()
 	})
+	warnIfRedisForgets(client, log)
 	// The spill file keeps settlements and budget charges a replica could
 	// not send before it stopped; the next start replays them.
+	shared := ratelimit.NewRedis(client, ratelimit.RedisOptions{Prefix: rc.KeyPrefix + "rl:"})
 	limiter, err := ratelimit.NewFailover(ratelimit.FailoverOptions{
-		Primary:    ratelimit.NewRedis(client, ratelimit.RedisOptions{Prefix: rc.KeyPrefix + "rl:"}),
+		Primary:    shared,
 		Fallback:   local,
 		Deny:       cfg.RateLimit.OnRedisError == "deny",
 		RetryAfter: config.Seconds(cfg.RateLimit.RedisRetrySeconds),
@@ -170,23 +172,38 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	}
 	undo = append(undo, func() { _ = limiter.Close() })
 	// The spill file holds what a replica could not send to Redis before it
-	// stopped; the next start sends it, under the same batch ids.
-	shared, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
-		SpillFile: spillPath(rc.SpillDir, "tollgate-spend-spill.json"), OnDegraded: func(d bool) { m.SetDegraded("spend", d) }})
+	// stopped; the next start sends it, under the same batch ids. The own
+	// file is what this replica billed, which refills a Redis that lost its
+	// data and answers /admin/spend (flagged partial) while Redis is down.
+	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
+		SpillFile:  spillPath(rc.SpillDir, "tollgate-spend-spill.json"),
+		OwnFile:    spillPath(rc.SpillDir, "tollgate-spend-own.json"),
+		OnDegraded: func(d bool) { m.SetDegraded("spend", d) },
+		OnDataLost: func(lost bool) { m.SetDegraded("redis_data", lost) },
+		OnRefill: func(ctx context.Context, rows []spend.Row, id string) error {
+			return refillBudgets(ctx, shared, rows, cfg, time.Now(), id)
+		}})
 	if err != nil {
 		return fail(err)
 	}
-	undo = append(undo, func() { _ = shared.Close() })
-	// What this replica billed itself, kept beside the shared ledger (in
-	// the spill directory when there is one): /admin/spend answers from it,
-	// flagged partial, while Redis cannot be read.
-	own, err := spend.NewLocal(spend.LocalOptions{StateFile: spillPath(rc.SpillDir, "tollgate-spend-own.json"),
-		FlushInterval: flush, Logger: log})
-	if err != nil {
-		return fail(err)
-	}
-	ledger := &spend.Mirrored{Shared: shared, Own: own}
 	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl}, nil
+}
+
+// warnIfRedisForgets warns when Redis keeps its data only in memory: a
+// restart then empties it, and with it the limits' state and the spend not
+// yet refilled from the replicas' own files. A Redis that does not allow
+// CONFIG (a managed one) is not asked twice.
+func warnIfRedisForgets(client redis.UniversalClient, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	v, err := client.ConfigGet(ctx, "appendonly").Result()
+	if err != nil {
+		return
+	}
+	if v["appendonly"] == "no" {
+		log.Warn("Redis runs without an append-only file (appendonly no): a restart empties it, granting every limit afresh; " +
+			"each replica then refills the spend it billed from [redis] spill_dir. Configure appendonly yes, appendfsync everysec")
+	}
 }
 
 // Close flushes the ledger and releases everything; it reports what failed.

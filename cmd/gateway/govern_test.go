@@ -745,6 +745,100 @@ func TestFleetOutageHoldsTheTeamsLimits(t *testing.T) {
 	}
 }
 
+// TestEmptyRedisIsRefilled: two gateways bill through a Redis without
+// persistence, which restarts empty. Without further traffic, each notices
+// and sends back what it billed: /admin/spend equals again what the clients
+// read, and team blue's daily budget counts its usage again instead of
+// starting from zero. A gateway restarted afterwards from its spill
+// directory sends nothing twice.
+func TestEmptyRedisIsRefilled(t *testing.T) {
+	srv := redistest.Start(t)
+	mock := mockllm.New(mockllm.Options{OutputTokens: 9, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Redis.Addrs = []string{srv.Addr()}
+	cfg.Teams[1].TokensPerDay = p64(1_000_000)
+	cfgA, cfgB := cfg, cfg
+	cfgA.Redis.SpillDir, cfgB.Redis.SpillDir = t.TempDir(), t.TempDir()
+	reps := []*replica{startReplica(t, cfgA), startReplica(t, cfgB)}
+	var read [2]*loadResult
+	read[0] = load(t, reps, testKeyA, 2, time.Hour, 0, 30)
+	read[1] = load(t, reps, testKeyB, 2, time.Hour, 0, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	want := map[string]*usageSum{}
+	for _, r := range reps {
+		if err := r.rg.gov.ledger.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		billed(r.records(), want)
+	}
+	for i, k := range []string{"a", "b"} {
+		if w := want[k]; w == nil || w.input != read[i].input.Load() || w.output != read[i].output.Load() {
+			t.Fatalf("key %s billed %+v; the clients read %d in / %d out", k, w, read[i].input.Load(), read[i].output.Load())
+		}
+	}
+	blueUsed := want["b"].input + want["b"].output
+	budget := func() int64 {
+		if l := adminLimits(t, reps[0].url).find("team", "blue", "tokens_per_day"); l != nil {
+			return l.Used
+		}
+		return -1
+	}
+	sameSums(t, "before the restart", spendByKey(t, reps[0].url), want)
+	if got := budget(); got != blueUsed {
+		t.Fatalf("blue's budget used %d before the restart, want %d", got, blueUsed)
+	}
+
+	srv.Restart()
+	same := func(got map[string]*usageSum) bool {
+		for k, w := range want {
+			if g := got[k]; g == nil || *g != *w {
+				return false
+			}
+		}
+		return len(got) == len(want)
+	}
+	for n := 0; !same(spendByKey(t, reps[0].url)) || budget() != blueUsed; n++ {
+		if n == 500 {
+			sameSums(t, "after Redis restarted empty", spendByKey(t, reps[0].url), want)
+			t.Fatalf("blue's budget used %d after the refill, want %d", budget(), blueUsed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i, r := range reps {
+		if g := gaugeValue(t, r, "tollgate_degraded", "redis_data"); g != 0 {
+			t.Errorf("replica %d: tollgate_degraded{component=redis_data} = %v after the refill", i, g)
+		}
+	}
+
+	if err := reps[1].stop(); err != nil {
+		t.Fatal(err)
+	}
+	again := startReplica(t, cfgB)
+	time.Sleep(time.Duration(3*cfg.Spend.FlushIntervalSeconds*1000) * time.Millisecond) // a few flushes
+	if err := again.rg.gov.ledger.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sameSums(t, "after a gateway restarted", spendByKey(t, reps[0].url), want)
+}
+
+// TestWarnsWhenRedisForgetsOnRestart: a Redis without an append-only file
+// is warned about at start, one with it is not.
+func TestWarnsWhenRedisForgetsOnRestart(t *testing.T) {
+	for _, c := range []struct {
+		srv  *redistest.Server
+		warn bool
+	}{{redistest.Start(t), true}, {redistest.Start(t, redistest.Persistent()), false}} {
+		var buf strings.Builder
+		warnIfRedisForgets(c.srv.Client(t), slog.New(slog.NewTextHandler(&buf, nil)))
+		if got := strings.Contains(buf.String(), "appendonly no"); got != c.warn {
+			t.Errorf("Redis on %s: warned %v, want %v: %q", c.srv.Addr(), got, c.warn, buf.String())
+		}
+	}
+}
+
 // TestAdminSpendDuringOutageIsThisReplicasOwn: with Redis up, /admin/spend
 // is the fleet's spend; with Redis down, it is what the asked replica billed
 // itself, 200 and flagged partial with a note saying so, where it used to

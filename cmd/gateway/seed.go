@@ -10,46 +10,51 @@ import (
 	"github.com/tollgate-llm/tollgate/spend"
 )
 
-// seedBudgets tells an in-process limiter what every key and team with a
-// budget has already used today and this month, from the persisted ledger,
-// so that a restart does not hand out a fresh budget. The ledger's tokens
-// (input + output) and cost are what the limiter charges at settlement, so
-// the seeded state is the state the limiter had when it stopped, less the
-// reservations of requests that were open then.
-func seedBudgets(ctx context.Context, l *ratelimit.Local, ledger spend.Ledger, cfg *config.Config, now time.Time) error {
-	now = now.UTC()
-	today := now.Format(time.DateOnly)
-	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).Format(time.DateOnly)
-	type used struct{ dayTokens, dayCost, monthCost int64 }
-	subjects := map[ratelimit.Subject]*used{}
-	byKey, byTeam := map[string]*used{}, map[string]*used{}
+// budgetSubjects returns the keys (by name, as the ledger's rows name them)
+// and the teams that have a budget, as limiter subjects.
+func budgetSubjects(cfg *config.Config) (byKey, byTeam map[string]ratelimit.Subject) {
+	byKey, byTeam = map[string]ratelimit.Subject{}, map[string]ratelimit.Subject{}
 	for i := range cfg.Keys {
 		k := &cfg.Keys[i]
 		if lim := ratelimit.LimitsFrom(k.Limits); lim.HasBudget() {
-			u := &used{}
-			subjects[ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim}] = u
-			byKey[k.Name] = u
+			byKey[k.Name] = ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim}
 		}
 	}
 	for i := range cfg.Teams {
 		t := &cfg.Teams[i]
 		if lim := ratelimit.LimitsFrom(t.Limits); lim.HasBudget() {
-			u := &used{}
-			subjects[ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: t.Name, Limits: lim}] = u
-			byTeam[t.Name] = u
+			byTeam[t.Name] = ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: t.Name, Limits: lim}
 		}
 	}
-	if len(subjects) == 0 {
-		return nil
-	}
-	rows, err := ledger.Query(ctx, spend.Filter{From: monthStart, To: today})
-	if err != nil {
-		return fmt.Errorf("reading this month's spend to restore budgets: %w", err)
-	}
+	return byKey, byTeam
+}
+
+// used is what one subject's budgets hold: today's tokens and cost, and
+// the month's cost.
+type used struct{ dayTokens, dayCost, monthCost int64 }
+
+// budgetUsage sums rows into what each key and team with a budget used
+// today and this month (now's UTC day and month).
+func budgetUsage(rows []spend.Row, cfg *config.Config, now time.Time) map[ratelimit.Subject]*used {
+	today := now.UTC().Format(time.DateOnly)
+	month := today[:len("2006-01")]
+	byKey, byTeam := budgetSubjects(cfg)
+	out := map[ratelimit.Subject]*used{}
 	for _, r := range rows {
-		for _, u := range []*used{byKey[r.KeyID], byTeam[r.Team]} {
-			if u == nil {
+		if len(r.Day) < len(month) || r.Day[:len(month)] != month {
+			continue
+		}
+		for _, s := range [...]struct {
+			s  ratelimit.Subject
+			ok bool
+		}{{byKey[r.KeyID], byKey[r.KeyID].ID != ""}, {byTeam[r.Team], byTeam[r.Team].ID != ""}} {
+			if !s.ok {
 				continue
+			}
+			u := out[s.s]
+			if u == nil {
+				u = &used{}
+				out[s.s] = u
 			}
 			u.monthCost += r.CostMicros
 			if r.Day == today {
@@ -58,8 +63,55 @@ func seedBudgets(ctx context.Context, l *ratelimit.Local, ledger spend.Ledger, c
 			}
 		}
 	}
-	for s, u := range subjects {
+	return out
+}
+
+// seedBudgets tells an in-process limiter what every key and team with a
+// budget has already used today and this month, from the persisted ledger,
+// so that a restart does not hand out a fresh budget. The ledger's tokens
+// (input + output) and cost are what the limiter charges at settlement, so
+// the seeded state is the state the limiter had when it stopped, less the
+// reservations of requests that were open then.
+func seedBudgets(ctx context.Context, l *ratelimit.Local, ledger spend.Ledger, cfg *config.Config, now time.Time) error {
+	byKey, byTeam := budgetSubjects(cfg)
+	if len(byKey)+len(byTeam) == 0 {
+		return nil
+	}
+	now = now.UTC()
+	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).Format(time.DateOnly)
+	rows, err := ledger.Query(ctx, spend.Filter{From: monthStart, To: now.Format(time.DateOnly)})
+	if err != nil {
+		return fmt.Errorf("reading this month's spend to restore budgets: %w", err)
+	}
+	for s, u := range budgetUsage(rows, cfg, now) {
 		l.Seed(s, now, u.dayTokens, u.dayCost, u.monthCost)
+	}
+	return nil
+}
+
+// refillBudgets charges to Redis's budget counters, which a Redis that lost
+// its data lost too, what this replica's own rows say each key and team
+// with a budget used today and this month. Each charge's id derives from
+// the refill's, so a refill tried again charges nothing twice. The month's
+// cost before today is charged to today's window: the counters of a past
+// day no longer decide anything.
+func refillBudgets(ctx context.Context, rl *ratelimit.Redis, rows []spend.Row, cfg *config.Config, now time.Time, id string) error {
+	for s, u := range budgetUsage(rows, cfg, now) {
+		// Today's tokens and cost go to the day's counters and the
+		// month's; the month's earlier cost to the month's alone (a
+		// subject holding only that limit).
+		if err := rl.Charge(ctx, []ratelimit.Subject{s}, now, u.dayTokens, u.dayCost,
+			id+":"+s.Scope.String()+":"+s.ID+":day"); err != nil {
+			return err
+		}
+		if rest := u.monthCost - u.dayCost; rest > 0 {
+			month := s
+			month.Limits = ratelimit.Limits{CostPerMonthMicros: s.Limits.CostPerMonthMicros}
+			if err := rl.Charge(ctx, []ratelimit.Subject{month}, now, 0, rest,
+				id+":"+s.Scope.String()+":"+s.ID+":month"); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -1,0 +1,164 @@
+package spend
+
+import (
+	"context"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// refillLog records OnRefill calls.
+type refillLog struct {
+	mu   sync.Mutex
+	ids  []string
+	rows map[string][]Row
+}
+
+func (l *refillLog) record(_ context.Context, rows []Row, id string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rows == nil {
+		l.rows = map[string][]Row{}
+	}
+	l.ids = append(l.ids, id)
+	l.rows[id] = rows
+	return nil
+}
+
+func (l *refillLog) get() ([]string, map[string][]Row) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.ids), l.rows
+}
+
+// holds reports whether l's Query answers exactly the rows of adds.
+func holds(l Ledger, adds []add) bool {
+	rows, err := l.Query(context.Background(), Filter{})
+	return err == nil && reflect.DeepEqual(rows, expectRows(adds, Filter{}))
+}
+
+func queryOwn(t *testing.T, r *Redis) []Row {
+	t.Helper()
+	rows, err := r.QueryOwn(context.Background(), Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// TestRedisRefillsAnEmptyRedis: two replicas write to a Redis without
+// persistence, which restarts empty. Each notices it without traffic, says
+// so (OnDataLost), hands its own rows to OnRefill and sends them again
+// once: the ledger holds every row as before. A batch sent right after the
+// restart, before anyone noticed, is not counted before the refill nor
+// twice after it; a replica restarted from its own-state file and one
+// joining afresh add nothing and report no loss.
+func TestRedisRefillsAnEmptyRedis(t *testing.T) {
+	srv := startRedisServer(t, false)
+	dir := t.TempDir()
+	var lostA, lostB, lostA2, lostC degradedLog
+	var refA, refB refillLog
+	open := func(name string, lost *degradedLog, ref *refillLog) *Redis {
+		o := RedisOptions{OwnFile: filepath.Join(dir, name), FlushInterval: 10 * time.Millisecond, OnDataLost: lost.record}
+		if ref != nil {
+			o.OnRefill = ref.record
+		}
+		return newRedis(t, srv.Client(t), o)
+	}
+	a, b := open("a.json", &lostA, &refA), open("b.json", &lostB, &refB)
+	adds := append(sampleAdds(), manyAdds(2*maxBatchRows+10, "bulk")...)
+	toA, toB := adds[:len(adds)/2], adds[len(adds)/2:]
+	addAll(a, toA)
+	addAll(b, toB)
+	flush(t, a)
+	flush(t, b)
+	checkQueries(t, a, adds)
+	if lostA.get() != nil || lostB.get() != nil {
+		t.Fatalf("a first generation reported as a loss: %v %v", lostA.get(), lostB.get())
+	}
+
+	srv.Restart()
+	// Before either flusher notices: a batch to the empty Redis.
+	late := manyAdds(3, "late")
+	addAll(b, late)
+	flush(t, b)
+	adds = append(adds, late...)
+	waitFor(t, "both replicas' rows back in Redis", func() bool { return holds(a, adds) })
+	waitFor(t, "both replicas to report the refill done", func() bool {
+		return slices.Equal(lostA.get(), []bool{true, false}) && slices.Equal(lostB.get(), []bool{true, false})
+	})
+	idsA, rowsA := refA.get()
+	idsB, rowsB := refB.get()
+	if len(idsA) != 1 || len(idsB) != 1 || idsA[0] == idsB[0] {
+		t.Fatalf("OnRefill ids: a %v, b %v; want one each, distinct", idsA, idsB)
+	}
+	if !reflect.DeepEqual(rowsA[idsA[0]], expectRows(toA, Filter{})) || !reflect.DeepEqual(rowsB[idsB[0]], expectRows(toB, Filter{})) {
+		t.Fatal("OnRefill was not given the replica's own rows")
+	}
+	if own := queryOwn(t, b); !reflect.DeepEqual(own, expectRows(append(slices.Clone(toB), late...), Filter{})) {
+		t.Fatalf("b's own part: %d rows", len(own))
+	}
+
+	// a restarts from its own-state file: the generation is the one it
+	// knows, so it sends nothing again.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a2 := open("a.json", &lostA2, nil)
+	c := open("c.json", &lostC, nil)
+	more := manyAdds(5, "more")
+	addAll(a2, more)
+	addAll(c, more)
+	flush(t, a2)
+	flush(t, c)
+	adds = append(append(adds, more...), more...)
+	time.Sleep(50 * time.Millisecond) // a few ticks, to see that nothing else is sent
+	checkQueries(t, a2, adds)
+	if lostA2.get() != nil || lostC.get() != nil {
+		t.Fatalf("a restart or a new replica reported a loss: %v %v", lostA2.get(), lostC.get())
+	}
+}
+
+// TestRedisRefillByAReplicaThatWasDown: a replica stopped while Redis lost
+// its data finds, at its next start, a generation another replica created
+// in the meantime, and adds its own part to it once.
+func TestRedisRefillByAReplicaThatWasDown(t *testing.T) {
+	srv := startRedisServer(t, false)
+	dir := t.TempDir()
+	a := newRedis(t, srv.Client(t), RedisOptions{OwnFile: filepath.Join(dir, "a.json")})
+	b := newRedis(t, srv.Client(t), RedisOptions{OwnFile: filepath.Join(dir, "b.json")})
+	adds := sampleAdds()
+	toA, toB := adds[:len(adds)/2], adds[len(adds)/2:]
+	addAll(a, toA)
+	addAll(b, toB)
+	flush(t, a)
+	flush(t, b)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart()
+	addAll(b, toB[:1]) // b's next batch notices and refills
+	flush(t, b)
+	want := append(slices.Clone(toB), toB[0])
+	checkQueries(t, b, want)
+
+	var lost degradedLog
+	a2 := newRedis(t, srv.Client(t), RedisOptions{OwnFile: filepath.Join(dir, "a.json"), OnDataLost: lost.record})
+	addAll(a2, toA[:1])
+	flush(t, a2)
+	want = append(append(want, toA...), toA[0])
+	checkQueries(t, a2, want)
+	if !slices.Equal(lost.get(), []bool{true, false}) {
+		t.Fatalf("OnDataLost calls %v, want [true false]", lost.get())
+	}
+	// Once more, from the same file: nothing is sent twice.
+	if err := a2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a3 := newRedis(t, srv.Client(t), RedisOptions{OwnFile: filepath.Join(dir, "a.json")})
+	a3.tick(context.Background()) // the flusher's check of the generation
+	checkQueries(t, a3, want)
+}
