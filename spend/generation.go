@@ -90,12 +90,29 @@ func (r *Redis) loadOwn() error {
 	return nil
 }
 
-// saveOwnLocked writes the own part when it changed (under sem).
+// ownKeepFrom returns the first day the own part keeps at now: the first
+// of the previous month. A refill restores the day's and the month's
+// totals (and the month before, for a request that spanned its end); older
+// days are history that an empty Redis loses, as the own part would grow
+// without bound if it kept them.
+func ownKeepFrom(now time.Time) string {
+	now = now.UTC()
+	return time.Date(now.Year(), now.Month()-1, 1, 0, 0, 0, 0, time.UTC).Format(DayLayout)
+}
+
+// saveOwnLocked writes the own part when it changed (under sem), without
+// the days before ownKeepFrom.
 func (r *Redis) saveOwnLocked() error {
 	if r.ownFile == "" || r.ownSaved == r.ownChanges {
 		return nil
 	}
 	r.sentMu.Lock()
+	from := ownKeepFrom(time.Now())
+	for k := range r.sent {
+		if k.Day < from {
+			delete(r.sent, k)
+		}
+	}
 	of := ownFile{Version: ownVersion, SavedAt: time.Now().UTC(), Owner: r.owner, Generation: r.gen,
 		Rows: make([]stateRow, 0, len(r.sent))}
 	for k, t := range r.sent {

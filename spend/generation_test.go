@@ -162,3 +162,34 @@ func TestRedisRefillByAReplicaThatWasDown(t *testing.T) {
 	a3.tick(context.Background()) // the flusher's check of the generation
 	checkQueries(t, a3, want)
 }
+
+// TestRedisOwnPartKeepsThisAndLastMonth: the own-state file holds the days
+// a refill restores (this month and the last), not all history.
+func TestRedisOwnPartKeepsThisAndLastMonth(t *testing.T) {
+	srv := startRedisServer(t, false)
+	file := filepath.Join(t.TempDir(), "own.json")
+	r := newRedis(t, srv.Client(t), RedisOptions{OwnFile: file})
+	now := time.Now().UTC()
+	old := Key{Day: now.AddDate(0, -3, 0).Format(DayLayout), KeyID: "k", Team: "t", Model: "m"}
+	lastMonth := Key{Day: time.Date(now.Year(), now.Month()-1, 1, 0, 0, 0, 0, time.UTC).Format(DayLayout), KeyID: "k", Team: "t", Model: "m"}
+	today := Key{Day: now.Format(DayLayout), KeyID: "k", Team: "t", Model: "m"}
+	for _, k := range []Key{old, lastMonth, today} {
+		r.Add(k, Totals{Requests: 1, Input: 10})
+	}
+	flush(t, r)
+	of, err := readOwn(file)
+	if err != nil || of == nil {
+		t.Fatalf("own file: %v %v", of, err)
+	}
+	var days []string
+	for _, row := range of.Rows {
+		days = append(days, row.Day)
+	}
+	slices.Sort(days)
+	if want := []string{lastMonth.Day, today.Day}; !slices.Equal(days, want) {
+		t.Fatalf("own file keeps days %v, want %v", days, want)
+	}
+	if rows, err := r.Query(context.Background(), Filter{}); err != nil || len(rows) != 3 {
+		t.Fatalf("the shared ledger keeps every day: %d rows, %v", len(rows), err)
+	}
+}
