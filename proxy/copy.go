@@ -38,7 +38,8 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 		limit = errorCaptureLimit
 	}
 	s.err, s.writeErr = ex.copyBody(resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
-	s.notJSON = s.err == nil && s.writeErr == nil && resp.StatusCode == http.StatusOK &&
+	s.conflict = ex.idConflict
+	s.notJSON = !s.conflict && s.err == nil && s.writeErr == nil && resp.StatusCode == http.StatusOK &&
 		ex.rec.Dialect != llm.DialectNone && len(ex.captured) < limit && !json.Valid(ex.captured)
 	var answer sseparse.ResponsesAnswer // usage and status, in one walk
 	if ex.rec.Dialect == llm.DialectResponses {
@@ -52,7 +53,8 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 		ex.releaseStored()
 	}
 	// Usage is read from an answer that came whole, success or not.
-	if metered && (e.outcome == llm.OutcomeOK || e.errType == "invalid_json" || s.failed && e.result == resultErrorEvent) {
+	if metered && (e.outcome == llm.OutcomeOK || e.errType == "invalid_json" || s.conflict ||
+		s.failed && e.result == resultErrorEvent) {
 		if len(ex.captured) >= limit {
 			g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
 				"upstream", ex.up.cfg.Name, "limit_bytes", limit)
@@ -60,6 +62,9 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 		ex.usageFromBody(&answer)
 	}
 	ex.record(e)
+	if s.conflict {
+		ex.fail(errStoredIDConflict(), e.outcome)
+	}
 	return ex.result(e, resp.StatusCode, true)
 }
 
@@ -78,8 +83,10 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 		// The answer names a new stored object: hold it until the object
 		// is recorded as the caller's, so the caller never holds an id
 		// its team cannot use yet.
-		if readErr = ex.captureHead(body, buf, capture); readErr == nil {
-			ex.claimAnswer(ex.captured)
+		if readErr = ex.captureHead(body, buf, capture); readErr == nil && ex.claimAnswer(ex.captured) {
+			// Withheld whole; copyAnswer answers instead.
+			ex.idConflict = true
+			return nil, nil
 		}
 		ex.writeHeader(ex.rec.Status)
 		if writeErr = ex.write(ex.captured); writeErr == nil && flush {

@@ -257,6 +257,12 @@ func errStoredNotFound(kind storedKind, id, param string) *apiError {
 	return e
 }
 
+func errStoredIDConflict() *apiError {
+	return &apiError{Status: http.StatusBadGateway, Kind: "server_error", Code: "stored_id_conflict",
+		AnthropicKind: "api_error", Msg: "the upstream answered with the id of a stored object that another team owns; " +
+			"the answer was withheld. Retry the request"}
+}
+
 func errOwnershipUnavailable() *apiError {
 	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "ownership_unavailable",
 		AnthropicKind: "api_error",

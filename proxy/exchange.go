@@ -67,6 +67,9 @@ type exchange struct {
 	// storedNone once recorded, or when there is none.
 	stored       storedUse
 	pendingClaim storedKind
+	// idConflict says that the answer named a stored object another team
+	// owns and was withheld (copyBody).
+	idConflict bool
 
 	// probe, set for a synthetic probe (Gateway.Probe), is its one target:
 	// tried once, with no retry and no fallback. nil for a caller's request.

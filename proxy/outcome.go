@@ -74,6 +74,9 @@ type stop struct {
 	// (errType its code); terminalOut: the terminal marker reached the
 	// caller; complete: the error answer was read whole.
 	errorEvent, tooLarge, notJSON, failed, terminalOut, complete bool
+	// conflict: the answer names a stored object another team owns; it
+	// was withheld from the caller.
+	conflict bool
 }
 
 // ending is how an attempt ended, decided in one place (classify): what the
@@ -208,6 +211,8 @@ func (ex *exchange) errorAnswerEnding(s stop, gone bool, c cut) ending {
 func (ex *exchange) heldEnding(s stop, gone bool, c cut) ending {
 	e := ending{outcome: llm.OutcomeUpstreamError, result: resultStreamBroken, retryable: true}
 	switch {
+	case s.conflict:
+		return conflictEnding()
 	case s.errorEvent:
 		e.interrupt, e.result, e.errType = llm.InterruptUpstreamErrorEvent, resultErrorEvent, s.errType
 		status := errorEventStatus(s.errType)
@@ -275,6 +280,8 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 func (ex *exchange) bodyEnding(s stop, gone bool, c cut) ending {
 	e := ending{outcome: llm.OutcomeUpstreamError, result: resultStreamBroken}
 	switch {
+	case s.conflict:
+		return conflictEnding()
 	case gone:
 		e.outcome, _ = ex.cancelledBy()
 		e.result, e.healthy, e.gone = resultClientGone, true, true
@@ -295,6 +302,15 @@ func (ex *exchange) bodyEnding(s stop, gone bool, c cut) ending {
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	}
 	return e
+}
+
+// conflictEnding is the end of an answer withheld because it names a stored
+// object another team owns: a protocol fault of the upstream, not retried
+// (another attempt would make, and bill, another object) and no verdict on
+// its health (one such answer says nothing of the next).
+func conflictEnding() ending {
+	return ending{outcome: llm.OutcomeUpstreamError, interrupt: llm.InterruptProtocolError,
+		result: resultStreamBroken, errType: "stored_id_conflict", healthy: true}
 }
 
 // result is the attempt's result for the retry loop and the breaker.

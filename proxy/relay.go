@@ -297,7 +297,9 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 			// response its team does not own yet.
 			switch {
 			case len(obs.ResponseID) > 0:
-				ex.claimCreated(l.st.tap.ResponseID())
+				if ex.claimCreated(l.st.tap.ResponseID()) && !l.committed {
+					return l.endHeld(stop{conflict: true}, nil), true, false
+				}
 			case obs.TokenBearing:
 				ex.pendingClaim = storedNone
 				ex.g.log.Warn("stream without response.created before its first token: its owner is not recorded",
@@ -436,6 +438,11 @@ func (l *relayLoop) endHeld(s stop, held []byte) attemptResult {
 	f := &failure{status: ex.rec.Status, header: l.resp.Header, body: append([]byte(nil), held...), stream: true,
 		outcome: e.outcome, interrupt: e.interrupt, errType: e.errType, upReqID: ex.rec.UpstreamRequestID}
 	f.usage, _ = l.st.tap.Usage()
+	if s.conflict {
+		// Nothing of it may reach the caller: the gateway's own error.
+		f.header, f.body, f.apiErr = nil, nil, errStoredIDConflict()
+		return attemptResult{result: e.result, status: f.status, retryable: e.retryable, healthy: e.healthy, fail: f}
+	}
 	if e.interrupt != llm.InterruptUpstreamErrorEvent {
 		f.errorEvent = streamErrorEvent(ex.rec.Dialect, e.interrupt, &l.st.tap)
 	}

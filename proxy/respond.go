@@ -39,6 +39,10 @@ type failure struct {
 func (ex *exchange) relayFailure(f *failure) {
 	rec := &ex.rec
 	if f.header == nil {
+		rec.Interruption = f.interrupt
+		if f.errType != "" {
+			rec.ErrorType = f.errType
+		}
 		ex.fail(f.apiErr, f.outcome)
 		return
 	}

@@ -173,30 +173,36 @@ func (ex *exchange) claims() storedKind {
 }
 
 // claimCreated records the response a stream's response.created names
-// (id, decoded by the tap), before that event is written.
-func (ex *exchange) claimCreated(id []byte) {
+// (id, decoded by the tap), before that event is written. It reports
+// whether another team owns the id (claimID).
+func (ex *exchange) claimCreated(id []byte) (conflict bool) {
 	ex.pendingClaim = storedNone
-	ex.claimID(storedResponse, string(id))
+	return ex.claimID(storedResponse, string(id))
 }
 
 // claimAnswer records the object a non-streamed answer (a response, a
-// conversation) names by its top-level id.
-func (ex *exchange) claimAnswer(body []byte) {
+// conversation) names by its top-level id. It reports whether another team
+// owns the id (claimID).
+func (ex *exchange) claimAnswer(body []byte) (conflict bool) {
 	kind := ex.pendingClaim
 	ex.pendingClaim = storedNone
 	raw, _ := jsonscan.Get(body, "id")
 	s, ok := jsonscan.String(raw)
 	if !ok || len(s) == 0 {
 		ex.g.log.Warn("stored object without an id: its owner is not recorded", "request_id", ex.rec.RequestID)
-		return
+		return false
 	}
-	ex.claimID(kind, string(jsonscan.AppendUnescape(nil, s)))
+	return ex.claimID(kind, string(jsonscan.AppendUnescape(nil, s)))
 }
 
 // claimID records id, of a new object of kind, as the caller's. A claim
 // that fails leaves the id unowned (a 404 for everyone, never someone
 // else's): the failure is logged, and the answer still goes to the caller.
-func (ex *exchange) claimID(kind storedKind, id string) {
+// An id that another team owns already (an upstream that repeats ids, or
+// one that answers for another account) is reported as a conflict: the
+// answer must not reach the caller, who would hold a name of that team's
+// object.
+func (ex *exchange) claimID(kind storedKind, id string) (conflict bool) {
 	g := ex.g
 	ttl := g.cfg.Ownership.ResponseTTL()
 	if kind == storedConversation {
@@ -212,9 +218,11 @@ func (ex *exchange) claimID(kind storedKind, id string) {
 		g.log.Error("recording the owner of a stored object failed: it is unusable through the gateway",
 			"request_id", ex.rec.RequestID, "err", err)
 	case holder != me:
-		g.log.Error("a stored object's id is already owned by another team: left to that team",
+		g.log.Error("the upstream answered with the id of a stored object another team owns: the answer is withheld",
 			"request_id", ex.rec.RequestID)
+		return true
 	}
+	return false
 }
 
 // releaseStored forgets the owner of an object the upstream deleted.

@@ -370,6 +370,69 @@ func TestStoredOwnersSurviveACrash(t *testing.T) {
 	}
 }
 
+// TestAnswerNamingAnotherTeamsObjectIsWithheld: two gateways share the
+// owners' store in front of two upstreams that number their responses
+// alike, as an upstream that repeats ids (or answers for another account)
+// would. Team ads' answers name ids team search owns: they are withheld,
+// streamed and not, with a 502 the SDK parses; the ids stay search's; the
+// non-streamed answer's usage is billed all the same (the upstream spent
+// it), and the record says why.
+func TestAnswerNamingAnotherTeamsObjectIsWithheld(t *testing.T) {
+	_, up1 := storedMock(t)
+	_, up2 := storedMock(t)
+	owners, err := ownership.NewLocal(ownership.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = owners.Close() })
+	first, second := storedGateway(t, up1, owners), storedGateway(t, up2, owners)
+	ctx := testCtx(t)
+	plain, err := storedClient(first, keyAlpha).Responses.New(ctx, storedParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.record(t)
+	streamed := drain(t, storedClient(first, keyAlpha).Responses.NewStreaming(ctx, storedParams()))
+	first.record(t)
+	if plain.ID == streamed.ID {
+		t.Fatalf("the mock repeated id %s itself", plain.ID)
+	}
+
+	wantConflict := func(what string, err error) llm.Record {
+		t.Helper()
+		var oe *openai.Error
+		if !errors.As(err, &oe) || oe.StatusCode != http.StatusBadGateway || oe.Code != "stored_id_conflict" {
+			t.Errorf("%s: %v, want a 502 stored_id_conflict", what, err)
+		}
+		rec := second.record(t)
+		if rec.Status != http.StatusBadGateway || rec.ErrorType != "stored_id_conflict" ||
+			rec.Interruption != llm.InterruptProtocolError || rec.Outcome != llm.OutcomeUpstreamError {
+			t.Errorf("%s: record status %d, error %q, interruption %v, outcome %v", what, rec.Status, rec.ErrorType,
+				rec.Interruption, rec.Outcome)
+		}
+		return rec
+	}
+	_, err = storedClient(second, keyBeta).Responses.New(ctx, storedParams())
+	if rec := wantConflict("non-streamed", err); rec.Usage.Output == 0 || rec.Usage.Input == 0 {
+		t.Errorf("non-streamed: the withheld answer's usage was not billed: %+v", rec.Usage)
+	}
+	s := storedClient(second, keyBeta).Responses.NewStreaming(ctx, storedParams())
+	for s.Next() {
+		t.Errorf("streamed: the caller got event %q", s.Current().Type)
+	}
+	wantConflict("streamed", s.Err())
+	_ = s.Close()
+
+	for _, id := range []string{plain.ID, streamed.ID} {
+		if holder, err := owners.Owner(ctx, id); err != nil || holder != "team:search" {
+			t.Errorf("%s is owned by %q (%v), want team:search still", id, holder, err)
+		}
+		if _, err := storedClient(first, keyAlpha).Responses.Get(ctx, id, responses.ResponseGetParams{}); err != nil {
+			t.Errorf("search's own %s: %v", id, err)
+		}
+	}
+}
+
 func TestStoredOwnersAreSharedByReplicas(t *testing.T) {
 	mock, up := storedMock(t)
 	srv := redistest.Start(t)
