@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -94,4 +95,49 @@ func TestClusterFailoverPromotesTheReplica(t *testing.T) {
 		t.Fatalf("GET %s after the failover = %q, %v; want the acknowledged value", key, got, err)
 	}
 	t.Logf("the cluster client read it after %d failed tries", fails)
+}
+
+// TestClusterMonitorShowsTheSlotsAScriptTouches: Slot agrees with CLUSTER
+// KEYSLOT, also for keys whose braces are not a hash tag, and
+// MonitorScripts sees the keys a script reaches beyond those it declared:
+// Redis 7.0 runs such a script when its node holds both slots.
+func TestClusterMonitorShowsTheSlotsAScriptTouches(t *testing.T) {
+	c := StartCluster(t)
+	ctx := context.Background()
+	client := c.Client(t)
+	for _, k := range []string{"", "a", "{a}", "{a}x", "x{a}y", "{}a", "{a", "a}{b}", "{{a}}", "tollgate:spend", "\xff\x00"} {
+		want, err := client.ClusterKeySlot(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Slot(k); got != int(want) {
+			t.Errorf("Slot(%q) = %d, CLUSTER KEYSLOT says %d", k, got, want)
+		}
+	}
+
+	var tags []string // two hash tags of one master
+	for i := 0; len(tags) < 2 && i < 100; i++ {
+		tag := "{x" + strconv.Itoa(i) + "}"
+		if len(tags) == 0 || c.MasterOf(tag) == c.MasterOf(tags[0]) {
+			tags = append(tags, tag)
+		}
+	}
+	stop := c.MonitorScripts(t)
+	const reach = "redis.call('SET', KEYS[1], 'a\" \\\\ \\n'); redis.call('TIME'); return redis.call('GET', ARGV[1])"
+	if err := client.Eval(ctx, reach, []string{tags[0] + "a"}, tags[1]+"b").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("a script reaching another slot of its node: %v; want it to run (nil reply)", err)
+	}
+	if err := client.Eval(ctx, reach, []string{tags[0] + "a"}, tags[0]+"b").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatal(err)
+	}
+	runs := stop()
+	if len(runs) != 2 {
+		t.Fatalf("monitor saw %d script runs, want 2: %+v", len(runs), runs)
+	}
+	if got := runs[0].CrossSlot(); len(got) != 1 || got[0] != tags[1]+"b" || len(runs[0].Touched) != 2 {
+		t.Errorf("first run %+v: cross-slot %q, want %q", runs[0], got, tags[1]+"b")
+	}
+	if got := runs[1].CrossSlot(); len(got) != 0 || len(runs[1].Touched) != 2 {
+		t.Errorf("second run %+v: cross-slot %q, want none", runs[1], got)
+	}
 }
