@@ -209,3 +209,47 @@ func subjectKeyKind(t *testing.T, prefix, key string) string {
 	kind, _, _ := strings.Cut(rest, ":")
 	return kind
 }
+
+// TestClusterFailoverReturnsToThePromotedReplica kills the master of a
+// subject's slot: the Failover answers from its fallback, and once the
+// replica has taken over it is back on Redis within a few RetryAfter, not
+// at the cluster client's next periodic reload (a minute). Its commands,
+// sent once, meet no redirection that would tell the client of the new
+// layout; the limiter asks for a reload after an error instead.
+func TestClusterFailoverReturnsToThePromotedReplica(t *testing.T) {
+	c := redistest.StartCluster(t)
+	key := keySubject("moving", Limits{RPM: 6000, TPM: 1e6})
+	primary := NewRedis(c.Client(t), RedisOptions{})
+	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{}),
+		RetryAfter: 100 * time.Millisecond})
+	req := Request{Subjects: []Subject{key}, Tokens: 10}
+	admit := func() *Lease {
+		t.Helper()
+		d := mustAdmit(t, f, req)
+		if !d.Allowed {
+			t.Fatalf("refused: %+v", d)
+		}
+		mustSettle(t, f, d.Lease, 10, 0)
+		return d.Lease
+	}
+	if l := admit(); l.issuer != f.primary {
+		t.Fatal("the first admission did not come from Redis")
+	}
+	replica := c.KillMaster(c.MasterOf(primary.keys(key).base))
+	if l := admit(); l.issuer != f.fallback || !f.Degraded() {
+		t.Fatalf("with the master dead: issuer %v, degraded %v; want the fallback", l.issuer, f.Degraded())
+	}
+	took := c.WaitFailover(replica)
+	back := time.Now()
+	// Bounded: 200 × 10 ms.
+	for i := 0; admit().issuer != f.primary; i++ {
+		if i == 200 {
+			t.Fatalf("still on the fallback 2 s after the replica %s took over", replica)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("failover in %v; back on Redis %v later", took.Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
+	if f.Degraded() {
+		t.Fatal("an admission came from Redis but the Failover says it is degraded")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -497,6 +498,14 @@ type scriptCall struct {
 // (MOVED, ASK) are still followed: Redis ran nothing then.
 func (r *Redis) run(ctx context.Context, sc script, calls []scriptCall) {
 	r.send(ctx, sc, calls, false)
+	// A ClusterClient learns of a new layout (a replica promoted, slots
+	// moved) from the redirections its commands meet. A command sent once
+	// to a dead master meets none, and the client would wait for its
+	// periodic reload (a minute) before it sent anything elsewhere: reload
+	// now, in the background, after a failure that is not Redis's reply.
+	if cc, ok := r.client.(*redis.ClusterClient); ok && slices.ContainsFunc(calls, unanswered) {
+		cc.ReloadState(ctx)
+	}
 	var missing []scriptCall
 	var at []int
 	for i := range calls {
@@ -545,6 +554,14 @@ func (r *Redis) send(ctx context.Context, sc script, calls []scriptCall, eval bo
 	for i := range calls {
 		calls[i].res, calls[i].err = cmds[i].Result()
 	}
+}
+
+// unanswered reports whether c failed without a reply from Redis (a
+// network error, a timeout), unless the caller gave up.
+func unanswered(c scriptCall) bool {
+	var re redis.Error
+	return c.err != nil && !errors.As(c.err, &re) &&
+		!errors.Is(c.err, context.Canceled) && !errors.Is(c.err, context.DeadlineExceeded)
 }
 
 // onceCmd is a command that go-redis sends at most once (see run).
