@@ -142,7 +142,15 @@ func (c *Cluster) MasterOf(key string) string {
 // replica: Redis replicates asynchronously.
 func (c *Cluster) KillMaster(addr string) (replica string) {
 	c.t.Helper()
-	victim := c.Node(addr)
+	replica = c.ReplicaOf(addr)
+	c.Node(addr).Kill()
+	return replica
+}
+
+// ReplicaOf returns the address of a live replica of the master at addr.
+func (c *Cluster) ReplicaOf(addr string) string {
+	c.t.Helper()
+	var replica string
 	err := c.withLive(func(_ *Server, cl *redis.Client) error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -163,9 +171,8 @@ func (c *Cluster) KillMaster(addr string) (replica string) {
 		return fmt.Errorf("master %s has no live replica", addr)
 	}, true)
 	if err != nil {
-		c.t.Fatalf("kill master: %v", err)
+		c.t.Fatalf("replica of %s: %v", addr, err)
 	}
-	victim.Kill()
 	return replica
 }
 
