@@ -3,7 +3,6 @@ package spend
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,18 +25,7 @@ func TestClusterTwoLedgersCountEachBatchOnce(t *testing.T) {
 	r1 := newRedis(t, c.Client(t, hook), RedisOptions{FlushInterval: time.Millisecond})
 	r2 := newRedis(t, c.Client(t), RedisOptions{FlushInterval: time.Millisecond})
 	adds := sampleAdds()
-	var wg sync.WaitGroup
-	for i, l := range []*Redis{r1, r2, r1, r2} {
-		wg.Go(func() {
-			for j, a := range adds {
-				if j%4 == i {
-					l.Add(a.k, a.t)
-					time.Sleep(50 * time.Microsecond) // spread the adds over several batches
-				}
-			}
-		})
-	}
-	wg.Wait()
+	addConcurrently(adds, 50*time.Microsecond, r1, r2) // spread over several batches
 	flush(t, r1)
 	flush(t, r2)
 	checkQueries(t, r1, adds)

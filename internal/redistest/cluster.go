@@ -111,19 +111,10 @@ func (c *Cluster) ClientWith(t testing.TB, opts redis.ClusterOptions, hooks ...r
 func (c *Cluster) MasterOf(key string) string {
 	c.t.Helper()
 	var addr string
-	err := c.withLive(func(n *Server, cl *redis.Client) error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		slot, err := cl.ClusterKeySlot(ctx, key).Result()
-		if err != nil {
-			return err
-		}
-		view, err := nodesOf(ctx, cl)
-		if err != nil {
-			return err
-		}
+	slot := Slot(key)
+	err := c.withLive(func(_ context.Context, n *Server, _ *redis.Client, view []clusterNode) error {
 		for _, v := range view {
-			if v.is("master") && !v.failing() && v.serves(int(slot)) {
+			if v.is("master") && !v.failing() && v.serves(slot) {
 				addr = v.addr
 				return nil
 			}
@@ -151,13 +142,7 @@ func (c *Cluster) KillMaster(addr string) (replica string) {
 func (c *Cluster) ReplicaOf(addr string) string {
 	c.t.Helper()
 	var replica string
-	err := c.withLive(func(_ *Server, cl *redis.Client) error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		view, err := nodesOf(ctx, cl)
-		if err != nil {
-			return err
-		}
+	err := c.withLive(func(_ context.Context, _ *Server, _ *redis.Client, view []clusterNode) error {
 		i := slices.IndexFunc(view, func(v clusterNode) bool { return v.addr == addr })
 		if i < 0 || !view[i].is("master") {
 			return fmt.Errorf("%s is not a master", addr)
@@ -185,13 +170,7 @@ func (c *Cluster) WaitFailover(replica string) time.Duration {
 		if err := c.healthy(); err != nil {
 			return err
 		}
-		return c.withLive(func(n *Server, cl *redis.Client) error {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			view, err := nodesOf(ctx, cl)
-			if err != nil {
-				return err
-			}
+		return c.withLive(func(_ context.Context, n *Server, _ *redis.Client, view []clusterNode) error {
 			i := slices.IndexFunc(view, func(v clusterNode) bool { return v.addr == replica })
 			if i < 0 || !view[i].is("master") || len(view[i].slots) == 0 {
 				return fmt.Errorf("%s does not see %s as a master with slots yet", n.Addr(), replica)
@@ -233,9 +212,7 @@ func (c *Cluster) healthy() error {
 			dead[n.Addr()] = true
 		}
 	}
-	return c.withLive(func(n *Server, cl *redis.Client) error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
+	return c.withLive(func(ctx context.Context, n *Server, cl *redis.Client, view []clusterNode) error {
 		info, err := cl.ClusterInfo(ctx).Result()
 		if err != nil {
 			return err
@@ -244,10 +221,6 @@ func (c *Cluster) healthy() error {
 			if !hasLine(info, want) {
 				return fmt.Errorf("%s: CLUSTER INFO lacks %s", n.Addr(), want)
 			}
-		}
-		view, err := nodesOf(ctx, cl)
-		if err != nil {
-			return err
 		}
 		covered := 0
 		liveMasters := map[string]bool{}
@@ -286,16 +259,22 @@ func (c *Cluster) healthy() error {
 	}, false)
 }
 
-// withLive calls f with a client of each live node in turn: until one
-// succeeds when untilOne is set, else until one fails.
-func (c *Cluster) withLive(f func(*Server, *redis.Client) error, untilOne bool) error {
+// withLive calls f with a client of each live node in turn, that node's
+// CLUSTER NODES and a context of a second: until one succeeds when untilOne
+// is set, else until one fails.
+func (c *Cluster) withLive(f func(context.Context, *Server, *redis.Client, []clusterNode) error, untilOne bool) error {
 	var errs []error
 	for _, n := range c.nodes {
 		if n.cmd == nil {
 			continue
 		}
 		cl := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1, DialTimeout: time.Second})
-		err := f(n, cl)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		view, err := nodesOf(ctx, cl)
+		if err == nil {
+			err = f(ctx, n, cl, view)
+		}
+		cancel()
 		_ = cl.Close()
 		switch {
 		case err == nil && untilOne:

@@ -67,13 +67,7 @@ func (r ScriptRun) CrossSlot() []string {
 func (c *Cluster) MonitorScripts(t testing.TB) (stop func() []ScriptRun) {
 	t.Helper()
 	var masters []*Server
-	err := c.withLive(func(_ *Server, cl *redis.Client) error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		view, err := nodesOf(ctx, cl)
-		if err != nil {
-			return err
-		}
+	err := c.withLive(func(_ context.Context, _ *Server, _ *redis.Client, view []clusterNode) error {
 		for _, v := range view {
 			if v.is("master") && !v.failing() && len(v.slots) > 0 {
 				masters = append(masters, c.Node(v.addr))
