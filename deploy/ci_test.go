@@ -44,15 +44,20 @@ func TestReadmeTestCommandInstallsWhatTheTestsNeed(t *testing.T) {
 }
 
 // TestSetupFindsWhatIsMissing runs .ci/setup --check with a PATH that has
-// every tool the tests need but redis-server: it names redis-server, and
-// installs nothing.
+// every tool the tests need but redis-server and redis-cli: it names
+// redis-server (whose package brings redis-cli), and installs nothing; with
+// a redis-server but no redis-cli, it names redis-tools.
 func TestSetupFindsWhatIsMissing(t *testing.T) {
 	root := repoRoot(t)
 	bin := t.TempDir()
-	for _, tool := range []string{"gcc", "git", "prometheus", "promtool", "docker-compose", "chromium"} {
-		if err := os.WriteFile(filepath.Join(bin, tool), []byte("#!/bin/sh\n"), 0o755); err != nil {
+	tool := func(name string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for _, name := range []string{"gcc", "git", "prometheus", "promtool", "docker-compose", "chromium"} {
+		tool(name)
 	}
 	run := func(path string) (string, error) {
 		c := exec.Command("bash", filepath.Join(root, ".ci", "setup"), "--check")
@@ -63,9 +68,11 @@ func TestSetupFindsWhatIsMissing(t *testing.T) {
 	if out, err := run(bin); err == nil || out != "missing: redis-server" {
 		t.Errorf("without redis-server: %q (%v), want \"missing: redis-server\" and a failure", out, err)
 	}
-	if err := os.WriteFile(filepath.Join(bin, "redis-server"), []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
+	tool("redis-server")
+	if out, err := run(bin); err == nil || out != "missing: redis-tools" {
+		t.Errorf("with redis-server but no redis-cli: %q (%v), want \"missing: redis-tools\" and a failure", out, err)
 	}
+	tool("redis-cli")
 	if out, err := run(bin); err != nil || out != "nothing missing" {
 		t.Errorf("with every tool: %q (%v), want \"nothing missing\"", out, err)
 	}

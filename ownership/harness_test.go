@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate-llm/tollgate/internal/redistest"
 )
 
@@ -94,8 +96,12 @@ func localSubject(t *testing.T, file string) *subject {
 
 func redisSubject(t *testing.T) *subject {
 	t.Helper()
-	c := redistest.Start(t).Client(t)
-	const prefix = "test:own:"
+	return redisClientSubject(t, redistest.Start(t).Client(t), "test:own:")
+}
+
+// redisClientSubject is a Redis store on c, under prefix.
+func redisClientSubject(t *testing.T, c redis.UniversalClient, prefix string) *subject {
+	t.Helper()
 	r := NewRedis(c, prefix)
 	return &subject{
 		Store:    r,

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-llm/tollgate/internal/redistest"
 )
 
 // waitFor bounds every poll in these tests; it is a deadlock guard, not a
@@ -609,7 +611,15 @@ func TestFailoverUndoesTimedOutAdmission(t *testing.T) {
 	srv := startRedisServer(t)
 	opts := noRetry
 	opts.ReadTimeout = 100 * time.Millisecond
-	primary := NewRedis(srv.clientWith(t, opts), RedisOptions{})
+	undoesTimedOutAdmission(t, srv.clientWith(t, opts), "", srv.Server)
+}
+
+// undoesTimedOutAdmission runs TestFailoverUndoesTimedOutAdmission with a
+// primary on client, whose read timeout must be 100 ms, and keys under
+// prefix (empty: the default), which busy serves.
+func undoesTimedOutAdmission(t *testing.T, client redis.UniversalClient, prefix string, busy *redistest.Server) {
+	t.Helper()
+	primary := NewRedis(client, RedisOptions{Prefix: prefix})
 	clock := &localClock{t: lt0}
 	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{}), Now: clock.Now})
 	ctx := context.Background()
@@ -625,13 +635,13 @@ func TestFailoverUndoesTimedOutAdmission(t *testing.T) {
 	}
 
 	sending := &sendHook{sent: make(chan struct{})}
-	busyClient := srv.client(t, sending)
-	busy := make(chan error, 1)
-	go func() { busy <- busyClient.Eval(ctx, busyScript, nil, 1500).Err() }()
+	busyClient := busy.Client(t, sending)
+	busyDone := make(chan error, 1)
+	go func() { busyDone <- busyClient.Eval(ctx, busyScript, nil, 1500).Err() }()
 	// Wait, bounded, until the busy script is sent and Redis stops
 	// answering: it runs.
 	<-sending.sent
-	ping := srv.clientWith(t, redis.Options{MaxRetries: -1, ReadTimeout: 50 * time.Millisecond})
+	ping := busy.ClientWith(t, redis.Options{MaxRetries: -1, ReadTimeout: 50 * time.Millisecond})
 	deadline := time.Now().Add(waitFor)
 	for ping.Ping(ctx).Err() == nil {
 		if time.Now().After(deadline) {
@@ -644,7 +654,7 @@ func TestFailoverUndoesTimedOutAdmission(t *testing.T) {
 		t.Fatalf("Admit on a slow Redis: %+v, %v; degraded %v, pending %d", d, err, f.Degraded(), f.Pending())
 	}
 	mustSettle(t, f, d.Lease, 0, 0)
-	if err := <-busy; err != nil {
+	if err := <-busyDone; err != nil {
 		t.Fatal(err)
 	}
 	// The admission ran after its caller gave up.

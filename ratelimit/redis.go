@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -489,30 +490,90 @@ type scriptCall struct {
 	err  error
 }
 
-// run executes calls of one script: a single call with EVALSHA falling back
-// to EVAL, several in one pipeline of EVALSHAs. A call that meets NOSCRIPT
-// (a restarted or flushed Redis, or a Cluster node not yet warmed) is rerun
-// alone with the fallback; the others are not rerun, since they ran.
-func (r *Redis) run(ctx context.Context, sc *redis.Script, calls []scriptCall) {
-	if len(calls) == 1 {
-		calls[0].res, calls[0].err = sc.Run(ctx, r.client, calls[0].keys, calls[0].args...).Result()
+// run executes calls of one script in one round trip: EVALSHA, in a
+// pipeline when there are several. The calls that meet NOSCRIPT (a restarted
+// or flushed Redis, or a Cluster node not yet warmed) are sent again with
+// EVAL, which carries the source; the others are not, since they ran.
+//
+// Each command is sent once (onceCmd): a ClusterClient would otherwise send a
+// command again after a timeout or a broken connection, up to MaxRedirects
+// times whatever MaxRetries says, and an admission that Redis ran before its
+// reply was lost would then reserve twice while its lease undoes one. What
+// follows an error is the caller's (Failover's) decision. Redirections
+// (MOVED, ASK) are still followed: Redis ran nothing then.
+func (r *Redis) run(ctx context.Context, sc script, calls []scriptCall) {
+	r.send(ctx, sc, calls, false)
+	// A ClusterClient learns of a new layout (a replica promoted, slots
+	// moved) from the redirections its commands meet. A command sent once
+	// to a dead master meets none, and the client would wait for its
+	// periodic reload (a minute) before it sent anything elsewhere: reload
+	// now, in the background, after a failure that is not Redis's reply.
+	if cc, ok := r.client.(*redis.ClusterClient); ok && slices.ContainsFunc(calls, unanswered) {
+		cc.ReloadState(ctx)
+	}
+	var missing []scriptCall
+	var at []int
+	for i := range calls {
+		if isNoScript(calls[i].err) {
+			missing = append(missing, calls[i])
+			at = append(at, i)
+		}
+	}
+	if len(missing) == 0 {
 		return
 	}
-	cmds := make([]*redis.Cmd, len(calls))
-	// Pipelined's error is the first command's error; each is read below.
-	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range calls {
-			cmds[i] = sc.EvalSha(ctx, p, calls[i].keys, calls[i].args...)
-		}
-		return nil
-	})
-	for i, cmd := range cmds {
-		calls[i].res, calls[i].err = cmd.Result()
-		if isNoScript(calls[i].err) {
-			calls[i].res, calls[i].err = sc.Run(ctx, r.client, calls[i].keys, calls[i].args...).Result()
-		}
+	r.send(ctx, sc, missing, true)
+	for j, i := range at {
+		calls[i] = missing[j]
 	}
 }
+
+// send sends calls of sc once each, with EVAL when eval is set, else
+// EVALSHA, and records their outcomes.
+func (r *Redis) send(ctx context.Context, sc script, calls []scriptCall, eval bool) {
+	cmds := make([]onceCmd, len(calls))
+	for i, c := range calls {
+		args := make([]any, 0, 3+len(c.keys)+len(c.args))
+		if eval {
+			args = append(args, "eval", sc.src)
+		} else {
+			args = append(args, "evalsha", sc.Hash())
+		}
+		args = append(args, len(c.keys))
+		for _, k := range c.keys {
+			args = append(args, k)
+		}
+		cmds[i] = onceCmd{redis.NewCmd(ctx, append(args, c.args...)...)}
+	}
+	if len(cmds) == 1 {
+		_ = r.client.Process(ctx, cmds[0])
+	} else {
+		// Pipelined's error is the first command's error; each is read below.
+		_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range cmds {
+				_ = p.Process(ctx, c)
+			}
+			return nil
+		})
+	}
+	for i := range calls {
+		calls[i].res, calls[i].err = cmds[i].Result()
+	}
+}
+
+// unanswered reports whether c failed without a reply from Redis (a
+// network error, a timeout), unless the caller gave up.
+func unanswered(c scriptCall) bool {
+	var re redis.Error
+	return c.err != nil && !errors.As(c.err, &re) &&
+		!errors.Is(c.err, context.Canceled) && !errors.Is(c.err, context.DeadlineExceeded)
+}
+
+// onceCmd is a command that go-redis sends at most once (see run).
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry implements redis.Cmder.
+func (onceCmd) NoRetry() bool { return true }
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))

@@ -2,6 +2,15 @@ package ratelimit
 
 import "github.com/redis/go-redis/v9"
 
+// script is a Lua script with its source, which run sends (EVAL) to a Redis
+// that does not know the script yet.
+type script struct {
+	*redis.Script
+	src string
+}
+
+func newScript(src string) script { return script{redis.NewScript(src), src} }
+
 // luaCommon is the Lua every script starts with: the clock, GCRA and the
 // calendar of budget windows. Every instant and theoretical arrival time
 // (TAT) is an integer count of microseconds from Redis's own TIME, so that
@@ -137,7 +146,7 @@ end
 // (µs), tpd reserved, cpd reserved, cpm reserved, hold kept (0/1); the window
 // lengths are 0 for a subject without budgets. Rates and counts are after the
 // reservation when allowed, untouched when refused (and nothing is reserved).
-var admitScript = redis.NewScript(luaCommon + `
+var admitScript = newScript(luaCommon + `
 local now = now_us()
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -265,7 +274,7 @@ return {1, now, -1, 0, rpm_tat - now, tpm_tat - now, conc_used,
 // Reply: applied (0/1), now, rpm TAT-now, tpm TAT-now. The rates (and now)
 // are read only for a refund, the one caller that reports them; otherwise
 // they are 0.
-var settleScript = redis.NewScript(luaCommon + `
+var settleScript = newScript(luaCommon + `
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local tpm_delta, tokens, cost = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -335,7 +344,7 @@ return {1, now, rpm_d, tpm_d}
 //
 // KEYS: tpd, cpd, cpm, marker. ARGV: limits tpd, cpd, cpm; tokens; cost; day
 // end (ms); month end (ms). Reply: 1 if charged, 0 if not.
-var chargeScript = redis.NewScript(luaCommon + `
+var chargeScript = newScript(luaCommon + `
 local tpd_l, cpd_l, cpm_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
 local day_end_ms, month_end_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -355,7 +364,7 @@ return 1
 // KEYS: rpm, tpm, leases. ARGV: subject base. Reply: now, rpm TAT-now, tpm
 // TAT-now, live leases, tpd used, cpd used, cpm used, day left (µs), month
 // left (µs).
-var peekScript = redis.NewScript(luaCommon + `
+var peekScript = newScript(luaCommon + `
 local now = now_us()
 local base = ARGV[1]
 local day, day_end, month, month_end = windows(now)

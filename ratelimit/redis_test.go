@@ -322,8 +322,21 @@ func TestRedisSettleTwiceIsOnce(t *testing.T) {
 // what refilled while the test ran) and the concurrency cap is never passed.
 func TestRedisReplicasShareLimits(t *testing.T) {
 	srv := startRedisServer(t)
-	const rpm, conc = 120, 4 // T = 500 ms
-	s := keySubject("shared", Limits{RPM: rpm, Concurrency: conc})
+	s := keySubject("shared", Limits{RPM: 120, Concurrency: 4}) // T = 500 ms
+	replicasShareLimits(t, []redis.UniversalClient{srv.client(t), srv.client(t), srv.client(t)}, RedisOptions{}, s, s)
+}
+
+// replicasShareLimits runs one limiter per client, each with 40 goroutines
+// admitting requests for the subjects rpm and conc (one subject or two):
+// the RPM limit of rpm holds across them (burst plus what refilled while
+// the test ran) and the concurrency cap of conc is never passed.
+func replicasShareLimits(t *testing.T, clients []redis.UniversalClient, opts RedisOptions, rpm, conc Subject) {
+	t.Helper()
+	req := Request{Subjects: []Subject{rpm}}
+	if conc.Scope != rpm.Scope || conc.ID != rpm.ID {
+		req.Subjects = append(req.Subjects, conc)
+	}
+	limit, concLimit := rpm.Limits.RPM, conc.Limits.Concurrency
 	var admitted, open, maxOpen, attempts atomic.Int64
 	var errs atomic.Int64
 	// Run for 1.5 s, and on a slow machine on until the burst was taken
@@ -332,13 +345,14 @@ func TestRedisReplicasShareLimits(t *testing.T) {
 	hardDeadline := time.Now().Add(15 * time.Second)
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range 3 {
-		rl := NewRedis(srv.client(t), RedisOptions{})
+	for _, c := range clients {
+		rl := NewRedis(c, opts)
 		for range 40 {
 			wg.Go(func() {
-				for (time.Now().Before(deadline) || admitted.Load() < rpm && time.Now().Before(hardDeadline)) && attempts.Add(1) < 200000 {
-					d, err := rl.Admit(context.Background(), Request{Subjects: []Subject{s}})
+				for (time.Now().Before(deadline) || admitted.Load() < limit && time.Now().Before(hardDeadline)) && attempts.Add(1) < 200000 {
+					d, err := rl.Admit(context.Background(), req)
 					if err != nil {
+						t.Errorf("Admit: %v", err)
 						errs.Add(1)
 						return
 					}
@@ -352,6 +366,7 @@ func TestRedisReplicasShareLimits(t *testing.T) {
 					time.Sleep(time.Millisecond)
 					open.Add(-1)
 					if err := rl.Settle(context.Background(), d.Lease, 0, 0); err != nil {
+						t.Errorf("Settle: %v", err)
 						errs.Add(1)
 						return
 					}
@@ -364,11 +379,13 @@ func TestRedisReplicasShareLimits(t *testing.T) {
 	if errs.Load() != 0 {
 		t.Fatalf("%d Redis errors", errs.Load())
 	}
-	if got, most := admitted.Load(), rpm+refill(elapsed, rpm); got < rpm || got > most {
-		t.Fatalf("admitted %d in %v, want between the burst %d and %d", got, elapsed, rpm, most)
+	t.Logf("%d limiters admitted %d of %d requests in %v", len(clients), admitted.Load(), attempts.Load(),
+		elapsed.Round(time.Millisecond))
+	if got, most := admitted.Load(), limit+refill(elapsed, limit); got < limit || got > most {
+		t.Fatalf("admitted %d in %v, want between the burst %d and %d", got, elapsed, limit, most)
 	}
-	if m := maxOpen.Load(); m > conc || m < 1 {
-		t.Fatalf("%d requests open at once, cap %d", m, conc)
+	if m := maxOpen.Load(); m > concLimit || m < 1 {
+		t.Fatalf("%d requests open at once, cap %d", m, concLimit)
 	}
 }
 

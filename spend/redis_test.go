@@ -298,21 +298,30 @@ func TestRedisTwoReplicas(t *testing.T) {
 	r1 := newRedis(t, srv.Client(t), RedisOptions{ReplicaID: "same", FlushInterval: time.Millisecond})
 	r2 := newRedis(t, srv.Client(t), RedisOptions{ReplicaID: "same", FlushInterval: time.Millisecond})
 	adds := sampleAdds()
+	addConcurrently(adds, 0, r1, r2)
+	flush(t, r1)
+	flush(t, r2)
+	checkQueries(t, r1, adds)
+	checkQueries(t, r2, adds)
+}
+
+// addConcurrently adds adds through the ledgers, from two goroutines per
+// ledger, each taking every fourth add (every other with one ledger), with
+// pause after each.
+func addConcurrently(adds []add, pause time.Duration, ls ...*Redis) {
 	var wg sync.WaitGroup
-	for i, l := range []*Redis{r1, r2, r1, r2} {
+	workers := append(slices.Clone(ls), ls...)
+	for i, l := range workers {
 		wg.Go(func() {
 			for j, a := range adds {
-				if j%4 == i {
+				if j%len(workers) == i {
 					l.Add(a.k, a.t)
+					time.Sleep(pause)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	flush(t, r1)
-	flush(t, r2)
-	checkQueries(t, r1, adds)
-	checkQueries(t, r2, adds)
 }
 
 func TestRedisDegraded(t *testing.T) {

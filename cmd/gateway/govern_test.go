@@ -161,13 +161,20 @@ func load(t *testing.T, reps []*replica, key string, workers int, d, steady time
 	t.Helper()
 	res := &loadResult{firstSend: time.Now()}
 	deadline := res.firstSend.Add(d)
-	stop := func() bool {
+	res.run(reps, key, workers, max, func() bool {
 		now := time.Now()
 		if fl := res.firstLimited.Load(); steady > 0 && fl != 0 && now.Sub(time.Unix(0, fl)) > steady {
 			return true
 		}
 		return !now.Before(deadline)
-	}
+	})
+	return res
+}
+
+// run sends non-streamed requests with key from workers goroutines,
+// round-robin over the replicas, until stop says so or max requests were
+// sent, and counts their answers in res.
+func (res *loadResult) run(reps []*replica, key string, workers int, max int64, stop func() bool) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}, Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
 	var seq atomic.Int64
@@ -230,7 +237,6 @@ func load(t *testing.T, reps []*replica, key string, workers int, d, steady time
 		}()
 	}
 	wg.Wait()
-	return res
 }
 
 // within1pct checks what a bucket of burst limit, refilling limit per

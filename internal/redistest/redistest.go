@@ -1,7 +1,8 @@
-// Package redistest starts a private, real redis-server for tests: on a free
-// loopback port, never a developer's own Redis, and never a mock. Tests fail
-// (they do not skip) when redis-server is missing: they are the proof that
-// limits and spend are shared, and CI installs it with apt-get.
+// Package redistest starts a private, real redis-server for tests (Start),
+// or a Redis Cluster of them (StartCluster): on free loopback ports, never a
+// developer's own Redis, and never a mock. Tests fail (they do not skip)
+// when redis-server or redis-cli is missing: they are the proof that limits
+// and spend are shared, and CI installs them with apt-get.
 package redistest
 
 import (
@@ -21,6 +22,7 @@ type Server struct {
 	port    int
 	dir     string // data directory when persistent
 	persist bool
+	args    []string // more redis-server arguments (a cluster node's)
 	cmd     *exec.Cmd
 }
 
@@ -32,21 +34,14 @@ type Option func(*Server)
 // a production Redis configured for durability would.
 func Persistent() Option { return func(s *Server) { s.persist = true } }
 
+// withArgs adds redis-server arguments.
+func withArgs(args ...string) Option { return func(s *Server) { s.args = append(s.args, args...) } }
+
 // Start starts a redis-server on a free port; it is killed in t.Cleanup.
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("redis-server not found on PATH (apt-get install redis-server): %v", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{t: t, port: port}
+	need(t, "redis-server", "redis-server")
+	s := &Server{t: t, port: freePort(t)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -56,6 +51,29 @@ func Start(t testing.TB, opts ...Option) *Server {
 	s.Start()
 	t.Cleanup(s.Kill)
 	return s
+}
+
+// need fails the test when tool is not on PATH, naming the Debian package
+// that provides it.
+func need(t testing.TB, tool, pkg string) {
+	t.Helper()
+	if _, err := exec.LookPath(tool); err != nil {
+		t.Fatalf("%s not found on PATH (apt-get install %s): %v", tool, pkg, err)
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return port
 }
 
 // Addr is the server's host:port.
@@ -71,6 +89,7 @@ func (s *Server) Start() {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
+	args = append(args, s.args...)
 	s.cmd = exec.Command("redis-server", args...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
