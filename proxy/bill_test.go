@@ -2,15 +2,21 @@ package proxy
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/ratelimit"
 	"github.com/tollgate-llm/tollgate/spend"
 	"github.com/tollgate-llm/tollgate/stats"
 )
@@ -187,6 +193,71 @@ func TestErrorEventOnlyStreamNotBilled(t *testing.T) {
 					t.Errorf("a stream with a token was not billed as such: record %d µ$, ledger %+v", rec.CostMicros, rows)
 				}
 			})
+		}
+	}
+}
+
+// admittedLedger records the admission time of each Add.
+type admittedLedger struct {
+	spend.Ledger
+	admitted []time.Time
+}
+
+func (l *admittedLedger) Add(k spend.Key, t spend.Totals, admitted time.Time) {
+	l.admitted = append(l.admitted, admitted)
+	l.Ledger.Add(k, t, admitted)
+}
+
+// TestBillCarriesTheAdmissionTime: the ledger is told when a billed request
+// was admitted (its lease's time, what a restart charges the rate buckets
+// at), or without a lease when it arrived.
+func TestBillCarriesTheAdmissionTime(t *testing.T) {
+	for _, limited := range []bool{false, true} {
+		cfg := config.DemoConfig("http://127.0.0.1:1")
+		cfg.Auth.Mode = "keys"
+		cfg.Teams = []config.Team{{Name: "search"}}
+		cfg.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
+		if limited {
+			rpm := int64(100)
+			cfg.Keys[0].Limits = config.Limits{RPM: &rpm}
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		admittedAt := time.Date(2026, 11, 30, 12, 0, 1, 0, time.UTC)
+		lim := ratelimit.NewLocal(ratelimit.LocalOptions{Now: func() time.Time { return admittedAt }})
+		defer lim.Close()
+		ledger := &admittedLedger{Ledger: newLocalLedger(t)}
+		m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler), Limiter: lim, Ledger: ledger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		ex := exchange{g: g, w: &discardWriter{h: http.Header{}}, r: r, promptEstimate: 10}
+		ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
+		arrived := admittedAt.Add(-time.Second)
+		ex.rec.Timing.In = arrived
+		sum, id := keyHash(keyAlpha)
+		ex.rec.KeyID = id
+		if aerr := ex.identify(sum, true); aerr != nil {
+			t.Fatal(aerr)
+		}
+		if !ex.admit() {
+			t.Fatal("refused")
+		}
+		ex.rec.Status, ex.rec.Timing.UpFirstByte = 200, arrived
+		ex.rec.Usage = llm.Usage{Input: 10, Output: 5, HasInput: true, HasOutput: true}
+		ex.settle()
+		want := arrived
+		if limited {
+			want = admittedAt
+		}
+		if len(ledger.admitted) != 1 || !ledger.admitted[0].Equal(want) {
+			t.Errorf("limited %v: the ledger was told %v, want %v", limited, ledger.admitted, want)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,10 +22,13 @@ import (
 // request path: identifying the key (SHA-256 and a map lookup), admission
 // for the key and its team (RPM, TPM, concurrency), the rate-limit headers,
 // and at the end the settlement and the ledger entry. "off" is a key with no
-// limits; "local" the in-process limiter; "redis" the shared one against a
-// private redis-server on loopback (one round trip to admit, one to settle).
+// limits; "local" the in-process limiter with the ledger in memory;
+// "local-journal" the same with the ledger's state file and journal (one
+// write(2) a request, fsynced every 100 ms), as a gateway without Redis
+// runs; "redis" the shared one against a private redis-server on loopback
+// (one round trip to admit, one to settle).
 func BenchmarkGovernance(b *testing.B) {
-	for _, backend := range []string{"off", "local", "redis"} {
+	for _, backend := range []string{"off", "local", "local-journal", "redis"} {
 		b.Run(backend, func(b *testing.B) {
 			cfg := config.DemoConfig("http://127.0.0.1:1")
 			cfg.Auth.Mode = "keys"
@@ -44,7 +48,12 @@ func BenchmarkGovernance(b *testing.B) {
 				lim = ratelimit.NewRedis(redistest.Start(b).Client(b), ratelimit.RedisOptions{})
 			}
 			defer lim.Close()
-			ledger, err := spend.NewLocal(spend.LocalOptions{})
+			var lo spend.LocalOptions
+			if backend == "local-journal" {
+				lo = spend.LocalOptions{StateFile: filepath.Join(b.TempDir(), "spend.json"), FlushInterval: time.Hour,
+					Journal: true, JournalSync: 100 * time.Millisecond}
+			}
+			ledger, err := spend.NewLocal(lo)
 			if err != nil {
 				b.Fatal(err)
 			}
