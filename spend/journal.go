@@ -282,7 +282,7 @@ func (j *journal) retire(f *os.File) {
 	_ = f.Close()
 }
 
-// sync fsyncs the journal if it was written since the last sync.
+// syncJournal fsyncs the journal if it was written since the last sync.
 func (l *Local) syncJournal() error {
 	j := l.j
 	j.syncMu.Lock()
@@ -303,7 +303,8 @@ func (l *Local) syncJournal() error {
 	return nil
 }
 
-// close syncs and closes the journal; Adds after it are not journaled.
+// closeJournal syncs and closes the journal; Adds after it are not
+// journaled.
 func (l *Local) closeJournal() error {
 	j := l.j
 	j.syncMu.Lock()

@@ -448,12 +448,15 @@ func TestJournalFailedWriteStillCounts(t *testing.T) {
 }
 
 // TestJournalSyncAndClose: a sync clears what was written since the last
-// one, and Adds after Close are not journaled (the file is closed).
+// one, and Adds after Close are not journaled (the file is closed), nor
+// logged as failed writes.
 func TestJournalSyncAndClose(t *testing.T) {
 	clock := newFakeClock()
 	file := filepath.Join(t.TempDir(), "spend.json")
 	opts := journalOpts(file, clock, nil)
 	opts.JournalSync = time.Hour
+	var logs logBuffer
+	opts.Logger = logs.logger()
 	l := newLocal(t, opts)
 	l.Add(Key{Day: "2026-11-30"}, Totals{Requests: 1}, clock.Now())
 	if err := l.syncJournal(); err != nil {
@@ -472,8 +475,8 @@ func TestJournalSyncAndClose(t *testing.T) {
 	if err := l.syncJournal(); err != nil {
 		t.Fatal(err)
 	}
-	if seqs := seqsOf(t, file+journalSuffix); len(seqs) != 1 {
-		t.Fatalf("journal seqs after an Add past Close: %v", seqs)
+	if seqs := seqsOf(t, file+journalSuffix); len(seqs) != 1 || logs.String() != "" {
+		t.Fatalf("journal seqs after an Add past Close: %v; log:\n%s", seqs, logs.String())
 	}
 }
 

@@ -196,7 +196,7 @@ func (l *Local) load() error {
 func (l *Local) Add(k Key, t Totals, admitted time.Time) {
 	l.mu.Lock()
 	l.seq++
-	if l.j != nil {
+	if l.j != nil && !l.j.closed {
 		l.appendLocked(k, t, admitted)
 	}
 	l.addLocked(k, t)
@@ -233,8 +233,9 @@ func (l *Local) Query(ctx context.Context, f Filter) ([]Row, error) {
 	return rows, nil
 }
 
-// Flush writes the state file if anything changed since the last write. It
-// is a no-op without a state file.
+// Flush writes the state file if anything changed since the last write,
+// and first, with a journal, replaces the journal if it is due (see
+// journal.go). It is a no-op without a state file.
 func (l *Local) Flush(ctx context.Context) error {
 	if l.file == "" {
 		return nil
