@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -10,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
-	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/ratelimit"
 	"github.com/tollgate-llm/tollgate/spend"
@@ -213,45 +209,19 @@ func (l *admittedLedger) Add(k spend.Key, t spend.Totals, admitted time.Time) {
 // at), or without a lease when it arrived.
 func TestBillCarriesTheAdmissionTime(t *testing.T) {
 	for _, limited := range []bool{false, true} {
-		cfg := config.DemoConfig("http://127.0.0.1:1")
-		cfg.Auth.Mode = "keys"
-		cfg.Teams = []config.Team{{Name: "search"}}
-		cfg.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
+		var keyLimits config.Limits
 		if limited {
 			rpm := int64(100)
-			cfg.Keys[0].Limits = config.Limits{RPM: &rpm}
-		}
-		if err := cfg.Validate(); err != nil {
-			t.Fatal(err)
+			keyLimits.RPM = &rpm
 		}
 		admittedAt := time.Date(2026, 11, 30, 12, 0, 1, 0, time.UTC)
 		lim := ratelimit.NewLocal(ratelimit.LocalOptions{Now: func() time.Time { return admittedAt }})
 		defer lim.Close()
 		ledger := &admittedLedger{Ledger: newLocalLedger(t)}
-		m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler), Limiter: lim, Ledger: ledger})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-		ex := exchange{g: g, w: &discardWriter{h: http.Header{}}, r: r, promptEstimate: 10}
-		ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
+		g := governedGateway(t, keyLimits, config.Limits{}, lim, ledger)
 		arrived := admittedAt.Add(-time.Second)
-		ex.rec.Timing.In = arrived
-		sum, id := keyHash(keyAlpha)
-		ex.rec.KeyID = id
-		if aerr := ex.identify(sum, true); aerr != nil {
-			t.Fatal(aerr)
-		}
-		if !ex.admit() {
-			t.Fatal("refused")
-		}
-		ex.rec.Status, ex.rec.Timing.UpFirstByte = 200, arrived
-		ex.rec.Usage = llm.Usage{Input: 10, Output: 5, HasInput: true, HasOutput: true}
-		ex.settle()
+		governOnce(t, g, &discardWriter{h: http.Header{}}, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil),
+			arrived, llm.Usage{Input: 10, Output: 5, HasInput: true, HasOutput: true})
 		want := arrived
 		if limited {
 			want = admittedAt

@@ -51,21 +51,12 @@ type Entry struct {
 	Totals
 }
 
-// entryLine is the JSON form of one journal line.
+// entryLine is the JSON form of one journal line: a state file row with
+// the Add's seq and admission time.
 type entryLine struct {
-	Seq        uint64 `json:"seq"`
-	At         int64  `json:"at"`
-	Day        string `json:"day"`
-	KeyID      string `json:"key_id"`
-	Team       string `json:"team"`
-	Model      string `json:"model"`
-	Requests   int64  `json:"requests"`
-	Input      int64  `json:"input"`
-	Output     int64  `json:"output"`
-	CacheRead  int64  `json:"cache_read"`
-	CacheWrite int64  `json:"cache_write"`
-	Reasoning  int64  `json:"reasoning"`
-	CostMicros int64  `json:"cost_micros"`
+	Seq uint64 `json:"seq"`
+	At  int64  `json:"at"`
+	stateRow
 }
 
 // appendEntry appends the journal line of one Add; it allocates nothing
@@ -107,13 +98,11 @@ func parseEntry(line []byte) (Entry, error) {
 	if e.At <= 0 {
 		return Entry{}, fmt.Errorf("admission time %d is not after 1970", e.At)
 	}
-	if _, err := time.Parse(DayLayout, e.Day); err != nil {
-		return Entry{}, fmt.Errorf("day %q: %w", e.Day, err)
+	row, err := e.checkedRow()
+	if err != nil {
+		return Entry{}, err
 	}
-	return Entry{Seq: e.Seq, Admitted: time.Unix(0, e.At),
-		Key: Key{Day: e.Day, KeyID: e.KeyID, Team: e.Team, Model: e.Model},
-		Totals: Totals{Requests: e.Requests, Input: e.Input, Output: e.Output, CacheRead: e.CacheRead,
-			CacheWrite: e.CacheWrite, Reasoning: e.Reasoning, CostMicros: e.CostMicros}}, nil
+	return Entry{Seq: e.Seq, Admitted: time.Unix(0, e.At), Key: row.Key, Totals: row.Totals}, nil
 }
 
 // journal is a Local ledger's journal files. Its fields are under the

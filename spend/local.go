@@ -174,19 +174,21 @@ func (l *Local) load() error {
 	}
 	l.seq, l.saved = st.Seq, st.Seq
 	for i, r := range st.Rows {
-		if _, err := time.Parse(DayLayout, r.Day); err != nil {
-			return fmt.Errorf("spend: state file %s is corrupt: row %d: day %q: %w", l.file, i, r.Day, err)
+		row, err := r.checkedRow()
+		if err != nil {
+			return fmt.Errorf("spend: state file %s is corrupt: row %d: %w", l.file, i, err)
 		}
-		k := Key{Day: r.Day, KeyID: r.KeyID, Team: r.Team, Model: r.Model}
-		t := l.rows[k]
-		if t == nil {
-			t = new(Totals)
-			l.rows[k] = t
-		}
-		t.Add(Totals{Requests: r.Requests, Input: r.Input, Output: r.Output, CacheRead: r.CacheRead,
-			CacheWrite: r.CacheWrite, Reasoning: r.Reasoning, CostMicros: r.CostMicros})
+		l.addLocked(row.Key, row.Totals)
 	}
 	return nil
+}
+
+// checkedRow is r's row, its day checked.
+func (r stateRow) checkedRow() (Row, error) {
+	if _, err := time.Parse(DayLayout, r.Day); err != nil {
+		return Row{}, fmt.Errorf("day %q: %w", r.Day, err)
+	}
+	return r.row(), nil
 }
 
 // Add records t under k. It takes a mutex and allocates only for a new
@@ -267,9 +269,7 @@ func (l *Local) Flush(ctx context.Context) error {
 	sortRows(rows)
 	st := stateFile{Version: stateVersion, SavedAt: l.now().UTC(), Seq: seq, Rows: make([]stateRow, len(rows))}
 	for i, r := range rows {
-		st.Rows[i] = stateRow{Day: r.Day, Team: r.Team, KeyID: r.KeyID, Model: r.Model,
-			Requests: r.Requests, Input: r.Input, Output: r.Output, CacheRead: r.CacheRead,
-			CacheWrite: r.CacheWrite, Reasoning: r.Reasoning, CostMicros: r.CostMicros}
+		st.Rows[i] = toStateRow(r)
 	}
 	data, err := json.MarshalIndent(st, "", " ")
 	if err != nil {
