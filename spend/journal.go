@@ -160,8 +160,12 @@ func (l *Local) replayJournal(onReplay func(Entry)) error {
 			return fmt.Errorf("spend: %w", err)
 		}
 		if t := res.Torn; t != nil {
+			why := "no trailing newline"
+			if t.Err != nil {
+				why = t.Err.Error()
+			}
 			l.log.Warn("spend: ignoring the torn last line of a journal (a crash in the middle of its write)",
-				"file", name, "line", t.Line, "bytes", t.Bytes, "error", t.Err)
+				"file", name, "line", t.Line, "bytes", t.Bytes, "error", why)
 		}
 		if name == j.prev && res.Exists {
 			j.prevSeq = max(last, 1)
@@ -173,12 +177,13 @@ func (l *Local) replayJournal(onReplay func(Entry)) error {
 	if err != nil {
 		return fmt.Errorf("spend: opening journal %s: %w", j.name, err)
 	}
-	if st, err := f.Stat(); err == nil && st.Size() > size {
+	st, err := f.Stat()
+	if err == nil && st.Size() > size {
 		err = f.Truncate(size)
-		if err != nil {
-			_ = f.Close()
-			return fmt.Errorf("spend: cutting the torn last line off journal %s: %w", j.name, err)
-		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return fmt.Errorf("spend: cutting the torn last line off journal %s: %w", j.name, err)
 	}
 	j.f, j.size, j.since = f, size, l.now()
 	return nil
@@ -238,7 +243,7 @@ func (l *Local) rotateLocked() *os.File {
 	}
 	old := j.f
 	if old != nil {
-		if j.size == 0 || !j.broken && l.now().Sub(j.since) < j.keep || j.prevSeq > l.saved {
+		if !j.broken && (j.size == 0 || l.now().Sub(j.since) < j.keep) || j.prevSeq > l.saved {
 			return nil
 		}
 		if err := os.Remove(j.prev); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -491,3 +491,28 @@ func TestJournalAppendAllocatesNothing(t *testing.T) {
 		t.Fatalf("Add with a journal allocates %v times", n)
 	}
 }
+
+// TestJournalBrokenIsReplaced: a journal a failed write left torn (the cut
+// back failed too) gets no more lines, which would make its torn line a
+// corrupt middle one; the next state write, which holds the Adds made
+// meanwhile, starts a new journal at once, however young the old one.
+func TestJournalBrokenIsReplaced(t *testing.T) {
+	clock := newFakeClock()
+	file := filepath.Join(t.TempDir(), "spend.json")
+	l := newLocal(t, journalOpts(file, clock, nil))
+	adds := sampleAdds()
+	addAt(l, adds[:10], clock.Now())
+	l.mu.Lock()
+	l.j.broken = true
+	l.mu.Unlock()
+	addAt(l, adds[10:20], clock.Now())
+	if seqs := seqsOf(t, file+journalSuffix); len(seqs) != 10 {
+		t.Fatalf("a broken journal got lines: %v", seqs)
+	}
+	flushOK(t, l)
+	addAt(l, adds[20:], clock.Now())
+	if p, j := seqsOf(t, file+prevSuffix), seqsOf(t, file+journalSuffix); len(p) != 10 || len(j) != len(adds)-20 || j[0] != 21 {
+		t.Fatalf("after the state write: previous journal %v, journal %v", p, j)
+	}
+	checkQueries(t, newLocal(t, journalOpts(killCopy(t, file, nil), clock, nil)), adds)
+}
