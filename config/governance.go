@@ -127,13 +127,20 @@ type Redis struct {
 // Spend is the [spend] table: the ledger of tokens and cost.
 type Spend struct {
 	// StateFile is where the in-process ledger is kept across restarts
-	// (written atomically every FlushIntervalSeconds and on shutdown). ""
-	// keeps it in memory only. Unused with Redis (see [redis] spill_dir).
-	// Default "tollgate-spend.json".
+	// (written atomically every FlushIntervalSeconds and on shutdown), with
+	// every billed request appended to StateFile+".journal" before it
+	// counts, so that a killed process loses none. "" keeps it in memory
+	// only. Unused with Redis (see [redis] spill_dir). Default
+	// "tollgate-spend.json".
 	StateFile string `toml:"state_file"`
 	// FlushIntervalSeconds is how often the state file is written, or with
 	// Redis how often spend is sent to Redis. Default 2.
 	FlushIntervalSeconds float64 `toml:"flush_interval_seconds"`
+	// JournalSyncMs is how often the journal is fsynced when written since:
+	// what a crash of the machine (not of the process) may lose. 0 syncs
+	// it only when it is replaced (about once a minute) and at shutdown.
+	// Default 100.
+	JournalSyncMs float64 `toml:"journal_sync_ms"`
 }
 
 // Ownership is the [ownership] table: in mode "keys", which team (or key

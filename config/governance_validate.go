@@ -255,6 +255,7 @@ func validPort(port string) bool {
 
 func (s *Spend) validate(v *validator) {
 	v.duration("spend.flush_interval_seconds", s.FlushIntervalSeconds, time.Second, false)
+	v.duration("spend.journal_sync_ms", s.JournalSyncMs, time.Millisecond, true)
 }
 
 func (o *Ownership) validate(v *validator) {

@@ -164,6 +164,8 @@ var governanceCases = []struct {
 	// [spend].
 	{"spend", up + "[spend]\nflush_interval_seconds = 0\n",
 		nil, []string{`gateway.toml:5: spend.flush_interval_seconds: must be greater than 0, not 0`}},
+	{"spend journal sync", up + "[spend]\njournal_sync_ms = -1\n",
+		nil, []string{`gateway.toml:5: spend.journal_sync_ms: must be 0 (off) or more, not -1`}},
 
 	// [admin].
 	{"admin token unset", up + "[admin]\ntoken_env = \"ADMIN_TOKEN\"\n",

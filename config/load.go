@@ -66,6 +66,7 @@ func Default() Config {
 		Spend: Spend{
 			StateFile:            "tollgate-spend.json",
 			FlushIntervalSeconds: 2,
+			JournalSyncMs:        100,
 		},
 		Ownership: Ownership{
 			ResponseTTLHours: 720,

@@ -23,7 +23,7 @@ func TestDefault(t *testing.T) {
 		Log:       Log{Level: "info", Format: "json", AccessLog: true},
 		RateLimit: RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
 		Redis:     Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250, SpillDir: "."},
-		Spend:     Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2},
+		Spend:     Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2, JournalSyncMs: 100},
 		Ownership: Ownership{ResponseTTLHours: 720, StateFile: "tollgate-ownership.jsonl"},
 		Probe: Probe{Enabled: false, IntervalSeconds: 300, Requests: 10, Concurrency: 2, MaxTokens: 16,
 			TimeoutSeconds: 60, Prompt: "Reply with the single word: ok"},
@@ -355,6 +355,7 @@ spill_dir = "/var/lib/tollgate"
 [spend]
 state_file = "/var/lib/tollgate/spend.json"
 flush_interval_seconds = 5
+journal_sync_ms = 0
 
 [ownership]
 response_ttl_hours = 24
@@ -462,7 +463,7 @@ dialect = "anthropic"
 		Redis: Redis{Addrs: []string{"10.0.0.1:26379", "10.0.0.2:26379"}, MasterName: "mymaster",
 			Username: "tollgate", PasswordEnv: "REDIS_PASSWORD", Password: "redis-pw-secret", DB: 2, TLS: true,
 			KeyPrefix: "tg:", DialTimeoutMs: 300, TimeoutMs: 100, SpillDir: "/var/lib/tollgate"},
-		Spend: Spend{StateFile: "/var/lib/tollgate/spend.json", FlushIntervalSeconds: 5},
+		Spend: Spend{StateFile: "/var/lib/tollgate/spend.json", FlushIntervalSeconds: 5, JournalSyncMs: 0},
 		Ownership: Ownership{ResponseTTLHours: 24, ConversationTTLHours: 2160.5,
 			StateFile: "/var/lib/tollgate/owners.jsonl"},
 		Models: []Model{

@@ -1,16 +1,14 @@
 package ownership
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"math"
-	"os"
+	"strconv"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/internal/atomicfile"
+	"github.com/tollgate-llm/tollgate/internal/jsonl"
 )
 
 // The journal is JSON lines, one per change, appended in order; the last
@@ -32,53 +30,19 @@ type journalLine struct {
 // until expNanos (unix nanoseconds, 0 = none).
 func appendClaimLine(b []byte, id, owner string, expNanos int64) []byte {
 	b = append(b, `{"id":`...)
-	b = appendString(b, id)
+	b = jsonl.AppendString(b, id)
 	b = append(b, `,"owner":`...)
-	b = appendString(b, owner)
+	b = jsonl.AppendString(b, owner)
 	b = append(b, `,"exp":`...)
-	b = appendInt(b, journalExp(expNanos))
+	b = strconv.AppendInt(b, journalExp(expNanos), 10)
 	return append(b, "}\n"...)
 }
 
 // appendReleaseLine appends the journal line forgetting id.
 func appendReleaseLine(b []byte, id string) []byte {
 	b = append(b, `{"id":`...)
-	b = appendString(b, id)
+	b = jsonl.AppendString(b, id)
 	return append(b, `,"rel":true}`+"\n"...)
-}
-
-// appendString appends s as a JSON string. Ids and owners are checked
-// before they get here (valid UTF-8, no control character), so only the
-// quote and the backslash need escaping; any other control character is
-// escaped anyway rather than written raw.
-func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
-}
-
-func appendInt(b []byte, n int64) []byte {
-	var d [20]byte
-	i := len(d)
-	for {
-		i--
-		d[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			break
-		}
-	}
-	return append(b, d[i:]...)
 }
 
 // journalExp is the journal's expiry for expNanos: unix seconds rounded up,
@@ -134,44 +98,29 @@ func parseLine(line []byte) (journalLine, error) {
 // decode is an error, so a damaged journal is never silently reset. Expired
 // records are kept here; the caller drops them.
 func (l *Local) loadJournal() error {
-	f, err := os.Open(l.file)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("ownership: opening journal %s: %w", l.file, err)
-	}
-	defer f.Close()
-	r := bufio.NewReaderSize(f, maxLine)
-	for n := 1; ; n++ {
-		line, err := r.ReadSlice('\n')
-		if err == io.EOF {
-			if len(line) > 0 {
-				l.log.Warn("ownership: ignoring the torn last line of the journal (no trailing newline)",
-					"file", l.file, "line", n, "bytes", len(line))
-			}
-			return nil
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			return fmt.Errorf("ownership: journal %s is corrupt: line %d is longer than %d bytes", l.file, n, maxLine)
-		}
+	res, err := jsonl.Read(l.file, maxLine, func(line []byte) error {
+		e, err := parseLine(line)
 		if err != nil {
-			return fmt.Errorf("ownership: reading journal %s: %w", l.file, err)
-		}
-		e, perr := parseLine(line)
-		if perr != nil {
-			// line is not used past here: Peek may overwrite it.
-			if _, err := r.Peek(1); err == io.EOF {
-				l.log.Warn("ownership: ignoring the torn last line of the journal",
-					"file", l.file, "line", n, "error", perr)
-				return nil
-			}
-			return fmt.Errorf("ownership: journal %s is corrupt: line %d: %w", l.file, n, perr)
+			return err
 		}
 		if e.Rel {
 			delete(l.recs, e.ID)
-			continue
+			return nil
 		}
 		l.recs[e.ID] = record{owner: l.intern(e.Owner), exp: nanosFromJournal(e.Exp)}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ownership: %w", err)
 	}
+	if t := res.Torn; t != nil {
+		if t.Err == nil {
+			l.log.Warn("ownership: ignoring the torn last line of the journal (no trailing newline)",
+				"file", l.file, "line", t.Line, "bytes", t.Bytes)
+		} else {
+			l.log.Warn("ownership: ignoring the torn last line of the journal",
+				"file", l.file, "line", t.Line, "error", t.Err)
+		}
+	}
+	return nil
 }

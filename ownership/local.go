@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/internal/atomicfile"
+	"github.com/tollgate-llm/tollgate/internal/jsonl"
 )
 
 const (
@@ -296,16 +297,12 @@ func (l *Local) appendLocked(line []byte) error {
 			return err
 		}
 	}
-	n, err := l.f.Write(line)
+	whole, err := jsonl.Append(l.f, l.size, line)
 	if err != nil {
-		if n > 0 {
-			if terr := l.f.Truncate(l.size); terr != nil {
-				l.broken = true
-			}
-		}
+		l.broken = !whole
 		return fmt.Errorf("ownership: writing journal %s: %w", l.file, err)
 	}
-	l.size += int64(n)
+	l.size += int64(len(line))
 	l.lines++
 	return nil
 }

@@ -75,8 +75,14 @@ func (ex *exchange) settle() {
 	}
 	if ok && gv.ledger != nil {
 		day := ex.rec.Timing.In.UTC().Format(time.DateOnly)
+		// The admission time lets an in-process ledger's journal restore
+		// the rate buckets after a restart; without a lease, the arrival.
+		admitted := ex.rec.Timing.In
+		if ex.lease != nil {
+			admitted = ex.lease.At
+		}
 		gv.ledger.Add(spend.Key{Day: day, KeyID: ex.rec.KeyID, Team: ex.rec.Team, Model: ex.rec.Model},
-			spend.TotalsFor(u, cost))
+			spend.TotalsFor(u, cost), admitted)
 	}
 }
 

@@ -7,10 +7,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/ratelimit"
 	"github.com/tollgate-llm/tollgate/spend"
 	"github.com/tollgate-llm/tollgate/stats"
 )
@@ -187,6 +189,45 @@ func TestErrorEventOnlyStreamNotBilled(t *testing.T) {
 					t.Errorf("a stream with a token was not billed as such: record %d µ$, ledger %+v", rec.CostMicros, rows)
 				}
 			})
+		}
+	}
+}
+
+// admittedLedger records the admission time of each Add.
+type admittedLedger struct {
+	spend.Ledger
+	admitted []time.Time
+}
+
+func (l *admittedLedger) Add(k spend.Key, t spend.Totals, admitted time.Time) {
+	l.admitted = append(l.admitted, admitted)
+	l.Ledger.Add(k, t, admitted)
+}
+
+// TestBillCarriesTheAdmissionTime: the ledger is told when a billed request
+// was admitted (its lease's time, what a restart charges the rate buckets
+// at), or without a lease when it arrived.
+func TestBillCarriesTheAdmissionTime(t *testing.T) {
+	for _, limited := range []bool{false, true} {
+		var keyLimits config.Limits
+		if limited {
+			rpm := int64(100)
+			keyLimits.RPM = &rpm
+		}
+		admittedAt := time.Date(2026, 11, 30, 12, 0, 1, 0, time.UTC)
+		lim := ratelimit.NewLocal(ratelimit.LocalOptions{Now: func() time.Time { return admittedAt }})
+		defer lim.Close()
+		ledger := &admittedLedger{Ledger: newLocalLedger(t)}
+		g := governedGateway(t, keyLimits, config.Limits{}, lim, ledger)
+		arrived := admittedAt.Add(-time.Second)
+		governOnce(t, g, &discardWriter{h: http.Header{}}, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil),
+			arrived, llm.Usage{Input: 10, Output: 5, HasInput: true, HasOutput: true})
+		want := arrived
+		if limited {
+			want = admittedAt
+		}
+		if len(ledger.admitted) != 1 || !ledger.admitted[0].Equal(want) {
+			t.Errorf("limited %v: the ledger was told %v, want %v", limited, ledger.admitted, want)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,43 +22,36 @@ import (
 // request path: identifying the key (SHA-256 and a map lookup), admission
 // for the key and its team (RPM, TPM, concurrency), the rate-limit headers,
 // and at the end the settlement and the ledger entry. "off" is a key with no
-// limits; "local" the in-process limiter; "redis" the shared one against a
-// private redis-server on loopback (one round trip to admit, one to settle).
+// limits; "local" the in-process limiter with the ledger in memory;
+// "local-journal" the same with the ledger's state file and journal (one
+// write(2) a request, fsynced every 100 ms), as a gateway without Redis
+// runs; "redis" the shared one against a private redis-server on loopback
+// (one round trip to admit, one to settle).
 func BenchmarkGovernance(b *testing.B) {
-	for _, backend := range []string{"off", "local", "redis"} {
+	for _, backend := range []string{"off", "local", "local-journal", "redis"} {
 		b.Run(backend, func(b *testing.B) {
-			cfg := config.DemoConfig("http://127.0.0.1:1")
-			cfg.Auth.Mode = "keys"
-			cfg.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}
-			cfg.Teams = []config.Team{{Name: "search"}}
-			cfg.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
+			var keyLimits, teamLimits config.Limits
 			if backend != "off" {
 				big := int64(1) << 40
-				cfg.Keys[0].Limits = config.Limits{RPM: &big, TPM: &big, Concurrency: &big}
-				cfg.Teams[0].Limits = config.Limits{RPM: &big, TPM: &big}
-			}
-			if err := cfg.Validate(); err != nil {
-				b.Fatal(err)
+				keyLimits = config.Limits{RPM: &big, TPM: &big, Concurrency: &big}
+				teamLimits = config.Limits{RPM: &big, TPM: &big}
 			}
 			var lim ratelimit.Limiter = ratelimit.NewLocal(ratelimit.LocalOptions{})
 			if backend == "redis" {
 				lim = ratelimit.NewRedis(redistest.Start(b).Client(b), ratelimit.RedisOptions{})
 			}
 			defer lim.Close()
-			ledger, err := spend.NewLocal(spend.LocalOptions{})
+			var lo spend.LocalOptions
+			if backend == "local-journal" {
+				lo = spend.LocalOptions{StateFile: filepath.Join(b.TempDir(), "spend.json"), FlushInterval: time.Hour,
+					Journal: true, JournalSync: 100 * time.Millisecond}
+			}
+			ledger, err := spend.NewLocal(lo)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer ledger.Close()
-			m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler),
-				Limiter: lim, Ledger: ledger})
-			if err != nil {
-				b.Fatal(err)
-			}
+			g := governedGateway(b, keyLimits, teamLimits, lim, ledger)
 			r, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions", nil)
 			w := &discardWriter{h: http.Header{}}
 			now := time.Now()
@@ -65,25 +59,56 @@ func BenchmarkGovernance(b *testing.B) {
 			b.ResetTimer()
 			for b.Loop() {
 				clear(w.h)
-				ex := exchange{g: g, w: w, r: r, promptEstimate: 300}
-				ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
-				ex.rec.Timing.In = now
-				ex.info.MaxTokens = 200
-				sum, id := keyHash(keyAlpha)
-				ex.rec.KeyID = id
-				if aerr := ex.identify(sum, true); aerr != nil {
-					b.Fatal(aerr)
-				}
-				if !ex.admit() {
-					b.Fatal("refused")
-				}
-				if len(ex.rlStates) > 0 {
-					setRateLimitHeaders(w.h, ex.rec.Dialect, ex.rlStates, now)
-				}
-				ex.rec.Status, ex.rec.Timing.UpFirstByte = 200, now
-				ex.rec.Usage = llm.Usage{Input: 300, Output: 150, HasInput: true, HasOutput: true}
-				ex.settle()
+				governOnce(b, g, w, r, now, llm.Usage{Input: 300, Output: 150, HasInput: true, HasOutput: true})
 			}
 		})
 	}
+}
+
+// governedGateway is a gateway in mode "keys" whose one key, alpha
+// (keyAlpha), is in team search, with the limits given, gpt-* priced, on lim
+// and ledger.
+func governedGateway(tb testing.TB, keyLimits, teamLimits config.Limits, lim ratelimit.Limiter, ledger spend.Ledger) *Gateway {
+	tb.Helper()
+	cfg := config.DemoConfig("http://127.0.0.1:1")
+	cfg.Auth.Mode = "keys"
+	cfg.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}
+	cfg.Teams = []config.Team{{Name: "search", Limits: teamLimits}}
+	cfg.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search", Limits: keyLimits}}
+	if err := cfg.Validate(); err != nil {
+		tb.Fatal(err)
+	}
+	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler), Limiter: lim, Ledger: ledger})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}
+
+// governOnce takes one chat completion of key alpha, arrived at in, through
+// governance: identified, admitted (its prompt estimate and max_tokens
+// being u's), the rate-limit headers set, answered and settled with u.
+func governOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in time.Time, u llm.Usage) {
+	ex := exchange{g: g, w: w, r: r, promptEstimate: u.Input}
+	ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
+	ex.rec.Timing.In = in
+	ex.info.MaxTokens = u.Output
+	sum, id := keyHash(keyAlpha)
+	ex.rec.KeyID = id
+	if aerr := ex.identify(sum, true); aerr != nil {
+		tb.Fatal(aerr)
+	}
+	if !ex.admit() {
+		tb.Fatal("refused")
+	}
+	if len(ex.rlStates) > 0 {
+		setRateLimitHeaders(w.h, ex.rec.Dialect, ex.rlStates, in)
+	}
+	ex.rec.Status, ex.rec.Timing.UpFirstByte = 200, in
+	ex.rec.Usage = u
+	ex.settle()
 }

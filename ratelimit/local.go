@@ -384,6 +384,39 @@ func (l *Local) Seed(s Subject, at time.Time, dayTokens, dayCostMicros, monthCos
 	l.trim(l.now().UnixNano())
 }
 
+// ChargeRates charges s's RPM with requests and its TPM with tokens as of
+// at, an instant that may be past, as if they had been admitted then: each
+// bucket's TAT becomes max(TAT, at) + n·T (GCRA), which a charge older than
+// a minute's worth leaves full. Without it a restart would hand every
+// subject a full burst again; cmd/gateway replays the spend journal through
+// it at startup. It refuses nothing (the requests were admitted) and may
+// leave a bucket in debt, as Settle does. Charges in order of at rebuild
+// the buckets exactly; out of order, a bucket ends no fuller than that
+// (each charge starts from the later TAT). Concurrency and budgets are not
+// touched (Seed restores budgets). Amounts below zero count as zero; limits
+// of zero or less are unlimited. ChargeRates does nothing after Close.
+func (l *Local) ChargeRates(s Subject, at time.Time, requests, tokens int64) {
+	requests, tokens = max(requests, 0), max(tokens, 0)
+	lim := s.Limits
+	rpm, tpm := lim.RPM > 0 && requests > 0, lim.TPM > 0 && tokens > 0
+	if !rpm && !tpm {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	e, t := l.get(s), at.UnixNano()
+	if rpm {
+		e.rpmTAT = rateSettle(e.rpmTAT, t, requests, lim.RPM)
+	}
+	if tpm {
+		e.tpmTAT = rateSettle(e.tpmTAT, t, tokens, lim.TPM)
+	}
+	l.trim(l.now().UnixNano())
+}
+
 // Close implements Limiter; later calls return ErrClosed.
 func (l *Local) Close() error {
 	l.mu.Lock()

@@ -748,3 +748,107 @@ func TestLocalSeed(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalChargeRatesRebuildsTheBuckets: a limiter charged, at a restart,
+// with what another admitted (each request at its admission instant, its
+// real tokens) holds the same RPM and TPM state and refuses what the other
+// refuses: no fresh burst.
+func TestLocalChargeRatesRebuildsTheBuckets(t *testing.T) {
+	key := lkey("k", Limits{RPM: 10, TPM: 1000})
+	team := lteam("t", Limits{RPM: 6})
+	live, c := newTestLocal(t, lt0)
+	type admitted struct {
+		at     time.Time
+		tokens int64
+	}
+	var log []admitted
+	for i := range 40 {
+		c.Set(lt0.Add(time.Duration(i) * 700 * time.Millisecond))
+		tokens := int64(40 + i)
+		d := ladmit(t, live, Request{Subjects: []Subject{key, team}, Tokens: tokens})
+		if d.Allowed {
+			lsettle(t, live, d.Lease, tokens, 0)
+			log = append(log, admitted{d.Lease.At, tokens})
+		}
+	}
+	if len(log) == 0 || len(log) == 40 {
+		t.Fatalf("%d of 40 admitted: the test needs some of each", len(log))
+	}
+	restart := lt0.Add(40 * 700 * time.Millisecond)
+	c.Set(restart)
+	restored, rc := newTestLocal(t, restart)
+	for _, a := range log {
+		restored.ChargeRates(key, a.at, 1, a.tokens)
+		restored.ChargeRates(team, a.at, 1, a.tokens) // the team has no TPM: its tokens change nothing
+	}
+	for _, w := range []struct {
+		s Subject
+		k Kind
+	}{{key, KindRPM}, {key, KindTPM}, {team, KindRPM}} {
+		if got, want := peekLocal(t, restored, w.s, w.k), peekLocal(t, live, w.s, w.k); got != want {
+			t.Fatalf("%s %s restored %+v, live %+v", w.s.ID, w.k, got, want)
+		}
+	}
+	refused := 0
+	for i := range 20 {
+		at := restart.Add(time.Duration(i) * time.Second)
+		c.Set(at)
+		rc.Set(at)
+		d1 := ladmit(t, live, Request{Subjects: []Subject{key, team}, Tokens: 50})
+		d2 := ladmit(t, restored, Request{Subjects: []Subject{key, team}, Tokens: 50})
+		if d1.Allowed != d2.Allowed || d1.RetryAfter != d2.RetryAfter {
+			t.Fatalf("%v after the restart: live allowed %v (retry %v), restored %v (retry %v)",
+				at.Sub(restart), d1.Allowed, d1.RetryAfter, d2.Allowed, d2.RetryAfter)
+		}
+		if !d1.Allowed {
+			refused++
+		}
+	}
+	if refused == 0 || refused == 20 {
+		t.Fatalf("%d of 20 refused after the restart: the test needs some of each", refused)
+	}
+}
+
+// TestLocalChargeRatesOutOfOrder: charges out of order leave a bucket no
+// fuller than in order; a charge older than the bucket's refill leaves it
+// full and its subject evictable; nothing happens without rate limits,
+// with nothing to charge, or after Close.
+func TestLocalChargeRatesOutOfOrder(t *testing.T) {
+	s := lkey("k", Limits{RPM: 6}) // one request refills every 10 s
+	now := lt0.Add(time.Minute)
+	inOrder, _ := newTestLocal(t, now)
+	reversed, _ := newTestLocal(t, now)
+	ats := []time.Duration{0, 5 * time.Second, 20 * time.Second, 50 * time.Second, 55 * time.Second}
+	for i := range ats {
+		inOrder.ChargeRates(s, lt0.Add(ats[i]), 1, 0)
+		reversed.ChargeRates(s, lt0.Add(ats[len(ats)-1-i]), 1, 0)
+	}
+	a, b := peekLocal(t, inOrder, s, KindRPM), peekLocal(t, reversed, s, KindRPM)
+	// In order: TATs 10, 20, 30, 60, 70 s after lt0, i.e. 10 s after now.
+	if a.Reset != 10*time.Second || b.Remaining > a.Remaining || b.Reset < a.Reset {
+		t.Fatalf("in order %+v (want reset 10s), reversed %+v (want no more remaining)", a, b)
+	}
+
+	c := &localClock{t: now}
+	l := NewLocal(LocalOptions{Now: c.Now, MaxSubjects: 1})
+	defer l.Close()
+	l.ChargeRates(s, now.Add(-2*time.Minute), 5, 0)
+	if st := peekLocal(t, l, s, KindRPM); st.Remaining != 6 {
+		t.Fatalf("a charge two minutes old: %+v, want a full bucket", st)
+	}
+	l.ChargeRates(lkey("other", Limits{RPM: 6}), now, 1, 0)
+	if l.subjects[subjectKey{ScopeKey, "k"}] != nil {
+		t.Fatal("a subject with a full bucket was kept past MaxSubjects")
+	}
+	l.ChargeRates(lkey("none", Limits{TokensPerDay: 10}), now, 1, 100)
+	l.ChargeRates(lkey("zero", Limits{RPM: 6, TPM: 6}), now, 0, -5)
+	for _, id := range []string{"none", "zero"} {
+		if l.subjects[subjectKey{ScopeKey, id}] != nil {
+			t.Fatalf("ChargeRates with nothing to charge made an entry for %q", id)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l.ChargeRates(s, now, 1, 0) // no panic, nothing kept
+}

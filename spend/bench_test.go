@@ -2,6 +2,7 @@ package spend
 
 import (
 	"context"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -20,10 +21,37 @@ func BenchmarkLocalAdd(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close()
-	l.Add(benchKey, benchTotals)
+	l.Add(benchKey, benchTotals, time.Time{})
 	b.ReportAllocs()
 	for b.Loop() {
-		l.Add(benchKey, benchTotals)
+		l.Add(benchKey, benchTotals, time.Time{})
+	}
+}
+
+// BenchmarkLocalAddJournal is BenchmarkLocalAdd with a state file and its
+// journal: each Add also writes its journal line, one write(2) into the
+// page cache. "sync-100ms" fsyncs the journal every 100 ms ([spend]
+// journal_sync_ms's default) meanwhile, "sync-off" never (journal_sync_ms
+// = 0), to show what the syncs cost the writes.
+func BenchmarkLocalAddJournal(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		sync time.Duration
+	}{{"sync-100ms", 100 * time.Millisecond}, {"sync-off", 0}} {
+		b.Run(c.name, func(b *testing.B) {
+			l, err := NewLocal(LocalOptions{StateFile: filepath.Join(b.TempDir(), "spend.json"), FlushInterval: time.Hour,
+				Journal: true, JournalSync: c.sync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			at := time.Now()
+			l.Add(benchKey, benchTotals, at)
+			b.ReportAllocs()
+			for b.Loop() {
+				l.Add(benchKey, benchTotals, at)
+			}
+		})
 	}
 }
 
@@ -35,10 +63,10 @@ func BenchmarkRedisAdd(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer r.Close()
-	r.Add(benchKey, benchTotals)
+	r.Add(benchKey, benchTotals, time.Time{})
 	b.ReportAllocs()
 	for b.Loop() {
-		r.Add(benchKey, benchTotals)
+		r.Add(benchKey, benchTotals, time.Time{})
 	}
 }
 
@@ -60,7 +88,7 @@ func BenchmarkRedisFlush100(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for _, k := range keys {
-			r.Add(k, benchTotals)
+			r.Add(k, benchTotals, time.Time{})
 		}
 		if err := r.Flush(ctx); err != nil {
 			b.Fatal(err)

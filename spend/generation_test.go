@@ -174,7 +174,7 @@ func TestRedisOwnPartKeepsThisAndLastMonth(t *testing.T) {
 	lastMonth := Key{Day: time.Date(now.Year(), now.Month()-1, 1, 0, 0, 0, 0, time.UTC).Format(DayLayout), KeyID: "k", Team: "t", Model: "m"}
 	today := Key{Day: now.Format(DayLayout), KeyID: "k", Team: "t", Model: "m"}
 	for _, k := range []Key{old, lastMonth, today} {
-		r.Add(k, Totals{Requests: 1, Input: 10})
+		r.Add(k, Totals{Requests: 1, Input: 10}, time.Time{})
 	}
 	flush(t, r)
 	of, err := readOwn(file)

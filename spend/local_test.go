@@ -26,7 +26,7 @@ func TestLocalQuery(t *testing.T) {
 	l := newLocal(t, LocalOptions{})
 	adds := sampleAdds()
 	for _, a := range adds {
-		l.Add(a.k, a.t)
+		l.Add(a.k, a.t, time.Time{})
 	}
 	checkQueries(t, l, adds)
 	if err := l.Flush(context.Background()); err != nil {
@@ -42,7 +42,7 @@ func TestLocalRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range adds[:100] {
-		l.Add(a.k, a.t)
+		l.Add(a.k, a.t, time.Time{})
 	}
 	before, err := l.Query(context.Background(), Filter{})
 	if err != nil {
@@ -62,7 +62,7 @@ func TestLocalRestart(t *testing.T) {
 	}
 	// The reloaded ledger keeps counting on top of what it loaded.
 	for _, a := range adds[100:] {
-		l2.Add(a.k, a.t)
+		l2.Add(a.k, a.t, time.Time{})
 	}
 	checkQueries(t, l2, adds)
 	if err := l2.Close(); err != nil {
@@ -80,7 +80,7 @@ func TestLocalConcurrentAdds(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := range per {
-				l.Add(keys[(w+i)%len(keys)], Totals{Requests: 1, Input: int64(i), CostMicros: int64(w)})
+				l.Add(keys[(w+i)%len(keys)], Totals{Requests: 1, Input: int64(i), CostMicros: int64(w)}, time.Time{})
 			}
 		})
 	}
@@ -106,7 +106,7 @@ func TestLocalBadStateFile(t *testing.T) {
 		"garbage":       "not json",
 		"empty":         "",
 		"truncated":     `{"version":1,"rows":[{"day":"2026-01-01"`,
-		"wrong version": `{"version":2,"rows":[]}`,
+		"wrong version": `{"version":3,"rows":[]}`,
 		"no version":    `{"rows":[]}`,
 		"bad day":       `{"version":1,"rows":[{"day":"01/02/2026","requests":1}]}`,
 		"unknown field": `{"version":1,"rows":[{"day":"2026-01-01","dollars":1.5}]}`,
@@ -153,7 +153,7 @@ func TestLocalAtomicWrite(t *testing.T) {
 	file := filepath.Join(dir, "spend.json")
 	l := newLocal(t, LocalOptions{StateFile: file, FlushInterval: time.Hour,
 		Now: func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }})
-	l.Add(Key{Day: "2026-11-30", KeyID: "k", Team: "t", Model: "m"}, Totals{Requests: 1, CostMicros: 5})
+	l.Add(Key{Day: "2026-11-30", KeyID: "k", Team: "t", Model: "m"}, Totals{Requests: 1, CostMicros: 5}, time.Time{})
 	if err := l.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestLocalAtomicWrite(t *testing.T) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Version != 1 || st.SavedAt != "2026-11-30T12:00:00Z" || len(st.Rows) != 1 || st.Rows[0].CostMicros != 5 {
+	if st.Version != 2 || st.SavedAt != "2026-11-30T12:00:00Z" || len(st.Rows) != 1 || st.Rows[0].CostMicros != 5 {
 		t.Fatalf("state file = %s", b)
 	}
 	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o600 {
@@ -190,7 +190,7 @@ func TestLocalAtomicWrite(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(file, "x"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	l.Add(Key{Day: "2026-11-30"}, Totals{Requests: 1})
+	l.Add(Key{Day: "2026-11-30"}, Totals{Requests: 1}, time.Time{})
 	if err := l.Flush(context.Background()); err == nil || !strings.Contains(err.Error(), file) {
 		t.Fatalf("Flush onto a directory: error %v, want one naming %s", err, file)
 	}
@@ -217,7 +217,7 @@ func TestLocalAtomicWrite(t *testing.T) {
 func TestLocalPeriodicFlush(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "spend.json")
 	l := newLocal(t, LocalOptions{StateFile: file, FlushInterval: 5 * time.Millisecond})
-	l.Add(Key{Day: "2026-11-30", KeyID: "k"}, Totals{Requests: 3, CostMicros: 42})
+	l.Add(Key{Day: "2026-11-30", KeyID: "k"}, Totals{Requests: 3, CostMicros: 42}, time.Time{})
 	// Bounded wait (1000 × 10 ms) for the flusher, without Flush or Close.
 	for range 1000 {
 		if b, err := os.ReadFile(file); err == nil {
@@ -242,7 +242,7 @@ func TestLocalPeriodicFlush(t *testing.T) {
 
 func TestLocalFlushCancelled(t *testing.T) {
 	l := newLocal(t, LocalOptions{StateFile: filepath.Join(t.TempDir(), "s.json"), FlushInterval: time.Hour})
-	l.Add(Key{Day: "2026-11-30"}, Totals{Requests: 1})
+	l.Add(Key{Day: "2026-11-30"}, Totals{Requests: 1}, time.Time{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := l.Flush(ctx); err == nil {

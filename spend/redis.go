@@ -278,8 +278,9 @@ func randomHex(n int) string {
 }
 
 // Add records t under k in memory; the flusher sends it. It takes a mutex
-// and allocates only for a new row.
-func (r *Redis) Add(k Key, t Totals) {
+// and allocates only for a new row. admitted is not used: with Redis the
+// rate limits live in Redis too.
+func (r *Redis) Add(k Key, t Totals, _ time.Time) {
 	r.mu.Lock()
 	p := r.pending[k]
 	if p == nil {

@@ -75,7 +75,7 @@ func TestRedisQuery(t *testing.T) {
 	r := newRedis(t, srv.Client(t), RedisOptions{})
 	adds := sampleAdds()
 	for _, a := range adds {
-		r.Add(a.k, a.t)
+		r.Add(a.k, a.t, time.Time{})
 	}
 	// Query reads Redis only: before a flush it sees nothing.
 	if rows, err := r.Query(context.Background(), Filter{}); err != nil || len(rows) != 0 {
@@ -108,8 +108,8 @@ func TestRedisPrefix(t *testing.T) {
 	a := newRedis(t, c, RedisOptions{Prefix: "a:"})
 	b := newRedis(t, c, RedisOptions{Prefix: "b:"})
 	k := Key{Day: "2026-11-30", KeyID: "k"}
-	a.Add(k, Totals{Requests: 1})
-	b.Add(k, Totals{Requests: 5})
+	a.Add(k, Totals{Requests: 1}, time.Time{})
+	b.Add(k, Totals{Requests: 5}, time.Time{})
 	flush(t, a)
 	flush(t, b)
 	for _, x := range []struct {
@@ -158,7 +158,7 @@ func TestRedisKillUnderLoad(t *testing.T) {
 					Team: []string{"t1", "t2", "t3"}[i%3], Model: []string{"m1", "m2"}[(i/2)%2]}
 				d := Totals{Requests: 1, Input: int64(i%1000 + 1), Output: int64(w + 1), CacheRead: int64(i % 3),
 					CacheWrite: int64(i % 5), Reasoning: int64(i % 2), CostMicros: int64(i%997 + w)}
-				r.Add(k, d)
+				r.Add(k, d, time.Time{})
 				s := sums[w][k]
 				s.Add(d)
 				sums[w][k] = s
@@ -257,7 +257,7 @@ func TestRedisAmbiguousFailure(t *testing.T) {
 	r := newRedis(t, srv.Client(t, hook), RedisOptions{OnDegraded: deg.record})
 	kA := Key{Day: "2026-11-30", KeyID: "a", Team: "t", Model: "m"}
 	kB := Key{Day: "2026-11-30", KeyID: "b", Team: "t", Model: "m"}
-	r.Add(kA, Totals{Requests: 1, Input: 10, CostMicros: 100})
+	r.Add(kA, Totals{Requests: 1, Input: 10, CostMicros: 100}, time.Time{})
 
 	hook.armed.Store(true)
 	if err := r.Flush(context.Background()); err == nil {
@@ -272,8 +272,8 @@ func TestRedisAmbiguousFailure(t *testing.T) {
 		t.Fatalf("Pending = %d, want 1 (the unconfirmed batch)", r.Pending())
 	}
 	// New adds, to A's row and a new row, go to a later batch.
-	r.Add(kA, Totals{Requests: 1, Input: 5, CostMicros: 50})
-	r.Add(kB, Totals{Requests: 1, Input: 7, CostMicros: 70})
+	r.Add(kA, Totals{Requests: 1, Input: 5, CostMicros: 50}, time.Time{})
+	r.Add(kB, Totals{Requests: 1, Input: 7, CostMicros: 70}, time.Time{})
 	flush(t, r)
 
 	rows, err = r.Query(context.Background(), Filter{})
@@ -315,7 +315,7 @@ func addConcurrently(adds []add, pause time.Duration, ls ...*Redis) {
 		wg.Go(func() {
 			for j, a := range adds {
 				if j%len(workers) == i {
-					l.Add(a.k, a.t)
+					l.Add(a.k, a.t, time.Time{})
 					time.Sleep(pause)
 				}
 			}
@@ -330,7 +330,7 @@ func TestRedisDegraded(t *testing.T) {
 	c := srv.Client(t)
 	r := newRedis(t, c, RedisOptions{OnDegraded: deg.record})
 	k := Key{Day: "2026-11-30", KeyID: "k"}
-	r.Add(k, Totals{Requests: 1})
+	r.Add(k, Totals{Requests: 1}, time.Time{})
 	// A caller giving up says nothing about Redis: no degraded call.
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -342,13 +342,13 @@ func TestRedisDegraded(t *testing.T) {
 	}
 	flush(t, r)
 	srv.Kill()
-	r.Add(k, Totals{Requests: 2})
+	r.Add(k, Totals{Requests: 2}, time.Time{})
 	for range 3 {
 		if err := r.Flush(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "spend: ") {
 			t.Fatalf("Flush with Redis down: %v, want a spend: error", err)
 		}
 	}
-	r.Add(k, Totals{Requests: 4})
+	r.Add(k, Totals{Requests: 4}, time.Time{})
 	if ev := deg.get(); !reflect.DeepEqual(ev, []bool{true}) {
 		t.Fatalf("OnDegraded calls %v, want [true] once", ev)
 	}
@@ -381,13 +381,13 @@ func TestRedisMaxPending(t *testing.T) {
 	one := Totals{Requests: 1, CostMicros: 10}
 	var kept Totals
 	for _, id := range []string{"a", "b", "c", "d", "a"} {
-		r.Add(Key{Day: d0, KeyID: id}, one)
+		r.Add(Key{Day: d0, KeyID: id}, one, time.Time{})
 		kept.Add(one)
 	}
 	// 69 more days: 63 get an overflow row (d0 holds the first), 6 are dropped.
 	start := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
 	for i := range 69 {
-		r.Add(Key{Day: Day(start.AddDate(0, 0, i)), KeyID: "x"}, one)
+		r.Add(Key{Day: Day(start.AddDate(0, 0, i)), KeyID: "x"}, one, time.Time{})
 		if i < maxOverflowRows-1 {
 			kept.Add(one)
 		}
@@ -424,8 +424,8 @@ func TestRedisCloseReportsUnwritten(t *testing.T) {
 	srv := startRedisServer(t, false)
 	r := newRedis(t, srv.Client(t), RedisOptions{})
 	srv.Kill()
-	r.Add(Key{Day: "2026-11-30", KeyID: "a"}, Totals{Requests: 1})
-	r.Add(Key{Day: "2026-11-30", KeyID: "b"}, Totals{Requests: 1})
+	r.Add(Key{Day: "2026-11-30", KeyID: "a"}, Totals{Requests: 1}, time.Time{})
+	r.Add(Key{Day: "2026-11-30", KeyID: "b"}, Totals{Requests: 1}, time.Time{})
 	err := r.Close()
 	if err == nil || !strings.Contains(err.Error(), "2 rows not written") || strings.Contains(err.Error(), "spill") {
 		t.Fatalf("Close = %v, want an error saying 2 rows are not written, and no spill file", err)
@@ -464,8 +464,8 @@ func TestRedisWrongTypeFailsWhole(t *testing.T) {
 	if err := c.Set(ctx, bad, "oops", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r.Add(Key{Day: "2026-11-30", KeyID: "a"}, Totals{Requests: 1})
-	r.Add(Key{Day: "2026-12-01", KeyID: "a"}, Totals{Requests: 2})
+	r.Add(Key{Day: "2026-11-30", KeyID: "a"}, Totals{Requests: 1}, time.Time{})
+	r.Add(Key{Day: "2026-12-01", KeyID: "a"}, Totals{Requests: 2}, time.Time{})
 	if err := r.Flush(ctx); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Fatalf("Flush = %v, want a WRONGTYPE error", err)
 	}
@@ -493,7 +493,7 @@ func TestRedisAddWhileFlushingNothing(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for i := range 200 {
-			r.Add(Key{Day: "2026-11-30", KeyID: "k", Team: "t", Model: strconv.Itoa(i % 7)}, Totals{Requests: 1})
+			r.Add(Key{Day: "2026-11-30", KeyID: "k", Team: "t", Model: strconv.Itoa(i % 7)}, Totals{Requests: 1}, time.Time{})
 		}
 	}()
 	for range 50 {
@@ -530,7 +530,7 @@ func TestRedisCloseJustAfterOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := Key{Day: "2026-11-30", KeyID: "k", Team: "t", Model: "m"}
-	r.Add(k, Totals{Requests: 1, Input: 10})
+	r.Add(k, Totals{Requests: 1, Input: 10}, time.Time{})
 	srv.Kill()
 	for range 3 {
 		if err := r.Flush(context.Background()); err == nil {

@@ -2,9 +2,11 @@
 // key, team, model and UTC day.
 //
 // Money is kept in integer micro-dollars. Two backends implement [Ledger]:
-// [Local] keeps the ledger in the process and in a state file, and [Redis]
-// shares it between replicas. Both make Add cheap and free of I/O, so the
-// request path never waits for the ledger.
+// [Local] keeps the ledger in the process, in a state file and in a journal
+// of every Add, and [Redis] shares it between replicas. Both make Add cheap:
+// Redis's does no I/O, Local's one write into the kernel's page cache (its
+// journal line, never an fsync), so the request path never waits for a
+// disk or the network.
 package spend
 
 import (
@@ -102,10 +104,12 @@ func sortRows(rows []Row) {
 
 // Ledger records spend and answers queries about it.
 type Ledger interface {
-	// Add records one request's usage. It never blocks on I/O and never
-	// fails: a backend that cannot write now keeps the delta and writes it
-	// later.
-	Add(k Key, t Totals)
+	// Add records one request's usage. admitted is when the request was
+	// admitted (its lease's time), kept by a Local journal so that a
+	// restart can restore in-process rate limits. It never waits for a
+	// disk or the network and never fails: a backend that cannot write now
+	// keeps the delta and writes it later.
+	Add(k Key, t Totals, admitted time.Time)
 	// Query returns matching rows sorted by day, team, key and model.
 	Query(ctx context.Context, f Filter) ([]Row, error)
 	// Flush writes everything recorded so far (state file or Redis) before

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -115,7 +116,7 @@ func manyAdds(n int, tag string) []add {
 
 func addAll(l Ledger, adds []add) {
 	for _, a := range adds {
-		l.Add(a.k, a.t)
+		l.Add(a.k, a.t, time.Time{})
 	}
 }
 
@@ -197,7 +198,7 @@ func TestRedisSpillLostReply(t *testing.T) {
 	r1 := newRedis(t, srv.Client(t, h), RedisOptions{SpillFile: spill})
 	kA := Key{Day: "2026-11-30", KeyID: "a", Team: "t", Model: "m"}
 	kB := Key{Day: "2026-11-30", KeyID: "b", Team: "t", Model: "m"}
-	r1.Add(kA, Totals{Requests: 1, Input: 10, CostMicros: 100})
+	r1.Add(kA, Totals{Requests: 1, Input: 10, CostMicros: 100}, time.Time{})
 	h.loseNext.Store(true)
 	if err := r1.Flush(context.Background()); err == nil {
 		t.Fatal("Flush succeeded although its reply was lost")
@@ -206,8 +207,8 @@ func TestRedisSpillLostReply(t *testing.T) {
 	if len(ran) != 1 {
 		t.Fatalf("scripts run: %q, want 1", ran)
 	}
-	r1.Add(kA, Totals{Requests: 1, Input: 5, CostMicros: 50})
-	r1.Add(kB, Totals{Requests: 1, Input: 7, CostMicros: 70})
+	r1.Add(kA, Totals{Requests: 1, Input: 5, CostMicros: 50}, time.Time{})
+	r1.Add(kB, Totals{Requests: 1, Input: 7, CostMicros: 70}, time.Time{})
 	h.down.Store(true)
 	if err := r1.Close(); err == nil || !strings.Contains(err.Error(), "spill file") {
 		t.Fatalf("Close = %v, want an error naming the spill file", err)
@@ -414,7 +415,7 @@ func TestRedisSpillUnwritable(t *testing.T) {
 	spill := filepath.Join(t.TempDir(), "missing-dir", "spend.spill")
 	r := newRedis(t, srv.Client(t), RedisOptions{SpillFile: spill})
 	srv.Kill()
-	r.Add(Key{Day: "2026-11-30", KeyID: "a"}, Totals{Requests: 1})
+	r.Add(Key{Day: "2026-11-30", KeyID: "a"}, Totals{Requests: 1}, time.Time{})
 	err := r.Close()
 	if err == nil || !strings.Contains(err.Error(), "1 rows not written") || !strings.Contains(err.Error(), "writing spill file") {
 		t.Fatalf("Close = %v, want an error saying 1 row is not written and the spill file failed", err)

@@ -35,7 +35,7 @@ type governance struct {
 // openGovernance builds the limiter and the ledger from cfg: shared through
 // Redis when [redis] addrs are set (with an in-process fallback limiter, per
 // ratelimit.on_redis_error), in the process otherwise, with spend kept in
-// [spend] state_file across restarts.
+// [spend] state_file and its journal across restarts.
 func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*governance, error) {
 	// One gateway per state file and spill directory: a second one would
 	// overwrite the first's spend.
@@ -95,15 +95,18 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	flush := config.Seconds(cfg.Spend.FlushIntervalSeconds)
 	local := ratelimit.NewLocal(ratelimit.LocalOptions{})
 	if !cfg.UsesRedis() {
+		rates := newRateSeeder(cfg)
 		ledger, err := spend.NewLocal(spend.LocalOptions{StateFile: cfg.Spend.StateFile, FlushInterval: flush,
-			Logger: log})
+			Logger: log, Journal: true, JournalSync: config.Millis(cfg.Spend.JournalSyncMs), OnReplay: rates.add})
 		if err == nil {
-			// Budgets live in this process: restore what the persisted
-			// ledger says was used today and this month.
+			// Limits live in this process: restore what the persisted
+			// ledger (its journal replayed) says was used today and this
+			// month, and the rate buckets from the journal's last minute.
 			err = seedBudgets(context.Background(), local, ledger, cfg, time.Now())
 			if err != nil {
 				_ = ledger.Close()
 			}
+			rates.seed(local)
 		}
 		if err != nil {
 			_ = local.Close()
