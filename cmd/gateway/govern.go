@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/fleet"
@@ -129,6 +130,11 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 		// would otherwise retry commands, and dial 5 times 100 ms apart.
 		MaxRetries:    -1,
 		DialerRetries: 1,
+		// The handshake for maintenance notifications (a Redis Enterprise
+		// feature) costs a round trip per new connection, fails on every
+		// open-source Redis, and its fallback races in go-redis v9.23
+		// when connections dial at once.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
 	if rc.TLS {
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // NodeTimeout is the cluster's cluster-node-timeout: how long a master must
@@ -99,6 +100,9 @@ func (c *Cluster) Client(t testing.TB, hooks ...redis.Hook) *redis.ClusterClient
 // are set here.
 func (c *Cluster) ClientWith(t testing.TB, opts redis.ClusterOptions, hooks ...redis.Hook) *redis.ClusterClient {
 	opts.Addrs, opts.MaxRetries, opts.DialerRetries = c.Addrs(), -1, 1
+	if opts.MaintNotificationsConfig == nil { // as the gateway's (govern.go)
+		opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	}
 	cc := redis.NewClusterClient(&opts)
 	for _, h := range hooks {
 		cc.AddHook(h)

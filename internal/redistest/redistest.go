@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Server is a redis-server child process.
@@ -137,6 +138,9 @@ func (s *Server) Client(t testing.TB, hooks ...redis.Hook) *redis.Client {
 // ClientWith is Client with options (Addr is set here).
 func (s *Server) ClientWith(t testing.TB, opts redis.Options, hooks ...redis.Hook) *redis.Client {
 	opts.Addr = s.Addr()
+	if opts.MaintNotificationsConfig == nil { // as the gateway's (govern.go)
+		opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	}
 	c := redis.NewClient(&opts)
 	for _, h := range hooks {
 		c.AddHook(h)
