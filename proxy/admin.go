@@ -144,10 +144,15 @@ func (g *Gateway) adminSpend(w http.ResponseWriter, r *http.Request) {
 
 // LimitState is one limit of one key or team in GET /admin/limits.
 type LimitState struct {
-	Limit     string `json:"limit"`
-	Max       int64  `json:"max"`
-	Used      int64  `json:"used"`
-	Remaining int64  `json:"remaining"`
+	Limit string `json:"limit"`
+	Max   int64  `json:"max"`
+	// Used is a budget's settled usage, the open requests (concurrency) or
+	// a rate's consumed share.
+	Used int64 `json:"used"`
+	// Reserved is what requests in flight hold of a budget beyond Used (0
+	// for other limits); Remaining is the limit less both.
+	Reserved  int64 `json:"reserved"`
+	Remaining int64 `json:"remaining"`
 	// ResetSeconds is the time until a rate is full again or a budget's
 	// window ends (0 for concurrency).
 	ResetSeconds float64 `json:"reset_seconds"`
@@ -220,8 +225,8 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			continue
 		}
-		ls := LimitState{Limit: st.Kind.String(), Max: st.Limit, Used: st.Used, Remaining: st.Remaining,
-			ResetSeconds: st.Reset.Seconds()}
+		ls := LimitState{Limit: st.Kind.String(), Max: st.Limit, Used: st.Used, Reserved: st.Reserved,
+			Remaining: st.Remaining, ResetSeconds: st.Reset.Seconds()}
 		if st.Reset > 0 {
 			ls.ResetAt = now.Add(st.Reset).UTC().Format(time.RFC3339)
 		}

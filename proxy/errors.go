@@ -145,20 +145,30 @@ var limitNames = [...]string{
 }
 
 // errRateLimited phrases a refusal. A rate or concurrency limit is a
-// rate_limit_exceeded the caller should retry after RetryAfter; a spent
-// budget is not a rate limit and says when it renews.
+// rate_limit_exceeded the caller should retry after RetryAfter, and so is a
+// budget that requests in flight hold (it frees as they end, and its message
+// gives what is used and what is reserved apart); a spent budget is not a
+// rate limit and says when it renews.
 func errRateLimited(dec ratelimit.Decision, who string, now time.Time) *apiError {
 	st := dec.Refused
 	name := "limit"
 	if int(st.Kind) < len(limitNames) {
 		name = limitNames[st.Kind]
 	}
+	wait := dec.RetryAfter.Round(time.Millisecond).String()
 	if st.Kind.Budget() {
-		var used, limit string
+		amount := usd
 		if st.Kind == ratelimit.KindTokensPerDay {
-			used, limit = strconv.FormatInt(st.Used, 10), strconv.FormatInt(st.Limit, 10)
-		} else {
-			used, limit = usd(st.Used), usd(st.Limit)
+			amount = func(n int64) string { return strconv.FormatInt(n, 10) }
+		}
+		used, limit := amount(st.Used), amount(st.Limit)
+		if !st.Spent() {
+			return &apiError{Status: http.StatusTooManyRequests, Kind: "tokens", Code: "rate_limit_exceeded",
+				AnthropicKind: "rate_limit_error",
+				Msg: "Budget held by requests in flight for " + who + " on " + name + ": Limit " + limit +
+					", Used " + used + ", Reserved " + amount(st.Reserved) +
+					". It is not spent: what those requests do not use comes back as they end. Please try again in " +
+					wait + "."}
 		}
 		window := "day"
 		if st.Kind == ratelimit.KindCostPerMonth {
@@ -178,7 +188,7 @@ func errRateLimited(dec ratelimit.Decision, who string, now time.Time) *apiError
 		kind = "tokens"
 	}
 	msg := "Rate limit reached for " + who + " on " + name + ": Limit " + strconv.FormatInt(st.Limit, 10) +
-		", Used " + strconv.FormatInt(st.Used, 10) + ". Please try again in " + dec.RetryAfter.Round(time.Millisecond).String() + "."
+		", Used " + strconv.FormatInt(st.Used, 10) + ". Please try again in " + wait + "."
 	return &apiError{Status: http.StatusTooManyRequests, Kind: kind, Code: "rate_limit_exceeded",
 		AnthropicKind: "rate_limit_error", Msg: msg}
 }

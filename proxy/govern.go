@@ -231,11 +231,13 @@ func (ex *exchange) admit() bool {
 		h := ex.w.Header()
 		setRateLimitHeaders(h, ex.rec.Dialect, dec.States, ex.g.now())
 		e := errRateLimited(dec, ex.who(dec.Refused), ex.g.now())
-		if dec.Refused.Kind.Budget() {
+		if dec.Refused.Spent() {
 			// Retrying cannot succeed before the window ends: tell the SDKs
 			// not to (both SDKs honour x-should-retry) and give no Retry-After in seconds.
 			h.Set("X-Should-Retry", "false")
 		} else {
+			// A rate, a concurrency cap, or a budget that requests in
+			// flight hold: the SDKs retry it after this wait.
 			setRetryAfter(h, dec.RetryAfter)
 		}
 		ex.rec.ErrorType = e.Kind

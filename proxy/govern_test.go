@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/internal/redistest"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/ratelimit"
@@ -294,6 +296,184 @@ func TestBudgetSpentIsNotRetried(t *testing.T) {
 	// The other team still has its budget.
 	if _, err := w.openai(keyBeta).Chat.Completions.New(ctx, chatParams(150)); err != nil {
 		t.Errorf("other team: %v", err)
+	}
+}
+
+// holdGate holds the upstream requests that carry X-Test-Hold until
+// released, so that a test knows which requests are in flight.
+type holdGate struct {
+	arrived atomic.Int64
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *holdGate) open() { g.once.Do(func() { close(g.release) }) }
+
+func (g *holdGate) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Test-Hold") != "" {
+			g.arrived.Add(1)
+			select {
+			case <-g.release:
+			case <-r.Context().Done():
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// TestBudgetHeldByRequestsInFlightIsRetried: team "search" has 20000 tokens
+// a day, and its requests ask for max_tokens 4096, so five in flight reserve
+// the whole budget. While they run, the next requests get a retryable 429
+// (rate_limit_exceeded, rate_limit_error in Anthropic's dialect, with
+// Retry-After and without x-should-retry: false) whose message gives used and
+// reserved apart, and the official SDKs, with their default two retries,
+// succeed once those end. When the real usage reaches the limit, the next
+// request gets the final insufficient_quota, which the SDKs do not retry. On
+// the Local limiter (on a frozen clock) and on Redis.
+func TestBudgetHeldByRequestsInFlightIsRetried(t *testing.T) {
+	for _, backend := range []string{"local", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			gate := &holdGate{release: make(chan struct{})}
+			setup := govSetup{upstream: gate.wrap}
+			if backend == "redis" {
+				if time.Until(time.Now().UTC().Truncate(24*time.Hour).Add(24*time.Hour)) < 5*time.Minute {
+					t.Skip("the UTC day ends within 5 minutes, and the budget with it")
+				}
+				setup.limiter = ratelimit.NewRedis(redistest.Start(t).Client(t), ratelimit.RedisOptions{})
+			}
+			const limit = 20000
+			w := newGovWorldWith(t, mockllm.Options{OutputTokens: 100}, backend == "local", func(c *config.Config) {
+				c.Teams[0].TokensPerDay = i64(limit)
+			}, setup)
+			// Registered after the world's, so run before them: a failing
+			// test lets the held requests go before the servers close.
+			t.Cleanup(gate.open)
+			ctx := testCtx(t)
+			team := ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: "search", Limits: ratelimit.Limits{TokensPerDay: limit}}
+			peek := func() ratelimit.State {
+				t.Helper()
+				sts, err := w.limiter.Peek(ctx, []ratelimit.Subject{team})
+				if err != nil || len(sts) != 1 {
+					t.Fatalf("Peek: %v %v", sts, err)
+				}
+				return sts[0]
+			}
+			const sdkRetries = 2 // both SDKs' default
+
+			// Five requests in flight hold the day's 20000 tokens.
+			var wg sync.WaitGroup
+			errs := make(chan error, 20)
+			for range 5 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, err := w.openai(keyAlpha, option.WithHeader("X-Test-Hold", "1")).Chat.Completions.New(ctx, chatParams(4096))
+					errs <- err
+				}()
+			}
+			waitFor(t, "five requests in flight", func() bool { return gate.arrived.Load() == 5 })
+			if st := peek(); st.Used != 0 || st.Reserved != limit {
+				t.Fatalf("with five in flight: %+v", st)
+			}
+
+			// The next request, without retries, sees the refusal as it is.
+			_, err := w.openai(keyAlpha).Chat.Completions.New(ctx, chatParams(4096))
+			var oe *openai.Error
+			if !errors.As(err, &oe) || oe.StatusCode != http.StatusTooManyRequests || oe.Code != "rate_limit_exceeded" {
+				t.Fatalf("OpenAI SDK, budget held: %v", err)
+			}
+			h := oe.Response.Header
+			if h.Get("X-Should-Retry") == "false" || h.Get("Retry-After") != "1" || h.Get("Retry-After-Ms") == "" {
+				t.Errorf("held: x-should-retry %q, retry-after %q, retry-after-ms %q; want a retry in 1 s",
+					h.Get("X-Should-Retry"), h.Get("Retry-After"), h.Get("Retry-After-Ms"))
+			}
+			if backend == "local" && h.Get("Retry-After-Ms") != "1000" {
+				t.Errorf("held, nothing settled yet: retry-after-ms %q, want 1000", h.Get("Retry-After-Ms"))
+			}
+			for _, want := range []string{`team "search"`, "tokens per day", "Limit 20000", "Used 0", "Reserved 20000",
+				"not spent"} {
+				if !strings.Contains(oe.Message, want) {
+					t.Errorf("held: message %q does not say %q", oe.Message, want)
+				}
+			}
+			_, err = w.anthropic(keyAlpha).Messages.New(ctx, messageParams(4096))
+			var ae *anthropic.Error
+			if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || ae.Type() != "rate_limit_error" ||
+				ae.Response.Header.Get("X-Should-Retry") == "false" {
+				t.Fatalf("Anthropic SDK, budget held: %v", err)
+			}
+
+			// Five more through both SDKs, with their default retries: the
+			// first attempt of each is refused, and each succeeds once the
+			// five in flight end.
+			var log attemptLog
+			for i := range 5 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if i%2 == 0 {
+						_, err := w.openai(keyAlpha, option.WithMaxRetries(sdkRetries), option.WithMiddleware(log.openai)).
+							Chat.Completions.New(ctx, chatParams(4096))
+						errs <- err
+						return
+					}
+					_, err := w.anthropic(keyAlpha, aoption.WithMaxRetries(sdkRetries), aoption.WithMiddleware(log.anthropic)).
+						Messages.New(ctx, messageParams(4096))
+					errs <- err
+				}()
+			}
+			waitFor(t, "five refusals", func() bool { return len(log.get()) >= 5 })
+			gate.open()
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Errorf("a request failed while the budget was only reserved: %v", err)
+				}
+			}
+			as := log.get()
+			var refusals int
+			for _, a := range as {
+				if a.status == http.StatusTooManyRequests {
+					refusals++
+				}
+			}
+			if refusals < 5 || len(as) != 5+refusals {
+				t.Errorf("attempts %+v: want each of the five refused first, then admitted", as)
+			}
+			if st := peek(); st.Reserved != 0 || st.Used == 0 || st.Used >= limit {
+				t.Fatalf("after ten requests of 100 tokens: %+v", st)
+			}
+
+			// Requests that really use 4000 tokens each spend the budget; the
+			// one after that is refused for good, and not retried.
+			for i := 0; ; i++ {
+				if i == 10 {
+					t.Fatalf("ten requests of 4000 tokens did not spend %d: %+v", limit, peek())
+				}
+				used := peek().Used
+				var log attemptLog
+				_, err := w.openai(keyAlpha, option.WithMaxRetries(sdkRetries), option.WithMiddleware(log.openai),
+					option.WithHeader("X-Mock-Output-Tokens", "4000")).Chat.Completions.New(ctx, chatParams(4096))
+				if used < limit {
+					if err != nil {
+						t.Fatalf("request %d, %d of %d used: %v", i, used, limit, err)
+					}
+					continue
+				}
+				if !errors.As(err, &oe) || oe.StatusCode != http.StatusTooManyRequests || oe.Code != "insufficient_quota" ||
+					oe.Response.Header.Get("X-Should-Retry") != "false" || len(log.get()) != 1 {
+					t.Fatalf("spent (%d of %d used): %v after %d attempts", used, limit, err, len(log.get()))
+				}
+				break
+			}
+			_, err = w.anthropic(keyAlpha, aoption.WithMaxRetries(sdkRetries)).Messages.New(ctx, messageParams(4096))
+			if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests ||
+				ae.Response.Header.Get("X-Should-Retry") != "false" || !strings.Contains(ae.Error(), "Budget spent") {
+				t.Fatalf("Anthropic SDK, spent budget: %v", err)
+			}
+		})
 	}
 }
 

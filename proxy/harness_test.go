@@ -1112,12 +1112,12 @@ func wantSuccess(t *testing.T, k sdkKind, a sdkAnswer) {
 	}
 }
 
-// govWorld is a gateway with keys, teams, a Local limiter and a memory
-// ledger in front of a mockllm.
+// govWorld is a gateway with keys, teams, a limiter (Local unless told
+// otherwise) and a memory ledger in front of a mockllm.
 type govWorld struct {
 	tg      *testGateway
 	mock    *mockllm.Server
-	limiter *ratelimit.Local
+	limiter ratelimit.Limiter
 	ledger  *spend.Local
 	clock   *fakeClock // nil: real time
 }
@@ -1127,19 +1127,41 @@ type govWorld struct {
 // may set limits.
 func newGovWorld(t *testing.T, mo mockllm.Options, frozen bool, edit func(*config.Config)) *govWorld {
 	t.Helper()
+	return newGovWorldWith(t, mo, frozen, edit, govSetup{})
+}
+
+// govSetup is what newGovWorldWith may change in a world.
+type govSetup struct {
+	// limiter replaces the Local limiter on the world's clock; the world
+	// closes it.
+	limiter ratelimit.Limiter
+	// upstream wraps the mockllm's handler.
+	upstream func(http.Handler) http.Handler
+}
+
+// newGovWorldWith is newGovWorld with another limiter or upstream.
+func newGovWorldWith(t *testing.T, mo mockllm.Options, frozen bool, edit func(*config.Config), setup govSetup) *govWorld {
+	t.Helper()
 	w := &govWorld{}
 	if frozen {
 		w.clock = newFakeClock()
 	}
 	mo.RequireKey = upstreamKey
 	w.mock = mockllm.New(mo)
-	up := httptest.NewServer(w.mock)
+	var h http.Handler = w.mock
+	if setup.upstream != nil {
+		h = setup.upstream(h)
+	}
+	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)
 	var now func() time.Time
 	if w.clock != nil {
 		now = w.clock.Now
 	}
-	w.limiter = ratelimit.NewLocal(ratelimit.LocalOptions{Now: now})
+	w.limiter = setup.limiter
+	if w.limiter == nil {
+		w.limiter = ratelimit.NewLocal(ratelimit.LocalOptions{Now: now})
+	}
 	t.Cleanup(func() { _ = w.limiter.Close() })
 	w.ledger = newLocalLedger(t)
 	w.tg = newTestGatewayWith(t, up.URL, func(c *config.Config) {

@@ -112,15 +112,43 @@ func tpmReserve(tokens, limit int64) int64 {
 }
 
 // budgetReserve is what a request reserves against a budget window holding
-// used of limit: its estimate clamped to what is left, limit − used. ok is
-// false only for a spent budget (used >= limit), which refuses even a zero
-// estimate. A large estimate (a generous max_tokens) is thus never refused
-// while some budget is left; Settle charges the real usage, so a window may
-// end above its limit by at most one request's usage beyond its clamped
-// reservation (per request open at once).
-func budgetReserve(used, estimate, limit int64) (reserve int64, ok bool) {
-	if used >= limit {
+// held of limit (settled usage and reservations together): its estimate
+// clamped to what is left, limit − held. ok is false when nothing is left
+// (held >= limit), which refuses even a zero estimate. A large estimate (a
+// generous max_tokens) is thus never refused while some budget is left;
+// Settle charges the real usage, so a window may end above its limit by at
+// most one request's usage beyond its clamped reservation (per request open
+// at once).
+func budgetReserve(held, estimate, limit int64) (reserve int64, ok bool) {
+	if held >= limit {
 		return 0, false
 	}
-	return min(max(estimate, 0), limit-used), true
+	return min(max(estimate, 0), limit-held), true
+}
+
+// heldRetryMin and heldRetryMax bound heldRetry's wait. The floor is for an
+// oldest request already past its expected end, or with no estimate yet: it
+// ends any moment, which no limiter can predict, as for concurrency. The
+// ceiling is the longest Retry-After that every release of the official SDKs
+// honours (some ignore more than 60 s, or give up).
+const (
+	heldRetryMin = int64(time.Second)
+	heldRetryMax = int64(time.Minute)
+)
+
+// heldRetry is how long a request refused by a held budget (nothing left,
+// but not spent: reservations of requests in flight make up the rest) should
+// wait: until the oldest open reservation of the window, admitted at oldest,
+// is expected to end, typical after its admission, within [heldRetryMin,
+// heldRetryMax]. found is false when no open lease of the window is known (on
+// Redis, when only leases past their LeaseTTL hold it: their replicas died,
+// or their settlements wait for a replay): then heldRetryMax. The wait never
+// reaches past until, the earlier of the window's end (where reservations
+// start from zero) and the oldest lease's expiry.
+func heldRetry(oldest int64, found bool, typical, now, until int64) int64 {
+	wait := heldRetryMax
+	if found {
+		wait = min(max(oldest+typical-now, heldRetryMin), heldRetryMax)
+	}
+	return max(min(wait, until-now), 0)
 }

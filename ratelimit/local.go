@@ -35,6 +35,8 @@ type LocalOptions struct {
 type Local struct {
 	now func() time.Time
 	max int
+	// typical is how long its requests last, for a held budget's RetryAfter.
+	typical durationEstimate
 
 	mu       sync.Mutex
 	closed   bool
@@ -60,10 +62,60 @@ type entry struct {
 	// concurrency limit, so that such subjects are never evicted.
 	open int64
 
-	// dayEnd and monthEnd identify the windows the counters belong to.
-	dayEnd, monthEnd   int64
-	dayTokens, dayCost int64
-	monthCost          int64
+	// dayEnd and monthEnd identify the windows the counters belong to. Each
+	// counter holds the settled usage and the reservations of open leases;
+	// the *Res counters are the reservations alone.
+	dayEnd, monthEnd         int64
+	dayTokens, dayCost       int64
+	monthCost                int64
+	dayTokensRes, dayCostRes int64
+	monthCostRes             int64
+	// leases lists the subject's open leases, oldest first, when it has a
+	// budget (a sentinel; next is nil until the first).
+	leases leaseLink
+}
+
+// leaseLink puts an open lease in the list of one subject with a budget, so
+// that a budget held by requests in flight can tell when the oldest of them
+// is expected to end.
+type leaseLink struct {
+	prev, next *leaseLink
+	at         int64 // admission, Unix ns
+}
+
+// link appends lk, admitted at at, to e's open leases.
+func (e *entry) link(lk *leaseLink, at int64) {
+	if e.leases.next == nil {
+		e.leases.next, e.leases.prev = &e.leases, &e.leases
+	}
+	lk.at = at
+	lk.prev, lk.next = e.leases.prev, &e.leases
+	e.leases.prev.next = lk
+	e.leases.prev = lk
+}
+
+// unlink takes lk out of its list, if it is in one.
+func (lk *leaseLink) unlink() {
+	if lk.next == nil {
+		return
+	}
+	lk.prev.next, lk.next.prev = lk.next, lk.prev
+	lk.prev, lk.next = nil, nil
+}
+
+// oldestSince returns the admission time of e's oldest open lease admitted
+// at or after start (the window's start: earlier ones hold an earlier
+// window's budget).
+func (e *entry) oldestSince(start int64) (int64, bool) {
+	if e.leases.next == nil {
+		return 0, false
+	}
+	for lk := e.leases.next; lk != &e.leases; lk = lk.next {
+		if lk.at >= start {
+			return lk.at, true
+		}
+	}
+	return 0, false
 }
 
 // NewLocal returns an in-process limiter.
@@ -89,6 +141,7 @@ type leaseBox struct {
 	lease    Lease
 	subjects [2]Subject
 	holds    [2]hold
+	links    [2]leaseLink
 	states   [4]State
 	id       [24]byte
 }
@@ -114,8 +167,11 @@ func (r *refusal) add(st State, retry time.Duration) {
 // A Tokens estimate above a subject's TPM limit reserves the whole bucket
 // instead (it is admitted once the bucket is full, and Settle charges the
 // real excess as debt): a request is never refused forever for its
-// max_tokens. Likewise a budget reserves at most what is left of it and
-// refuses only once spent (gcra.go's budgetReserve).
+// max_tokens. Likewise a budget reserves at most what is left of it
+// (gcra.go's budgetReserve); with nothing left it refuses as spent, until the
+// window ends, or as held by the requests in flight, for heldRetry: until the
+// oldest open lease of the subject in the window is expected to end, by the
+// typical duration of the leases this limiter settled.
 //
 // Subjects of one request are expected to be distinct (a key and its team).
 // Limits of zero or less are unlimited. ctx is unused: Local never blocks.
@@ -165,20 +221,17 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 		var ok bool
 		if lim.TokensPerDay > 0 {
 			if h.tpd, ok = budgetReserve(e.dayTokens, tokens, lim.TokensPerDay); !ok {
-				st := budgetState(s, KindTokensPerDay, e.dayTokens, e.dayEnd, now)
-				ref.add(st, st.Reset)
+				l.refuseBudget(&ref, s, e, KindTokensPerDay, now)
 			}
 		}
 		if lim.CostPerDayMicros > 0 {
 			if h.cpd, ok = budgetReserve(e.dayCost, cost, lim.CostPerDayMicros); !ok {
-				st := budgetState(s, KindCostPerDay, e.dayCost, e.dayEnd, now)
-				ref.add(st, st.Reset)
+				l.refuseBudget(&ref, s, e, KindCostPerDay, now)
 			}
 		}
 		if lim.CostPerMonthMicros > 0 {
 			if h.cpm, ok = budgetReserve(e.monthCost, cost, lim.CostPerMonthMicros); !ok {
-				st := budgetState(s, KindCostPerMonth, e.monthCost, e.monthEnd, now)
-				ref.add(st, st.Reset)
+				l.refuseBudget(&ref, s, e, KindCostPerMonth, now)
 			}
 		}
 		holds = append(holds, h)
@@ -202,6 +255,9 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 		e.dayTokens += holds[i].tpd
 		e.dayCost += holds[i].cpd
 		e.monthCost += holds[i].cpm
+		e.dayTokensRes += holds[i].tpd
+		e.dayCostRes += holds[i].cpd
+		e.monthCostRes += holds[i].cpm
 	}
 
 	box := new(leaseBox)
@@ -214,13 +270,20 @@ func (l *Local) Admit(_ context.Context, req Request) (Decision, error) {
 	if len(req.Subjects) <= len(box.subjects) {
 		box.lease.Subjects = box.subjects[:len(req.Subjects)]
 		box.lease.holds = box.holds[:len(req.Subjects)]
+		box.lease.links = box.links[:len(req.Subjects)]
 		states = box.states[:0]
 	} else {
 		box.lease.Subjects = make([]Subject, len(req.Subjects))
 		box.lease.holds = make([]hold, len(req.Subjects))
+		box.lease.links = make([]leaseLink, len(req.Subjects))
 	}
 	copy(box.lease.Subjects, req.Subjects)
 	copy(box.lease.holds, holds)
+	for i, s := range req.Subjects {
+		if s.Limits.HasBudget() {
+			ents[i].link(&box.lease.links[i], now)
+		}
+	}
 	d := Decision{Allowed: true, Lease: &box.lease,
 		States: l.rateStates(states, req.Subjects, ents, now)}
 	l.trim(now)
@@ -247,11 +310,17 @@ func (l *Local) Settle(_ context.Context, ls *Lease, tokens, costMicros int64) e
 		return nil
 	}
 	now := l.now().UnixNano()
+	if at := ls.At.UnixNano(); !ls.At.IsZero() && now >= at {
+		l.typical.observe(time.Duration(now - at))
+	}
 	var dayEnd, monthEnd int64 // computed once, only for subjects with budgets
 	for i, s := range ls.Subjects {
 		e, lim := l.get(s), s.Limits
 		h, _ := ls.holdOf(i)
 		e.open = max(e.open-1, 0)
+		if i < len(ls.links) {
+			ls.links[i].unlink()
+		}
 		if lim.TPM > 0 {
 			e.tpmTAT = rateSettle(e.tpmTAT, now, tokens-tpmReserve(ls.Tokens, lim.TPM), lim.TPM)
 		}
@@ -263,9 +332,11 @@ func (l *Local) Settle(_ context.Context, ls *Lease, tokens, costMicros int64) e
 			if e.dayEnd == dayEnd {
 				if lim.TokensPerDay > 0 {
 					e.dayTokens = max(e.dayTokens+tokens-h.tpd, 0)
+					e.dayTokensRes = max(e.dayTokensRes-h.tpd, 0)
 				}
 				if lim.CostPerDayMicros > 0 {
 					e.dayCost = max(e.dayCost+costMicros-h.cpd, 0)
+					e.dayCostRes = max(e.dayCostRes-h.cpd, 0)
 				}
 			}
 		}
@@ -276,6 +347,7 @@ func (l *Local) Settle(_ context.Context, ls *Lease, tokens, costMicros int64) e
 			}
 			if e.monthEnd == monthEnd {
 				e.monthCost = max(e.monthCost+costMicros-h.cpm, 0)
+				e.monthCostRes = max(e.monthCostRes-h.cpm, 0)
 			}
 		}
 	}
@@ -322,20 +394,22 @@ func (l *Local) Peek(_ context.Context, subjects []Subject) ([]State, error) {
 		// Counters of an ended window read as zero without being reset:
 		// Peek changes nothing.
 		dayTokens, dayCost, monthCost := e.dayTokens, e.dayCost, e.monthCost
+		dayTokensRes, dayCostRes, monthCostRes := e.dayTokensRes, e.dayCostRes, e.monthCostRes
 		if e.dayEnd != dayEnd {
-			dayTokens, dayCost = 0, 0
+			dayTokens, dayCost, dayTokensRes, dayCostRes = 0, 0, 0, 0
 		}
 		if e.monthEnd != monthEnd {
-			monthCost = 0
+			monthCost, monthCostRes = 0, 0
 		}
+		dayLeft, monthLeft := time.Duration(dayEnd-now), time.Duration(monthEnd-now)
 		if lim.TokensPerDay > 0 {
-			out = append(out, budgetState(s, KindTokensPerDay, dayTokens, dayEnd, now))
+			out = append(out, budgetState(s, KindTokensPerDay, dayTokens, dayTokensRes, dayLeft))
 		}
 		if lim.CostPerDayMicros > 0 {
-			out = append(out, budgetState(s, KindCostPerDay, dayCost, dayEnd, now))
+			out = append(out, budgetState(s, KindCostPerDay, dayCost, dayCostRes, dayLeft))
 		}
 		if lim.CostPerMonthMicros > 0 {
-			out = append(out, budgetState(s, KindCostPerMonth, monthCost, monthEnd, now))
+			out = append(out, budgetState(s, KindCostPerMonth, monthCost, monthCostRes, monthLeft))
 		}
 	}
 	return out, nil
@@ -364,7 +438,7 @@ func (l *Local) Seed(s Subject, at time.Time, dayTokens, dayCostMicros, monthCos
 		_, rem := dayWindow(at)
 		end := at.UnixNano() + int64(rem)
 		if e.dayEnd < end {
-			e.dayEnd, e.dayTokens, e.dayCost = end, 0, 0
+			e.dayEnd, e.dayTokens, e.dayCost, e.dayTokensRes, e.dayCostRes = end, 0, 0, 0, 0
 		}
 		if e.dayEnd == end {
 			e.dayTokens += dayTokens
@@ -375,7 +449,7 @@ func (l *Local) Seed(s Subject, at time.Time, dayTokens, dayCostMicros, monthCos
 		_, rem := monthWindow(at)
 		end := at.UnixNano() + int64(rem)
 		if e.monthEnd < end {
-			e.monthEnd, e.monthCost = end, 0
+			e.monthEnd, e.monthCost, e.monthCostRes = end, 0, 0
 		}
 		if e.monthEnd == end {
 			e.monthCost += monthCostMicros
@@ -478,14 +552,14 @@ func (e *entry) idle(now int64) bool {
 func (e *entry) rollDay(at time.Time, now int64) {
 	if now >= e.dayEnd {
 		_, rem := dayWindow(at)
-		e.dayEnd, e.dayTokens, e.dayCost = now+int64(rem), 0, 0
+		e.dayEnd, e.dayTokens, e.dayCost, e.dayTokensRes, e.dayCostRes = now+int64(rem), 0, 0, 0, 0
 	}
 }
 
 func (e *entry) rollMonth(at time.Time, now int64) {
 	if now >= e.monthEnd {
 		_, rem := monthWindow(at)
-		e.monthEnd, e.monthCost = now+int64(rem), 0
+		e.monthEnd, e.monthCost, e.monthCostRes = now+int64(rem), 0, 0
 	}
 }
 
@@ -523,8 +597,30 @@ func rateStateOf(s Subject, k Kind, tat, now int64) State {
 	return State{Scope: s.Scope, ID: s.ID, Kind: k, Limit: limit, Used: used, Remaining: rem, Reset: reset}
 }
 
-func budgetState(s Subject, k Kind, used, end, now int64) State {
-	limit := s.Limits.Get(k)
-	return State{Scope: s.Scope, ID: s.ID, Kind: k, Limit: limit, Used: used,
-		Remaining: max(limit-used, 0), Reset: time.Duration(end - now)}
+// refuseBudget adds to ref the refusal of e's budget of kind k, which has
+// nothing left at now: until the window ends if it is spent, else for
+// heldRetry.
+func (l *Local) refuseBudget(ref *refusal, s Subject, e *entry, k Kind, now int64) {
+	var st State
+	var start int64
+	switch k {
+	case KindTokensPerDay:
+		st = budgetState(s, k, e.dayTokens, e.dayTokensRes, time.Duration(e.dayEnd-now))
+	case KindCostPerDay:
+		st = budgetState(s, k, e.dayCost, e.dayCostRes, time.Duration(e.dayEnd-now))
+	default:
+		st = budgetState(s, k, e.monthCost, e.monthCostRes, time.Duration(e.monthEnd-now))
+	}
+	if st.Spent() {
+		ref.add(st, st.Reset)
+		return
+	}
+	end := now + int64(st.Reset)
+	if k == KindCostPerMonth {
+		start = time.Unix(0, end).UTC().AddDate(0, -1, 0).UnixNano()
+	} else {
+		start = end - int64(24*time.Hour)
+	}
+	oldest, found := e.oldestSince(start)
+	ref.add(st, time.Duration(heldRetry(oldest, found, int64(l.typical.get()), now, end)))
 }

@@ -376,15 +376,15 @@ func TestLocalBudgetAcrossMidnight(t *testing.T) {
 	if !a.Allowed {
 		t.Fatalf("refused: %+v", a.Refused)
 	}
-	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 400 || st.Remaining != 600 || st.Reset != time.Second {
-		t.Fatalf("day 1: %+v, want used 400 reset 1s", st)
+	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 0 || st.Reserved != 400 || st.Remaining != 600 || st.Reset != time.Second {
+		t.Fatalf("day 1: %+v, want reserved 400 reset 1s", st)
 	}
-	if st := peekLocal(t, l, s, KindCostPerMonth); st.Used != 1_000 || st.Reset != time.Second {
-		t.Fatalf("november: %+v, want used 1000 reset 1s", st)
+	if st := peekLocal(t, l, s, KindCostPerMonth); st.Reserved != 1_000 || st.Reset != time.Second {
+		t.Fatalf("november: %+v, want reserved 1000 reset 1s", st)
 	}
 
 	c.Set(day2)
-	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 0 || st.Reset != 24*time.Hour-time.Second {
+	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 0 || st.Reserved != 0 || st.Reset != 24*time.Hour-time.Second {
 		t.Fatalf("day 2 before any request: %+v", st)
 	}
 	b := ladmit(t, l, Request{Subjects: []Subject{s}, Tokens: 300, CostMicros: 500})
@@ -394,17 +394,17 @@ func TestLocalBudgetAcrossMidnight(t *testing.T) {
 	// The lease admitted at 23:59:59 belongs to November 30: settling it
 	// with far more than reserved leaves December 1 alone.
 	lsettle(t, l, a.Lease, 900, 4_000)
-	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 300 {
-		t.Fatalf("day 2 after settling a day-1 lease: %+v, want used 300", st)
+	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 0 || st.Reserved != 300 {
+		t.Fatalf("day 2 after settling a day-1 lease: %+v, want reserved 300", st)
 	}
-	if st := peekLocal(t, l, s, KindCostPerMonth); st.Used != 500 {
-		t.Fatalf("december after settling a november lease: %+v, want used 500", st)
+	if st := peekLocal(t, l, s, KindCostPerMonth); st.Used != 0 || st.Reserved != 500 {
+		t.Fatalf("december after settling a november lease: %+v, want reserved 500", st)
 	}
 	lsettle(t, l, b.Lease, 100, 200)
-	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 100 {
+	if st := peekLocal(t, l, s, KindTokensPerDay); st.Used != 100 || st.Reserved != 0 {
 		t.Fatalf("day 2 after its own settle: %+v, want used 100", st)
 	}
-	if st := peekLocal(t, l, s, KindCostPerMonth); st.Used != 200 {
+	if st := peekLocal(t, l, s, KindCostPerMonth); st.Used != 200 || st.Reserved != 0 {
 		t.Fatalf("december after its own settle: %+v, want used 200", st)
 	}
 }
@@ -426,12 +426,15 @@ func TestLocalBudgetSettleAfterMidnightBeforeNewDay(t *testing.T) {
 	}
 }
 
+// TestLocalBudgetRetryAfterIsWindowEnd: a spent budget (requests settled
+// with their estimates until the settled usage reached the limit) waits for
+// the end of its window.
 func TestLocalBudgetRetryAfterIsWindowEnd(t *testing.T) {
 	cases := []struct {
 		name  string
 		at    time.Time
 		lim   Limits
-		req   Request // repeated until refused
+		req   Request // admitted and settled with its estimate until refused
 		kind  Kind
 		retry time.Duration
 	}{
@@ -455,8 +458,9 @@ func TestLocalBudgetRetryAfterIsWindowEnd(t *testing.T) {
 				if d = ladmit(t, l, req); !d.Allowed {
 					break
 				}
+				lsettle(t, l, d.Lease, req.Tokens, req.CostMicros)
 			}
-			if d.Allowed || d.Refused.Kind != tc.kind || d.RetryAfter != tc.retry || d.Refused.Reset != tc.retry {
+			if d.Allowed || d.Refused.Kind != tc.kind || !d.Refused.Spent() || d.RetryAfter != tc.retry || d.Refused.Reset != tc.retry {
 				t.Fatalf("after %d: allowed=%v refused=%+v retry=%v, want %s %v", n, d.Allowed, d.Refused, d.RetryAfter, tc.kind, tc.retry)
 			}
 		})
@@ -487,13 +491,13 @@ func TestLocalPeekEveryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []State{
-		{ScopeKey, "k", KindRPM, 1, 0, 1, 0},
-		{ScopeKey, "k", KindTPM, 2, 0, 2, 0},
-		{ScopeKey, "k", KindConcurrency, 3, 0, 3, 0},
-		{ScopeKey, "k", KindTokensPerDay, 4, 0, 4, 12 * time.Hour},
-		{ScopeKey, "k", KindCostPerDay, 5, 0, 5, 12 * time.Hour},
-		{ScopeKey, "k", KindCostPerMonth, 6, 0, 6, 12 * time.Hour},
-		{ScopeTeam, "t", KindTPM, 9, 0, 9, 0},
+		{ScopeKey, "k", KindRPM, 1, 0, 0, 1, 0},
+		{ScopeKey, "k", KindTPM, 2, 0, 0, 2, 0},
+		{ScopeKey, "k", KindConcurrency, 3, 0, 0, 3, 0},
+		{ScopeKey, "k", KindTokensPerDay, 4, 0, 0, 4, 12 * time.Hour},
+		{ScopeKey, "k", KindCostPerDay, 5, 0, 0, 5, 12 * time.Hour},
+		{ScopeKey, "k", KindCostPerMonth, 6, 0, 0, 6, 12 * time.Hour},
+		{ScopeTeam, "t", KindTPM, 9, 0, 0, 9, 0},
 	}
 	if len(sts) != len(want) {
 		t.Fatalf("Peek: %d states, want %d: %+v", len(sts), len(want), sts)
@@ -851,4 +855,75 @@ func TestLocalChargeRatesOutOfOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.ChargeRates(s, now, 1, 0) // no panic, nothing kept
+}
+
+// TestLocalHeldBudgetRetryAfter: a held budget's RetryAfter is when the
+// oldest request in flight admitted in the window is expected to end, its
+// admission plus the typical duration of the requests settled so far, within
+// [1 s, 1 min] and never past the window's end; a spent budget's is the
+// window's end.
+func TestLocalHeldBudgetRetryAfter(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	s := lteam("B", Limits{TokensPerDay: 1000})
+	req := Request{Subjects: []Subject{s}, Tokens: 500}
+	l, c := newTestLocal(t, t0)
+	held := func(step string, at time.Time, used int64, retry time.Duration) {
+		t.Helper()
+		c.Set(at)
+		d := ladmit(t, l, req)
+		if d.Allowed || d.Refused.Spent() || d.Refused.Used != used || d.Refused.Reserved != 1000-used ||
+			d.RetryAfter != retry {
+			t.Fatalf("%s: %+v, want held with %d used, RetryAfter %v", step, d, used, retry)
+		}
+	}
+
+	a := ladmit(t, l, req)
+	c.Set(t0.Add(5 * time.Second))
+	b := ladmit(t, l, req)
+	held("no request has ended yet", t0.Add(6*time.Second), 0, time.Second)
+
+	// a lasted 10 s, the typical duration now; b, the oldest in flight, is
+	// expected to end 10 s after its admission at t0+5s.
+	c.Set(t0.Add(10 * time.Second))
+	lsettle(t, l, a.Lease, 500, 0)
+	if got := l.typical.get(); got != 10*time.Second {
+		t.Fatalf("typical duration %v after one request of 10s", got)
+	}
+	held("b expected at t0+15s", t0.Add(10*time.Second), 500, 5*time.Second)
+	held("b expected at t0+15s", t0.Add(12*time.Second), 500, 3*time.Second)
+	held("b overdue", t0.Add(40*time.Second), 500, time.Second)
+	l.typical.ns.Store(int64(time.Hour))
+	held("a long typical duration", t0.Add(40*time.Second), 500, time.Minute)
+
+	// b ends having used 600: 1100 of 1000 are spent, until midnight.
+	lsettle(t, l, b.Lease, 600, 0)
+	if got := l.typical.get(); got != time.Hour+(35*time.Second-time.Hour)/8 {
+		t.Fatalf("typical duration %v, want the moving average", got)
+	}
+	d := ladmit(t, l, req)
+	if d.Allowed || !d.Refused.Spent() || d.Refused.Used != 1100 || d.Refused.Reserved != 0 ||
+		d.RetryAfter != 12*time.Hour-40*time.Second {
+		t.Fatalf("spent: %+v", d)
+	}
+
+	// Near midnight the window's end comes first; after it, only the new
+	// day's requests hold the new day's budget.
+	day1 := time.Date(2026, 11, 30, 23, 59, 30, 0, time.UTC)
+	l, c = newTestLocal(t, day1)
+	l.typical.ns.Store(int64(time.Minute))
+	ladmit(t, l, req)
+	ladmit(t, l, req)
+	c.Set(day1.Add(10 * time.Second))
+	if d := ladmit(t, l, req); d.Allowed || d.RetryAfter != 20*time.Second {
+		t.Fatalf("20 s before midnight: %+v", d)
+	}
+	c.Set(day1.Add(40 * time.Second)) // 00:00:10, December 1
+	ladmit(t, l, req)
+	ladmit(t, l, req)
+	c.Set(day1.Add(50 * time.Second))
+	// The oldest of the day came at 00:00:10 and is expected at 00:01:10;
+	// November's, still open, at 00:00:30.
+	if d := ladmit(t, l, req); d.Allowed || d.RetryAfter != 50*time.Second {
+		t.Fatalf("December 1, 00:00:20: %+v, want RetryAfter 50s", d)
+	}
 }

@@ -12,12 +12,17 @@
 // requests wait for it.
 //
 // Budgets (tokens per day, cost per day and per month) are counters over UTC
-// calendar windows. A budget admits while its window's usage is below the
-// limit, reserving the estimate clamped to what is left, so that a request is
-// never refused for its max_tokens alone; only a spent budget (usage at or
-// above the limit) refuses, and its RetryAfter is the end of the window. Settle
-// charges the real usage, so a window can end above its limit by what the
-// requests open when it ran out used beyond their clamped reservations.
+// calendar windows. A window holds the settled usage and the reservations of
+// the requests still in flight, counted apart. A budget admits while the two
+// together are below the limit, reserving the estimate clamped to what is
+// left, so that a request is never refused for its max_tokens alone. A budget
+// with nothing left refuses in one of two ways: spent (the settled usage is at
+// or above the limit), until the window ends, which is final; or held (the
+// reservations make up the rest), which passes again as those requests settle
+// and give back what they did not use, so its RetryAfter is short (see
+// heldRetry). Settle charges the real usage, so a window can end above its
+// limit by what the requests open when it ran out used beyond their clamped
+// reservations.
 package ratelimit
 
 import (
@@ -141,13 +146,34 @@ type State struct {
 	ID    string
 	Kind  Kind
 	Limit int64
-	// Used is what the window holds now (budgets, concurrency) or the
-	// bucket's consumed share (rates).
-	Used      int64
+	// Used is the settled usage of a budget's window, the open requests
+	// (concurrency) or the bucket's consumed share (rates).
+	Used int64
+	// Reserved is what the requests in flight hold of a budget's window
+	// beyond Used, until they settle; 0 for other limits.
+	Reserved int64
+	// Remaining is what is left to admit: for a budget, the limit less Used
+	// and Reserved.
 	Remaining int64
 	// Reset is the time until a rate is back to full, or until a budget's
 	// window ends; 0 for concurrency.
 	Reset time.Duration
+}
+
+// Spent reports whether s is a budget whose settled usage has reached its
+// limit. A spent budget refuses until its window ends, whatever the requests
+// in flight do; one that refuses while not spent is held by their
+// reservations and admits again as they settle.
+func (s State) Spent() bool { return s.Kind.Budget() && s.Used >= s.Limit }
+
+// budgetState is the state of a budget of s whose window holds held, of
+// which reserved by requests in flight (clamped to held, so that Used and
+// Reserved add up to what the window holds), and ends in reset.
+func budgetState(s Subject, k Kind, held, reserved int64, reset time.Duration) State {
+	limit := s.Limits.Get(k)
+	reserved = min(max(reserved, 0), max(held, 0))
+	return State{Scope: s.Scope, ID: s.ID, Kind: k, Limit: limit, Used: max(held-reserved, 0), Reserved: reserved,
+		Remaining: max(limit-held, 0), Reset: reset}
 }
 
 // Decision is Admit's answer.
@@ -157,7 +183,9 @@ type Decision struct {
 	Refused State
 	// RetryAfter is when a retry can pass, from the limiter's state: the time
 	// until enough of a rate has refilled (never the whole window), until a
-	// budget's window ends, or a short fixed wait for concurrency.
+	// spent budget's window ends, until the oldest request holding a held
+	// budget is expected to end (heldRetry), or a short fixed wait for
+	// concurrency.
 	RetryAfter time.Duration
 	// States holds the RPM and TPM state of every subject after the
 	// decision, for x-ratelimit-* and anthropic-ratelimit-* headers (see
@@ -165,9 +193,10 @@ type Decision struct {
 	// refusal (which reserved nothing).
 	States []State
 	// Budgets holds, from Redis, the state of every budget of every subject
-	// after the decision (usage includes the reservations of requests in
-	// flight), which a Failover remembers so that an outage starts from
-	// them; nil from Local.
+	// after the decision, which a Failover remembers so that an outage
+	// starts from them (Used + Reserved: what is not left); nil from Local.
+	// Reserved is told apart from Used only for a subject whose budget has
+	// nothing left; otherwise Used includes it.
 	Budgets []State
 	// Lease is the admitted request's reservation (when Allowed). The caller
 	// must Settle it exactly once, also when the request fails or is
@@ -235,6 +264,9 @@ type Lease struct {
 	// Subjects). nil means unknown: a Redis admission that failed without
 	// a reply, whose reservations, if any, Redis itself remembers.
 	holds []hold
+	// links put a Local lease in the open-lease list of each subject with
+	// a budget (parallel to Subjects); nil for other leases.
+	links []leaseLink
 }
 
 // hold is what one subject's budgets reserved for a lease.
@@ -293,6 +325,28 @@ var ErrClosed = errors.New("ratelimit: limiter closed")
 // refuses: a slot frees when some open request ends, which no limiter can
 // predict.
 const ConcurrencyRetryAfter = time.Second
+
+// durationEstimate is a limiter's typical request duration: a moving average
+// (weight 1/8 per sample) of how long the leases it settled lasted, from
+// admission to settlement. A held budget expects its oldest reservation to
+// end that long after the admission (heldRetry). Zero means no sample yet.
+type durationEstimate struct{ ns atomic.Int64 }
+
+func (e *durationEstimate) observe(d time.Duration) {
+	d = max(d, 1) // zero means no sample
+	for {
+		old := e.ns.Load()
+		next := int64(d)
+		if old > 0 {
+			next = old + (int64(d)-old)/8
+		}
+		if e.ns.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+func (e *durationEstimate) get() time.Duration { return time.Duration(e.ns.Load()) }
 
 // dayWindow and monthWindow name the UTC calendar windows holding t, and
 // return how long they still run.

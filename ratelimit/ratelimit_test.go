@@ -99,20 +99,41 @@ func TestRefusedDecisionHasStates(t *testing.T) {
 	}
 }
 
-// TestBudgetReservesWhatIsLeft: on both backends a budget admits while its
-// window's usage is below the limit, reserving the estimate clamped to what
-// is left (per budget: the team's cost per day and per month reserve
-// differently), refuses only once spent, and Settle charges the real usage,
-// also past the limit.
-func TestBudgetReservesWhatIsLeft(t *testing.T) {
-	backends := []struct {
+// budgetBackends are the limiters the budget tests run on: both backends,
+// and a Failover in front of each, whose decisions must be theirs unchanged
+// (while Redis answers, and once it is down and the fallback answers).
+func budgetBackends() []struct {
+	name string
+	l    func(t *testing.T) Limiter
+} {
+	return []struct {
 		name string
 		l    func(t *testing.T) Limiter
 	}{
 		{"local", func(t *testing.T) Limiter { return NewLocal(LocalOptions{}) }},
 		{"redis", func(t *testing.T) Limiter { return NewRedis(startRedis(t), RedisOptions{}) }},
+		{"failover on redis", func(t *testing.T) Limiter {
+			return newTestFailover(t, FailoverOptions{Primary: NewRedis(startRedis(t), RedisOptions{}),
+				Fallback: NewLocal(LocalOptions{})})
+		}},
+		{"failover on its fallback", func(t *testing.T) Limiter {
+			srv := startRedisServer(t)
+			client := srv.clientWith(t, noRetry)
+			srv.kill()
+			return newTestFailover(t, FailoverOptions{Primary: NewRedis(client, RedisOptions{}),
+				Fallback: NewLocal(LocalOptions{}), RetryAfter: time.Hour})
+		}},
 	}
-	for _, be := range backends {
+}
+
+// TestBudgetReservesWhatIsLeft: on both backends a budget admits while its
+// window holds less than the limit, reserving the estimate clamped to what
+// is left (per budget: the team's cost per day and per month reserve
+// differently); with nothing left it refuses as held while the settled usage
+// is below the limit and as spent once it is not; and Settle charges the
+// real usage, also past the limit.
+func TestBudgetReservesWhatIsLeft(t *testing.T) {
+	for _, be := range budgetBackends()[:2] {
 		t.Run(be.name, func(t *testing.T) {
 			l := be.l(t)
 			defer l.Close()
@@ -121,7 +142,7 @@ func TestBudgetReservesWhatIsLeft(t *testing.T) {
 			req := func(tok, cost int64) Request {
 				return Request{Subjects: []Subject{key, team}, Tokens: tok, CostMicros: cost}
 			}
-			used := func(step string, tpd, cpd, cpm int64) {
+			held := func(step string, tpd, cpd, cpm int64) {
 				t.Helper()
 				for _, w := range []struct {
 					s    Subject
@@ -129,17 +150,20 @@ func TestBudgetReservesWhatIsLeft(t *testing.T) {
 					want int64
 				}{{key, KindTokensPerDay, tpd}, {team, KindCostPerDay, cpd}, {team, KindCostPerMonth, cpm}} {
 					st := peekKind(t, l, w.s, w.k)
-					if st.Used != w.want || st.Remaining != max(st.Limit-w.want, 0) {
-						t.Fatalf("%s: %v %v %+v, want used %d", step, w.s.Scope, w.k, st, w.want)
+					if st.Used+st.Reserved != w.want || st.Remaining != max(st.Limit-w.want, 0) {
+						t.Fatalf("%s: %v %v %+v, want %d used and reserved", step, w.s.Scope, w.k, st, w.want)
 					}
 				}
 			}
-			spent := func(step string) {
+			refused := func(step string, spent bool) {
 				t.Helper()
 				d := mustAdmit(t, l, req(0, 0))
-				if d.Allowed || !d.Refused.Kind.Budget() || d.Refused.Remaining != 0 ||
-					d.RetryAfter != d.Refused.Reset || d.RetryAfter <= 0 || d.RetryAfter > 31*24*time.Hour {
-					t.Fatalf("%s: a spent budget gave %+v", step, d)
+				if d.Allowed || !d.Refused.Kind.Budget() || d.Refused.Remaining != 0 || d.Refused.Spent() != spent {
+					t.Fatalf("%s: %+v, want a refusal with spent %v", step, d, spent)
+				}
+				if spent && (d.RetryAfter != d.Refused.Reset || d.RetryAfter <= 0 || d.RetryAfter > 31*24*time.Hour) ||
+					!spent && (d.RetryAfter <= 0 || d.RetryAfter > time.Minute) {
+					t.Fatalf("%s: RetryAfter %v for %+v", step, d.RetryAfter, d.Refused)
 				}
 			}
 
@@ -148,21 +172,100 @@ func TestBudgetReservesWhatIsLeft(t *testing.T) {
 			if !a.Allowed {
 				t.Fatalf("first request refused for its estimate: %+v", a)
 			}
-			used("first reserved", 2000, 4_000_000, 3_000_000)
-			spent("after the first")
+			held("first reserved", 2000, 4_000_000, 3_000_000)
+			refused("after the first", false)
 			mustSettle(t, l, a.Lease, 700, 1_000_000)
-			used("first settled", 700, 1_000_000, 1_000_000)
+			held("first settled", 700, 1_000_000, 1_000_000)
 
 			b := mustAdmit(t, l, req(2600, 4_000_000))
 			if !b.Allowed {
 				t.Fatalf("second request refused: %+v", b)
 			}
-			used("second reserved", 2000, 5_000_000, 3_000_000)
-			spent("after the second")
+			held("second reserved", 2000, 5_000_000, 3_000_000)
+			refused("after the second", false)
 			// 200 tokens and $0.50 beyond the clamped reservations: charged.
 			mustSettle(t, l, b.Lease, 1500, 2_500_000)
-			used("second settled", 2200, 3_500_000, 3_500_000)
-			spent("past the limit")
+			held("second settled", 2200, 3_500_000, 3_500_000)
+			refused("past the limit", true)
 		})
+	}
+}
+
+// TestBudgetHeldByReservationsIsNotSpent: a budget whose remainder the
+// requests in flight hold refuses as held, with its settled usage and the
+// reservations apart and a RetryAfter of at most a minute; as they settle
+// it admits again, and once their real usage reaches the limit it refuses as
+// spent until the window ends. Each budget kind, on every backend.
+func TestBudgetHeldByReservationsIsNotSpent(t *testing.T) {
+	const limit, estimate = 20000, 4216 // a prompt and max_tokens 4096
+	kinds := []struct {
+		k   Kind
+		lim Limits
+		req func(n int64) Request
+	}{
+		{KindTokensPerDay, Limits{TokensPerDay: limit}, func(n int64) Request { return Request{Tokens: n} }},
+		{KindCostPerDay, Limits{CostPerDayMicros: limit}, func(n int64) Request { return Request{CostMicros: n} }},
+		{KindCostPerMonth, Limits{CostPerMonthMicros: limit}, func(n int64) Request { return Request{CostMicros: n} }},
+	}
+	for _, be := range budgetBackends() {
+		for _, kc := range kinds {
+			t.Run(be.name+"/"+kc.k.String(), func(t *testing.T) {
+				l := be.l(t)
+				team := teamSubject("B", kc.lim)
+				req := kc.req(estimate)
+				req.Subjects = []Subject{team}
+				settle := func(ls *Lease, n int64) {
+					t.Helper()
+					r := kc.req(n)
+					mustSettle(t, l, ls, r.Tokens, r.CostMicros)
+				}
+				// Four reserve the estimate, the fifth the 3136 left.
+				var open []*Lease
+				for i := range 5 {
+					d := mustAdmit(t, l, req)
+					if !d.Allowed {
+						t.Fatalf("request %d refused: %+v", i, d.Refused)
+					}
+					open = append(open, d.Lease)
+				}
+				d := mustAdmit(t, l, req)
+				st := d.Refused
+				if d.Allowed || st.Kind != kc.k || st.Scope != ScopeTeam || st.ID != "B" || st.Spent() ||
+					st.Used != 0 || st.Reserved != limit || st.Remaining != 0 || st.Limit != limit {
+					t.Fatalf("held by 5 requests in flight: %+v", d)
+				}
+				if d.RetryAfter <= 0 || d.RetryAfter > time.Minute {
+					t.Fatalf("held: RetryAfter %v, want at most a minute", d.RetryAfter)
+				}
+				if p := peekKind(t, l, team, kc.k); p.Used != 0 || p.Reserved != limit || p.Remaining != 0 {
+					t.Fatalf("Peek while held: %+v", p)
+				}
+
+				// One ends having used 100: what it did not use comes back.
+				settle(open[0], 100)
+				if d := mustAdmit(t, l, req); !d.Allowed {
+					t.Fatalf("refused after a request in flight settled: %+v", d.Refused)
+				} else {
+					open = append(open[1:], d.Lease)
+				}
+				if p := peekKind(t, l, team, kc.k); p.Used != 100 || p.Reserved != limit-100 {
+					t.Fatalf("Peek after one settled and one more reserved: %+v", p)
+				}
+				if d := mustAdmit(t, l, req); d.Allowed || d.Refused.Spent() || d.Refused.Used != 100 {
+					t.Fatalf("held again: %+v", d)
+				}
+
+				// They end having used 4000 each: 100 + 5×4000 spends it.
+				for _, ls := range open {
+					settle(ls, 4000)
+				}
+				d = mustAdmit(t, l, req)
+				st = d.Refused
+				if d.Allowed || st.Kind != kc.k || !st.Spent() || st.Used != 20100 || st.Reserved != 0 ||
+					d.RetryAfter != st.Reset || st.Reset <= 0 || st.Reset > 31*24*time.Hour {
+					t.Fatalf("spent: %+v", d)
+				}
+			})
+		}
 	}
 }

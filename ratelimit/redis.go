@@ -33,15 +33,23 @@ type RedisOptions struct {
 // costs one round trip. Its arithmetic is gcra.go's, in microseconds.
 //
 // Keys are hash-tagged per subject ("{tollgate:rl:key:<id>}:rpm", ":tpm",
-// ":leases", ":tpd:<day>", ":cpd:<day>", ":cpm:<month>", ":hold:<lease>",
-// ":charge:<id>"), so one subject's keys share a Redis Cluster slot.
-// ":leases" holds the subject's open leases; it makes Settle idempotent on
-// the Redis side and counts concurrency.
+// ":leases", ":tpd:<day>", ":cpd:<day>", ":cpm:<month>", each budget's
+// ":...:res" beside it, ":hold:<lease>", ":charge:<id>"), so one subject's
+// keys share a Redis Cluster slot. ":leases" holds the subject's open
+// leases; it makes Settle idempotent on the Redis side and counts
+// concurrency. A budget's counter holds its settled usage and its
+// reservations, and the ":res" counter beside it the reservations alone.
 type Redis struct {
 	client   redis.UniversalClient
 	prefix   string
 	leaseTTL time.Duration
 	closed   atomic.Bool
+	// typical is how long the requests this replica settled lasted, for a
+	// held budget's RetryAfter.
+	typical durationEstimate
+	// ttlArg and concRetryArg are script arguments boxed once, so that an
+	// Admit does not allocate them per subject.
+	ttlArg, concRetryArg any
 }
 
 var _ Limiter = (*Redis)(nil)
@@ -55,7 +63,8 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	if opts.LeaseTTL <= 0 {
 		opts.LeaseTTL = 15 * time.Minute
 	}
-	return &Redis{client: client, prefix: opts.Prefix, leaseTTL: opts.LeaseTTL}
+	return &Redis{client: client, prefix: opts.Prefix, leaseTTL: opts.LeaseTTL,
+		ttlArg: opts.LeaseTTL.Microseconds(), concRetryArg: ConcurrencyRetryAfter.Microseconds()}
 }
 
 // maxScriptArg bounds the token counts and costs given to the scripts. Lua
@@ -143,18 +152,21 @@ func needsSettle(l Limits) bool {
 
 // admitReply is admitScript's reply; times are µs.
 type admitReply struct {
-	allowed             bool
-	now                 int64
-	refused             Kind
-	retry               int64
-	rpmD, tpmD          int64
-	conc, tpd, cpd, cpm int64
-	dayLeft, monthLeft  int64
-	hold                hold
+	allowed                bool
+	now                    int64
+	refused                Kind
+	retry                  int64
+	rpmD, tpmD             int64
+	conc, tpd, cpd, cpm    int64
+	dayLeft, monthLeft     int64
+	hold                   hold
+	tpdRes, cpdRes, cpmRes int64
 }
 
 // Admit implements Limiter. When several limits refuse, Decision.Refused is
-// the one with the longest wait and RetryAfter is that wait, as for Local. A
+// the one with the longest wait and RetryAfter is that wait, as for Local: a
+// held budget's from the oldest live lease of the subject admitted in the
+// window and the typical duration of the leases this replica settled. A
 // Redis error is returned as is (wrapped): whether to admit then is the
 // caller's policy.
 //
@@ -190,14 +202,15 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 
 	calls := make([]scriptCall, len(idx))
+	typical := any(r.typical.get().Microseconds())
 	for j, i := range idx {
 		s := req.Subjects[i]
 		k := r.keys(s)
 		l := s.Limits
 		calls[j] = scriptCall{keys: []string{k.rpm, k.tpm, k.leases}, args: []any{
 			l.RPM, l.TPM, l.Concurrency, l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros,
-			tokens, cost, id, r.leaseTTL.Microseconds(), k.base, ConcurrencyRetryAfter.Microseconds(),
-			tpmReserve(tokens, l.TPM),
+			tokens, cost, id, r.ttlArg, k.base, r.concRetryArg,
+			tpmReserve(tokens, l.TPM), typical,
 		}}
 	}
 	r.run(ctx, admitScript, calls)
@@ -327,6 +340,11 @@ func (r *Redis) Settle(ctx context.Context, l *Lease, tokens, costMicros int64) 
 			return fmt.Errorf("ratelimit: redis settle: %w", err)
 		}
 	}
+	// A settlement later than LeaseTTL (a replay after an outage) says
+	// nothing about how long requests last.
+	if d := time.Since(l.At); d >= 0 && d <= r.leaseTTL {
+		r.typical.observe(d)
+	}
 	return nil
 }
 
@@ -447,7 +465,7 @@ func (r *Redis) Peek(ctx context.Context, subjects []Subject) ([]State, error) {
 	r.run(ctx, peekScript, calls)
 	var out []State
 	for j, c := range calls {
-		v, err := replyInts(c.res, c.err, 9)
+		v, err := replyInts(c.res, c.err, 12)
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit: redis peek: %w", err)
 		}
@@ -462,14 +480,15 @@ func (r *Redis) Peek(ctx context.Context, subjects []Subject) ([]State, error) {
 			out = append(out, State{Scope: s.Scope, ID: s.ID, Kind: KindConcurrency,
 				Limit: lim.Concurrency, Used: v[3], Remaining: max(lim.Concurrency-v[3], 0)})
 		}
+		dayLeft, monthLeft := time.Duration(v[7])*time.Microsecond, time.Duration(v[8])*time.Microsecond
 		if lim.TokensPerDay > 0 {
-			out = append(out, budgetStateMicros(s, KindTokensPerDay, v[4], v[7]))
+			out = append(out, budgetState(s, KindTokensPerDay, v[4], v[9], dayLeft))
 		}
 		if lim.CostPerDayMicros > 0 {
-			out = append(out, budgetStateMicros(s, KindCostPerDay, v[5], v[7]))
+			out = append(out, budgetState(s, KindCostPerDay, v[5], v[10], dayLeft))
 		}
 		if lim.CostPerMonthMicros > 0 {
-			out = append(out, budgetStateMicros(s, KindCostPerMonth, v[6], v[8]))
+			out = append(out, budgetState(s, KindCostPerMonth, v[6], v[11], monthLeft))
 		}
 	}
 	return out, nil
@@ -600,14 +619,15 @@ func replyInts(res any, err error, n int) ([]int64, error) {
 }
 
 func parseAdmit(res any) (admitReply, error) {
-	v, err := replyInts(res, nil, 16)
+	v, err := replyInts(res, nil, 19)
 	if err != nil {
 		return admitReply{}, err
 	}
 	rep := admitReply{
 		allowed: v[0] == 1, now: v[1], retry: v[3], rpmD: v[4], tpmD: v[5],
 		conc: v[6], tpd: v[7], cpd: v[8], cpm: v[9], dayLeft: v[10], monthLeft: v[11],
-		hold: hold{tpd: v[12], cpd: v[13], cpm: v[14], kept: v[15] == 1},
+		hold:   hold{tpd: v[12], cpd: v[13], cpm: v[14], kept: v[15] == 1},
+		tpdRes: v[16], cpdRes: v[17], cpmRes: v[18],
 	}
 	if !rep.allowed {
 		if v[2] < int64(KindRPM) || v[2] > int64(KindCostPerMonth) {
@@ -643,13 +663,13 @@ func (r *Redis) states(subjects []Subject, idx []int, replies []admitReply) (rat
 	for j, i := range idx {
 		s, rep := subjects[i], &replies[j]
 		if s.Limits.TokensPerDay > 0 {
-			out = append(out, budgetStateMicros(s, KindTokensPerDay, rep.tpd, rep.dayLeft))
+			out = append(out, budgetState(s, KindTokensPerDay, rep.tpd, rep.tpdRes, time.Duration(rep.dayLeft)*time.Microsecond))
 		}
 		if s.Limits.CostPerDayMicros > 0 {
-			out = append(out, budgetStateMicros(s, KindCostPerDay, rep.cpd, rep.dayLeft))
+			out = append(out, budgetState(s, KindCostPerDay, rep.cpd, rep.cpdRes, time.Duration(rep.dayLeft)*time.Microsecond))
 		}
 		if s.Limits.CostPerMonthMicros > 0 {
-			out = append(out, budgetStateMicros(s, KindCostPerMonth, rep.cpm, rep.monthLeft))
+			out = append(out, budgetState(s, KindCostPerMonth, rep.cpm, rep.cpmRes, time.Duration(rep.monthLeft)*time.Microsecond))
 		}
 	}
 	if nr == 0 {
@@ -676,11 +696,11 @@ func refusedState(s Subject, rep admitReply) State {
 	case KindConcurrency:
 		return State{Scope: s.Scope, ID: s.ID, Kind: KindConcurrency, Limit: lim.Concurrency, Used: rep.conc}
 	case KindTokensPerDay:
-		return budgetStateMicros(s, KindTokensPerDay, rep.tpd, rep.dayLeft)
+		return budgetState(s, KindTokensPerDay, rep.tpd, rep.tpdRes, time.Duration(rep.dayLeft)*time.Microsecond)
 	case KindCostPerDay:
-		return budgetStateMicros(s, KindCostPerDay, rep.cpd, rep.dayLeft)
+		return budgetState(s, KindCostPerDay, rep.cpd, rep.cpdRes, time.Duration(rep.dayLeft)*time.Microsecond)
 	default:
-		return budgetStateMicros(s, KindCostPerMonth, rep.cpm, rep.monthLeft)
+		return budgetState(s, KindCostPerMonth, rep.cpm, rep.cpmRes, time.Duration(rep.monthLeft)*time.Microsecond)
 	}
 }
 
@@ -690,12 +710,6 @@ func rateStateMicros(s Subject, k Kind, d int64) State {
 	limit := s.Limits.Get(k)
 	used, rem, reset := rateState(d*int64(time.Microsecond), 0, limit)
 	return State{Scope: s.Scope, ID: s.ID, Kind: k, Limit: limit, Used: used, Remaining: rem, Reset: reset}
-}
-
-func budgetStateMicros(s Subject, k Kind, used, left int64) State {
-	limit := s.Limits.Get(k)
-	return State{Scope: s.Scope, ID: s.ID, Kind: k, Limit: limit, Used: used,
-		Remaining: max(limit-used, 0), Reset: time.Duration(left) * time.Microsecond}
 }
 
 // newLeaseID returns 16 random bytes in hex: lease ids of every replica meet

@@ -43,11 +43,22 @@ local function gcra_cost(n, limit)
 end
 
 -- budget_reserve mirrors gcra.go's budgetReserve: the estimate clamped to
--- what is left of the budget, or nil for a spent budget, which refuses even a
--- zero estimate.
-local function budget_reserve(used, estimate, limit)
-  if used >= limit then return nil end
-  return math.min(estimate, limit - used)
+-- what is left of the budget (held: settled usage and reservations), or nil
+-- when nothing is left, which refuses even a zero estimate.
+local function budget_reserve(held, estimate, limit)
+  if held >= limit then return nil end
+  return math.min(estimate, limit - held)
+end
+
+-- HELD_MIN and HELD_MAX are gcra.go's heldRetryMin and heldRetryMax (µs).
+local HELD_MIN, HELD_MAX = 1000000, 60000000
+
+-- held_retry mirrors gcra.go's heldRetry, in µs; oldest is nil when no open
+-- lease is known.
+local function held_retry(oldest, typical, now, until_)
+  local wait = HELD_MAX
+  if oldest then wait = math.min(math.max(oldest + typical - now, HELD_MIN), HELD_MAX) end
+  return math.max(math.min(wait, until_ - now), 0)
 end
 
 -- rebill moves a budget counter, never below zero (a missing counter is
@@ -122,37 +133,44 @@ local function days_from_civil(y, m, d)
 end
 
 -- windows names the UTC day and month holding now (the formats of Go's
--- dayWindow and monthWindow) and returns the instants (µs) they end.
+-- dayWindow and monthWindow) and returns the instants (µs) they end, and the
+-- instant the month started.
 local function windows(now)
   local days = math.floor(now / DAY)
   local y, m, d = civil(days)
   local ny, nm = y, m + 1
   if nm == 13 then ny, nm = y + 1, 1 end
   return string.format('%04d-%02d-%02d', y, m, d), (days + 1) * DAY,
-         string.format('%04d-%02d', y, m), days_from_civil(ny, nm, 1) * DAY
+         string.format('%04d-%02d', y, m), days_from_civil(ny, nm, 1) * DAY,
+         days_from_civil(y, m, 1) * DAY
 end
 `
 
 // admitScript checks every limit of one subject and reserves all of them only
-// if all admit.
+// if all admit. A budget with nothing left is spent if its settled usage (the
+// counter less its ":res" counter, read only then) is at the limit, and held
+// otherwise; a held budget's retry is held_retry's, from the oldest live lease
+// admitted in the window (the lease set's scores are admissions plus the TTL).
 //
 // KEYS: rpm, tpm, leases. ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; tokens;
 // cost; lease id; lease TTL (µs); subject base ("{tag}:"); concurrency retry
 // (µs); TPM reservation (tokens clamped to the TPM limit, gcra.go's
-// tpmReserve).
+// tpmReserve); typical request duration (µs, 0 if unknown).
 //
 // Reply: allowed, now, refused kind (-1), retry (µs), rpm TAT-now, tpm
-// TAT-now, conc used, tpd used, cpd used, cpm used, day left (µs), month left
-// (µs), tpd reserved, cpd reserved, cpm reserved, hold kept (0/1); the window
-// lengths are 0 for a subject without budgets. Rates and counts are after the
-// reservation when allowed, untouched when refused (and nothing is reserved).
+// TAT-now, conc used, tpd held, cpd held, cpm held, day left (µs), month left
+// (µs), tpd reserved, cpd reserved, cpm reserved, hold kept (0/1), then, when
+// refused, the tpd, cpd and cpm reservations of requests in flight (0 when
+// allowed or not read); the window lengths are 0 for a subject without
+// budgets. Rates and counts are after the reservation when allowed,
+// untouched when refused (and nothing is reserved).
 var admitScript = newScript(luaCommon + `
 local now = now_us()
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local tokens, cost = tonumber(ARGV[7]), tonumber(ARGV[8])
 local lease, ttl, base, conc_retry = ARGV[9], tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
-local tpm_n = tonumber(ARGV[13])
+local tpm_n, typical = tonumber(ARGV[13]), tonumber(ARGV[14])
 local budgets = tpd_l > 0 or cpd_l > 0 or cpm_l > 0
 local tracked = conc_l > 0 or tpm_l > 0 or budgets
 
@@ -186,30 +204,50 @@ local day_end, month_end = now, now
 local tpd_key, cpd_key, cpm_key
 local tpd_used, cpd_used, cpm_used = 0, 0, 0
 local tpd_n, cpd_n, cpm_n = 0, 0, 0
+local tpd_res, cpd_res, cpm_res = 0, 0, 0
+-- budget_refuse refuses a budget with nothing left (held of limit, in the
+-- window from wstart to wend whose counter is key) and returns the
+-- reservations of requests in flight it holds.
+local function budget_refuse(kind, key, held, limit, wstart, wend)
+  local res = math.min(used_of(key .. ':res'), held)
+  if held - res >= limit then
+    refuse(kind, wend - now)
+    return res
+  end
+  local oldest, until_ = nil, wend
+  local first = redis.call('ZRANGEBYSCORE', KEYS[3], string.format('(%d', math.max(now, wstart + ttl)), '+inf',
+                           'WITHSCORES', 'LIMIT', 0, 1)
+  if first[2] then
+    local expiry = tonumber(first[2])
+    oldest, until_ = expiry - ttl, math.min(wend, expiry)
+  end
+  refuse(kind, held_retry(oldest, typical, now, until_))
+  return res
+end
 if budgets then
-  local day, month
-  day, day_end, month, month_end = windows(now)
+  local day, month, month_start
+  day, day_end, month, month_end, month_start = windows(now)
   tpd_key, cpd_key, cpm_key = base .. 'tpd:' .. day, base .. 'cpd:' .. day, base .. 'cpm:' .. month
   if tpd_l > 0 then
     tpd_used = used_of(tpd_key)
     tpd_n = budget_reserve(tpd_used, tokens, tpd_l)
-    if not tpd_n then tpd_n = 0; refuse(3, day_end - now) end
+    if not tpd_n then tpd_n = 0; tpd_res = budget_refuse(3, tpd_key, tpd_used, tpd_l, day_end - DAY, day_end) end
   end
   if cpd_l > 0 then
     cpd_used = used_of(cpd_key)
     cpd_n = budget_reserve(cpd_used, cost, cpd_l)
-    if not cpd_n then cpd_n = 0; refuse(4, day_end - now) end
+    if not cpd_n then cpd_n = 0; cpd_res = budget_refuse(4, cpd_key, cpd_used, cpd_l, day_end - DAY, day_end) end
   end
   if cpm_l > 0 then
     cpm_used = used_of(cpm_key)
     cpm_n = budget_reserve(cpm_used, cost, cpm_l)
-    if not cpm_n then cpm_n = 0; refuse(5, month_end - now) end
+    if not cpm_n then cpm_n = 0; cpm_res = budget_refuse(5, cpm_key, cpm_used, cpm_l, month_start, month_end) end
   end
 end
 
 if refused >= 0 then
   return {0, now, refused, retry, rpm_tat - now, tpm_tat - now, conc_used,
-          tpd_used, cpd_used, cpm_used, day_end - now, month_end - now, 0, 0, 0, 0}
+          tpd_used, cpd_used, cpm_used, day_end - now, month_end - now, 0, 0, 0, 0, tpd_res, cpd_res, cpm_res}
 end
 
 if rpm_l > 0 then rpm_tat = store_tat(KEYS[1], rpm_new, now) end
@@ -236,9 +274,21 @@ local function charge(key, used, n, wend)
   if v == n then redis.call('PEXPIREAT', key, math.floor(wend / 1000) + 86400000) end
   return v
 end
-if tpd_l > 0 then tpd_used = charge(tpd_key, tpd_used, tpd_n, day_end) end
-if cpd_l > 0 then cpd_used = charge(cpd_key, cpd_used, cpd_n, day_end) end
-if cpm_l > 0 then cpm_used = charge(cpm_key, cpm_used, cpm_n, month_end) end
+-- reserve counts a reservation in the window's ":res" counter, with the TTL
+-- of the counter beside it. That counter falls back to 0 whenever every
+-- request in flight has settled, and is kept then: after INCRBY, a value of n
+-- is a new counter only if it has no TTL yet, which a PTTL (a read) tells
+-- before a PEXPIREAT (a write).
+local function reserve(key, n, wend)
+  if n <= 0 then return end
+  key = key .. ':res'
+  if redis.call('INCRBY', key, n) == n and redis.call('PTTL', key) < 0 then
+    redis.call('PEXPIREAT', key, math.floor(wend / 1000) + 86400000)
+  end
+end
+if tpd_l > 0 then tpd_used = charge(tpd_key, tpd_used, tpd_n, day_end); reserve(tpd_key, tpd_n, day_end) end
+if cpd_l > 0 then cpd_used = charge(cpd_key, cpd_used, cpd_n, day_end); reserve(cpd_key, cpd_n, day_end) end
+if cpm_l > 0 then cpm_used = charge(cpm_key, cpm_used, cpm_n, month_end); reserve(cpm_key, cpm_n, month_end) end
 -- A clamped reservation is also kept under the lease, as long as the lease
 -- can be settled, for a settlement that does not know it: the undo of an
 -- admission whose reply never came. An unclamped one is the estimate, which
@@ -250,14 +300,16 @@ if (tpd_l > 0 and tpd_n < tokens) or (cpd_l > 0 and cpd_n < cost) or (cpm_l > 0 
   held = 1
 end
 return {1, now, -1, 0, rpm_tat - now, tpm_tat - now, conc_used,
-        tpd_used, cpd_used, cpm_used, day_end - now, month_end - now, tpd_n, cpd_n, cpm_n, held}
+        tpd_used, cpd_used, cpm_used, day_end - now, month_end - now, tpd_n, cpd_n, cpm_n, held, 0, 0, 0}
 `)
 
 // settleScript corrects one subject's reservation to the real usage; with
 // ARGV[14] = 1 and a real usage of zero it undoes an admission entirely. For
 // a subject with a lease set it does nothing unless the lease is still in
 // it, so that a lease is settled at most once, and an undo of an admission
-// that never ran does nothing.
+// that never ran does nothing. Each budget counter is moved by the real
+// usage less the reservation, and the ":res" counter beside it gives the
+// reservation back.
 //
 // KEYS: rpm, tpm, leases, tpd, cpd, cpm (budget keys of the lease's admission
 // windows), hold (the lease's kept hold). ARGV: limits rpm, tpm, conc, tpd,
@@ -328,10 +380,15 @@ if tpm_l > 0 then
   elseif refund then tpm_d = tat_of(KEYS[2], now) - now end
 end
 
--- The real usage is charged in full, also beyond a clamped reservation.
+-- The real usage is charged in full, also beyond a clamped reservation. A
+-- reserved counter that has vanished (a settlement a day after its window)
+-- is not left negative: rebill deletes it.
 rebill(tpd_key, tpd_l, tokens - tpd_n, day_end_ms)
 rebill(cpd_key, cpd_l, cost - cpd_n, day_end_ms)
 rebill(cpm_key, cpm_l, cost - cpm_n, month_end_ms)
+rebill(tpd_key .. ':res', tpd_l, -tpd_n, day_end_ms)
+rebill(cpd_key .. ':res', cpd_l, -cpd_n, day_end_ms)
+rebill(cpm_key .. ':res', cpm_l, -cpm_n, month_end_ms)
 if not refund then return {1, 0, 0, 0} end
 return {1, now, rpm_d, tpm_d}
 `)
@@ -362,14 +419,15 @@ return 1
 // peekScript reads one subject's state without changing it.
 //
 // KEYS: rpm, tpm, leases. ARGV: subject base. Reply: now, rpm TAT-now, tpm
-// TAT-now, live leases, tpd used, cpd used, cpm used, day left (µs), month
-// left (µs).
+// TAT-now, live leases, tpd held, cpd held, cpm held, day left (µs), month
+// left (µs), tpd reserved, cpd reserved, cpm reserved.
 var peekScript = newScript(luaCommon + `
 local now = now_us()
 local base = ARGV[1]
 local day, day_end, month, month_end = windows(now)
+local tpd, cpd, cpm = base .. 'tpd:' .. day, base .. 'cpd:' .. day, base .. 'cpm:' .. month
 return {now, tat_of(KEYS[1], now) - now, tat_of(KEYS[2], now) - now,
         redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf'),
-        used_of(base .. 'tpd:' .. day), used_of(base .. 'cpd:' .. day), used_of(base .. 'cpm:' .. month),
-        day_end - now, month_end - now}
+        used_of(tpd), used_of(cpd), used_of(cpm), day_end - now, month_end - now,
+        used_of(tpd .. ':res'), used_of(cpd .. ':res'), used_of(cpm .. ':res')}
 `)

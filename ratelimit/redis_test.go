@@ -256,23 +256,31 @@ func TestRedisBudgets(t *testing.T) {
 	if h := second.Lease.holds[0]; h != (hold{tpd: 400, cpm: 100, kept: true}) {
 		t.Fatalf("lease holds %+v", second.Lease.holds)
 	}
+	// The day has nothing left, but only reserved: a held budget, retried
+	// soon, not a spent one.
 	d := mustAdmit(t, rl, req(1, 0))
-	if d.Allowed || d.Refused.Kind != KindTokensPerDay || d.Refused.Used != 1000 || d.Refused.Remaining != 0 {
-		t.Fatalf("spent day: %+v", d)
+	if d.Allowed || d.Refused.Kind != KindTokensPerDay || d.Refused.Used != 0 || d.Refused.Reserved != 1000 ||
+		d.Refused.Remaining != 0 || d.Refused.Spent() {
+		t.Fatalf("held day: %+v", d)
 	}
-	if d.RetryAfter != d.Refused.Reset || d.RetryAfter <= 0 || d.RetryAfter > 24*time.Hour {
-		t.Fatalf("RetryAfter = %v, Reset = %v, want the end of the day", d.RetryAfter, d.Refused.Reset)
+	if d.RetryAfter <= 0 || d.RetryAfter > time.Minute {
+		t.Fatalf("RetryAfter = %v, want at most a minute", d.RetryAfter)
+	}
+	for _, k := range []string{"tpd:" + day + ":res", "cpm:" + first.Lease.At.Format("2006-01") + ":res"} {
+		if ttl := client.PTTL(context.Background(), "{tollgate:rl:key:b}:"+k).Val(); ttl < dayLeft || ttl > 32*24*time.Hour {
+			t.Fatalf("reserved counter %s TTL %v, want its window plus a day", k, ttl)
+		}
 	}
 	// Real usage 100: 500 tokens go back to the day; the cost of 500 is 400
 	// beyond the reservation and is charged in full.
 	if err := rl.Settle(context.Background(), first.Lease, 100, 500); err != nil {
 		t.Fatal(err)
 	}
-	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 500 {
-		t.Fatalf("tokens per day after settle: %+v, want 500", st)
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 100 || st.Reserved != 400 {
+		t.Fatalf("tokens per day after settle: %+v, want 100 used and 400 reserved", st)
 	}
-	if st := peekKind(t, rl, s, KindCostPerMonth); st.Used != 600 || st.Remaining != 0 {
-		t.Fatalf("cost per month after settle: %+v, want 600 (past the limit)", st)
+	if st := peekKind(t, rl, s, KindCostPerMonth); st.Used != 500 || st.Reserved != 100 || st.Remaining != 0 {
+		t.Fatalf("cost per month after settle: %+v, want 500 used and 100 reserved (past the limit)", st)
 	}
 	// The month's cost is now spent: even a zero estimate waits for the next
 	// month.
@@ -288,7 +296,7 @@ func TestRedisBudgets(t *testing.T) {
 	if n := client.Exists(context.Background(), holdKey).Val(); n != 0 {
 		t.Fatal("the hold outlived its lease's settlement")
 	}
-	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 100 {
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 100 || st.Reserved != 0 {
 		t.Fatalf("tokens per day after the clamped lease's settle: %+v, want 100", st)
 	}
 }
@@ -303,8 +311,8 @@ func TestRedisSettleTwiceIsOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 350 {
-		t.Fatalf("Used = %d, want 350 (50 settled + 300 open)", st.Used)
+	if st := peekKind(t, rl, s, KindTokensPerDay); st.Used != 50 || st.Reserved != 300 {
+		t.Fatalf("%+v, want 50 settled + 300 open", st)
 	}
 	if st := peekKind(t, rl, s, KindConcurrency); st.Used != 1 {
 		t.Fatalf("open leases = %d, want 1", st.Used)
@@ -751,7 +759,7 @@ func TestRedisAgreesWithLocalBudgets(t *testing.T) {
 			before := peekKind(t, loc, key, KindTokensPerDay)
 			dr, dl := mustAdmit(t, rl, req), mustAdmit(t, loc, req)
 			if dr.Allowed != dl.Allowed || dr.Refused.Kind != dl.Refused.Kind || dr.Refused.Scope != dl.Refused.Scope ||
-				dr.Refused.Used != dl.Refused.Used {
+				dr.Refused.Used != dl.Refused.Used || dr.Refused.Reserved != dl.Refused.Reserved {
 				t.Fatalf("step %d: redis %+v, local %+v", i, dr, dl)
 			}
 			if dl.Allowed {
@@ -776,7 +784,8 @@ func TestRedisAgreesWithLocalBudgets(t *testing.T) {
 		}
 		for j := range pr {
 			a, b := pr[j], pl[j]
-			if a.Kind != b.Kind || a.Scope != b.Scope || a.Used != b.Used || a.Remaining != b.Remaining {
+			if a.Kind != b.Kind || a.Scope != b.Scope || a.Used != b.Used || a.Reserved != b.Reserved ||
+				a.Remaining != b.Remaining {
 				t.Fatalf("step %d, state %d: redis %+v, local %+v", i, j, a, b)
 			}
 		}
@@ -925,5 +934,97 @@ func TestRedisChargeOnce(t *testing.T) {
 	}
 	if err := rl.Charge(ctx, both, time.Now(), 1, 1, ""); err == nil {
 		t.Fatal("Charge without an id succeeded")
+	}
+}
+
+// TestRedisHeldBudgetRetryAfter: on Redis a held budget's RetryAfter comes
+// from the oldest live lease of the subject admitted in the window (its
+// score in the lease set less LeaseTTL) and the typical duration this
+// replica has seen, within [1 s, 1 min] and not past the lease's expiry.
+// Leases that outlived LeaseTTL (their replicas died, or their settlements
+// wait for a replay) leave no estimate, and the wait is the longest, a
+// minute. Each budget kind, since each has its own window.
+func TestRedisHeldBudgetRetryAfter(t *testing.T) {
+	if _, left := dayWindow(time.Now()); left < 5*time.Minute {
+		t.Skip("the UTC day ends within 5 minutes: its end would bound the waits")
+	}
+	client := startRedis(t)
+	for _, tc := range []struct {
+		k   Kind
+		lim Limits
+		req Request
+	}{
+		{KindTokensPerDay, Limits{TokensPerDay: 1000}, Request{Tokens: 1000}},
+		{KindCostPerDay, Limits{CostPerDayMicros: 1000}, Request{CostMicros: 1000}},
+		{KindCostPerMonth, Limits{CostPerMonthMicros: 1000}, Request{CostMicros: 1000}},
+	} {
+		t.Run(tc.k.String(), func(t *testing.T) {
+			prefix := "held:" + tc.k.String() + ":"
+			limiter := func(ttl time.Duration) *Redis {
+				return NewRedis(client, RedisOptions{Prefix: prefix, LeaseTTL: ttl})
+			}
+			req := tc.req
+			req.Subjects = []Subject{teamSubject("B", tc.lim)}
+			// held refuses on rl and returns the wait and the instants
+			// between which Redis refused.
+			held := func(rl *Redis, step string) (wait time.Duration, from, to time.Time) {
+				t.Helper()
+				from = time.Now()
+				d := mustAdmit(t, rl, req)
+				to = time.Now()
+				if d.Allowed || d.Refused.Kind != tc.k || d.Refused.Spent() || d.Refused.Reserved != 1000 {
+					t.Fatalf("%s: %+v, want held by 1000 reserved", step, d)
+				}
+				return d.RetryAfter, from, to
+			}
+			// until checks that a refusal between from and to waited until
+			// end, to the µs.
+			until := func(step string, wait time.Duration, from, to, end time.Time) {
+				t.Helper()
+				if wait > end.Sub(from) || wait < end.Sub(to)-time.Microsecond {
+					t.Fatalf("%s: RetryAfter %v, want %v less the refusal's own time", step, wait, end.Sub(from))
+				}
+			}
+
+			rl := limiter(0)
+			a := mustAdmit(t, rl, req)
+			if w, _, _ := held(rl, "no request has ended yet"); w != time.Second {
+				t.Fatalf("no estimate: RetryAfter %v, want 1s", w)
+			}
+			rl.typical.ns.Store(int64(30 * time.Second))
+			w, from, to := held(rl, "typical 30s")
+			until("a expected 30s after its admission", w, from, to, a.Lease.At.Add(30*time.Second))
+			rl.typical.ns.Store(int64(time.Hour))
+			if w, _, _ := held(rl, "typical 1h"); w != time.Minute {
+				t.Fatalf("typical 1h: RetryAfter %v, want the cap of 1m", w)
+			}
+			mustSettle(t, rl, a.Lease, 0, 0)
+			if got := rl.typical.get(); got <= 0 || got >= time.Hour {
+				t.Fatalf("typical duration %v after a settlement, want it moved from 1h", got)
+			}
+
+			// A lease expiring in 5 s bounds the wait.
+			short := limiter(5 * time.Second)
+			short.typical.ns.Store(int64(30 * time.Second))
+			b := mustAdmit(t, short, req)
+			w, from, to = held(short, "expiring lease")
+			until("b expires 5s after its admission", w, from, to, b.Lease.At.Add(5*time.Second))
+			mustSettle(t, short, b.Lease, 0, 0)
+
+			// Once the only lease has expired, nothing is known to end.
+			gone := limiter(time.Millisecond)
+			mustAdmit(t, gone, req)
+			deadline := time.Now().Add(waitFor)
+			for client.ZCount(context.Background(), "{"+prefix+"team:B}:leases",
+				"("+strconv.FormatInt(time.Now().UnixMicro(), 10), "+inf").Val() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("the lease never expired")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if w, _, _ := held(gone, "expired lease"); w != time.Minute {
+				t.Fatalf("only an expired lease holds it: RetryAfter %v, want 1m", w)
+			}
+		})
 	}
 }

@@ -115,11 +115,11 @@ func (v *sharedView) budgetLocked(st *State, now time.Time) {
 	}
 	switch st.Kind {
 	case KindTokensPerDay:
-		sh.tpd = st.Used
+		sh.tpd = st.Used + st.Reserved
 	case KindCostPerDay:
-		sh.cpd = st.Used
+		sh.cpd = st.Used + st.Reserved
 	default:
-		sh.cpm = st.Used
+		sh.cpm = st.Used + st.Reserved
 	}
 	sh.budgets |= 1 << (st.Kind - KindTokensPerDay)
 }

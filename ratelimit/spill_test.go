@@ -69,8 +69,9 @@ func TestFailoverSpillAcrossRestart(t *testing.T) {
 	req := Request{Subjects: []Subject{key, team}, Tokens: 1000, CostMicros: 100}
 	redisState := func() [4]int64 {
 		p := NewRedis(client, RedisOptions{})
-		return [4]int64{peekKind(t, p, key, KindConcurrency).Used, peekKind(t, p, key, KindTokensPerDay).Used,
-			peekKind(t, p, key, KindCostPerDay).Used, peekKind(t, p, team, KindCostPerMonth).Used}
+		held := func(st State) int64 { return st.Used + st.Reserved }
+		return [4]int64{peekKind(t, p, key, KindConcurrency).Used, held(peekKind(t, p, key, KindTokensPerDay)),
+			held(peekKind(t, p, key, KindCostPerDay)), held(peekKind(t, p, team, KindCostPerMonth))}
 	}
 
 	f1 := open()

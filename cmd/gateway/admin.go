@@ -179,18 +179,20 @@ func printSpend(w io.Writer, rep proxy.SpendReport) error {
 
 func printLimits(w io.Writer, rep proxy.LimitsReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scope\tid\tteam\tlimit\tmax\tused\tremaining\treset\t")
+	fmt.Fprintln(tw, "scope\tid\tteam\tlimit\tmax\tused\treserved\tremaining\treset\t")
 	for _, s := range rep.Subjects {
 		for _, l := range s.Limits {
-			max, used, rem := strconv.FormatInt(l.Max, 10), strconv.FormatInt(l.Used, 10), strconv.FormatInt(l.Remaining, 10)
+			amount := func(n int64) string { return strconv.FormatInt(n, 10) }
 			if strings.HasPrefix(l.Limit, "cost_") {
-				max, used, rem = microsUSD(l.Max), microsUSD(l.Used), microsUSD(l.Remaining)
+				amount = microsUSD
 			}
+			max, used, res, rem := amount(l.Max), amount(l.Used), amount(l.Reserved), amount(l.Remaining)
 			reset := "-"
 			if l.ResetSeconds > 0 {
 				reset = (time.Duration(l.ResetSeconds * float64(time.Second))).Round(time.Second).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", s.Scope, s.ID, dash(s.Team), l.Limit, max, used, rem, reset)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", s.Scope, s.ID, dash(s.Team), l.Limit, max, used, res,
+				rem, reset)
 		}
 	}
 	return tw.Flush()
