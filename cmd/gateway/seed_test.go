@@ -111,10 +111,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 	t.Logf("kill moments: math/rand seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
-	bin := filepath.Join(t.TempDir(), "gateway")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildGateway(t)
 	// Streams (key b) take 100 ms, so that kills cut some; key a's
 	// answers come at once (X-Mock-ITL-Ms), so that it meets its rpm.
 	up := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 1000, ITL: time.Millisecond, RequireKey: upKey}))
@@ -213,22 +210,7 @@ team = "blue"
 	// A new gateway on the same files answers `gateway spend` from what it
 	// restored: the state file the last one wrote and the journal.
 	start()
-	var out, errb bytes.Buffer
-	spendCmd := exec.Command(bin, "spend", "-json", "-url", "http://"+addr, "-token-env", "ADMIN_TOKEN")
-	spendCmd.Env, spendCmd.Stdout, spendCmd.Stderr = env, &out, &errb
-	if err := spendCmd.Run(); err != nil {
-		t.Fatalf("gateway spend: %v\n%s", err, errb.String())
-	}
-	var rep proxy.SpendReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("gateway spend -json: %v\n%s", err, out.String())
-	}
-	ledger := map[string]spend.Totals{}
-	for _, row := range rep.Rows {
-		s := ledger[row.KeyID]
-		s.Add(spend.Totals{Requests: row.Requests, Input: row.InputTokens, Output: row.OutputTokens})
-		ledger[row.KeyID] = s
-	}
+	ledger, _ := spendViaCLI(t, bin, addr, env)
 	logged := map[string]loggedBill{}
 	for _, p := range procs[:len(procs)-1] {
 		p.readAccessLog(t, logged)
@@ -238,40 +220,8 @@ team = "blue"
 	for _, key := range []string{"a", "b"} {
 		u := map[string]int64{"a": uA, "b": uB}[key]
 		st := lk.stats[key]
-		var loggedN, loggedIn, loggedOut, unlogged int64
-		for id, a := range st.answered {
-			b, ok := logged[id]
-			if !ok {
-				unlogged++ // answered, but the gateway was killed before it billed (or logged) it
-				continue
-			}
-			if b.in != a.in || b.out != a.out {
-				t.Errorf("key %s, request %s: the client read %d/%d tokens, the gateway billed %d/%d", key, id, a.in, a.out, b.in, b.out)
-			}
-			loggedN, loggedIn, loggedOut = loggedN+1, loggedIn+b.in, loggedOut+b.out
-		}
-		for id, b := range logged {
-			if b.key == key {
-				if _, ok := st.answered[id]; !ok {
-					t.Errorf("key %s: request %s was billed but its client got no whole answer", key, id)
-				}
-			}
-		}
 		got := ledger[key]
-		open := unlogged + st.broken.Load() // admitted, maybe, and not known to be billed at a kill
-		t.Logf("key %s: %d answered (%d logged as billed, %d not: open at a kill), %d cut by a kill, %d refused (429); "+
-			"ledger %d requests, %d in / %d out", key, len(st.answered), loggedN, unlogged, st.broken.Load(),
-			st.limited.Load(), got.Requests, got.Input, got.Output)
-		// No billed request lost...
-		if got.Requests < loggedN || got.Input < loggedIn || got.Output < loggedOut {
-			t.Errorf("key %s: ledger %+v holds less than the %d requests (%d in / %d out) the gateway billed: billing lost across kills",
-				key, got, loggedN, loggedIn, loggedOut)
-		}
-		// ...and nothing but whole requests that were open at a kill.
-		if extra := got.Requests - loggedN; extra > open || got.Input+got.Output != got.Requests*u {
-			t.Errorf("key %s: ledger %+v: %d requests beyond those logged (at most %d were open at the kills), or not whole requests of %d tokens",
-				key, got, extra, open, u)
-		}
+		open := checkBilled(t, key, u, st, logged, got, 0)
 		switch key {
 		case "a":
 			allowed := rpm + rpm*span.Nanoseconds()/int64(time.Minute) + 1
@@ -297,6 +247,88 @@ team = "blue"
 			}
 		}
 	}
+}
+
+// buildGateway builds the gateway binary into a temporary directory.
+func buildGateway(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "gateway")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// spendViaCLI asks the gateway at addr for its ledger with `gateway spend
+// -json` and sums its rows per key.
+func spendViaCLI(t *testing.T, bin, addr string, env []string) (map[string]spend.Totals, proxy.SpendReport) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	spendCmd := exec.Command(bin, "spend", "-json", "-url", "http://"+addr, "-token-env", "ADMIN_TOKEN")
+	spendCmd.Env, spendCmd.Stdout, spendCmd.Stderr = env, &out, &errb
+	if err := spendCmd.Run(); err != nil {
+		t.Fatalf("gateway spend: %v\n%s", err, errb.String())
+	}
+	var rep proxy.SpendReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("gateway spend -json: %v\n%s", err, out.String())
+	}
+	ledger := map[string]spend.Totals{}
+	for _, row := range rep.Rows {
+		s := ledger[row.KeyID]
+		s.Add(spend.Totals{Requests: row.Requests, Input: row.InputTokens, Output: row.OutputTokens})
+		ledger[row.KeyID] = s
+	}
+	return ledger, rep
+}
+
+// checkBilled compares key's ledger totals got with what its clients read
+// (st) and what the killed gateways logged as billed: every billed request
+// is in the ledger, with the tokens its client read, and the ledger holds
+// beyond them only whole requests (of u tokens) that were open at a kill,
+// whose number it returns. A request billed whose client got no whole
+// answer is an error, but for cutByKill of them: a kill after the access
+// log line and before the answer left the process.
+func checkBilled(t *testing.T, key string, u int64, st *keyLoad, logged map[string]loggedBill, got spend.Totals, cutByKill int64) (open int64) {
+	t.Helper()
+	var loggedN, loggedIn, loggedOut, unlogged, unanswered int64
+	for id, a := range st.answered {
+		b, ok := logged[id]
+		if !ok {
+			unlogged++ // answered, but the gateway was killed before it billed (or logged) it
+			continue
+		}
+		if b.in != a.in || b.out != a.out {
+			t.Errorf("key %s, request %s: the client read %d/%d tokens, the gateway billed %d/%d", key, id, a.in, a.out, b.in, b.out)
+		}
+		loggedN, loggedIn, loggedOut = loggedN+1, loggedIn+b.in, loggedOut+b.out
+	}
+	for id, b := range logged {
+		if b.key == key {
+			if _, ok := st.answered[id]; !ok {
+				unanswered++
+				loggedN, loggedIn, loggedOut = loggedN+1, loggedIn+b.in, loggedOut+b.out
+				if unanswered > cutByKill {
+					t.Errorf("key %s: request %s was billed but its client got no whole answer", key, id)
+				}
+			}
+		}
+	}
+	open = unlogged + st.broken.Load() // admitted, maybe, and not known to be billed at a kill
+	t.Logf("key %s: %d answered (%d logged as billed, %d not: open at a kill), %d cut by a kill (%d of them logged as billed), "+
+		"%d refused (429); ledger %d requests, %d in / %d out", key, len(st.answered), loggedN-unanswered, unlogged,
+		st.broken.Load(), unanswered, st.limited.Load(), got.Requests, got.Input, got.Output)
+	// No billed request lost...
+	if got.Requests < loggedN || got.Input < loggedIn || got.Output < loggedOut {
+		t.Errorf("key %s: ledger %+v holds less than the %d requests (%d in / %d out) the gateway billed: billing lost across kills",
+			key, got, loggedN, loggedIn, loggedOut)
+	}
+	// ...and nothing but whole requests that were open at a kill.
+	if extra := got.Requests - loggedN; extra > open || got.Input+got.Output != got.Requests*u {
+		t.Errorf("key %s: ledger %+v: %d requests beyond those logged (at most %d were open at the kills), or not whole requests of %d tokens",
+			key, got, extra, open, u)
+	}
+	return open
 }
 
 // freeAddr returns a loopback address nothing listens on now.

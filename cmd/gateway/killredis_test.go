@@ -1,0 +1,146 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/redistest"
+	"github.com/tollgate-llm/tollgate/mockllm"
+)
+
+// TestKillNineLosesNothingWithRedis is TestKillNineLosesNothing with the
+// ledger in Redis: the built gateway, under bounded load, is killed with
+// SIGKILL at random moments, between and during its flushes to Redis, and
+// restarted on the same [redis] spill_dir each time. Redis's ledger must
+// then hold every request the killed gateways logged as billed, and beyond
+// them only whole requests that were open at a kill: what a kill caught
+// aggregated in memory, or cut into batches not yet (or already) applied,
+// is sent by the next start from its journal, once.
+func TestKillNineLosesNothingWithRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	const (
+		kills   = 4
+		workers = 3
+		maxReqs = 20000 // over the whole run, all workers
+	)
+	seed := time.Now().UnixNano()
+	t.Logf("kill moments: math/rand seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+
+	srv := redistest.Start(t)
+	bin := buildGateway(t)
+	up := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 1000, ITL: time.Millisecond, RequireKey: upKey}))
+	defer up.Close()
+	uA, uB := reserved(messagesBody(0, false)), reserved(messagesBody(0, true))
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	cfgPath := filepath.Join(dir, "gateway.toml")
+	cfg := fmt.Sprintf(`[server]
+listen = %q
+drain_timeout_seconds = 10
+
+[auth]
+mode = "keys"
+
+[admin]
+token_env = "ADMIN_TOKEN"
+
+[redis]
+addrs = [%q]
+spill_dir = %q
+
+[spend]
+flush_interval_seconds = 2
+
+[[upstreams]]
+name = "mock"
+base_url = %q
+api_key_env = "UP_KEY"
+
+[[models]]
+pattern = "claude-*"
+input_usd_per_mtok = 3
+output_usd_per_mtok = 15
+
+[[teams]]
+name = "red"
+
+[[teams]]
+name = "blue"
+
+[[keys]]
+name = "a"
+sha256 = %q
+team = "red"
+
+[[keys]]
+name = "b"
+sha256 = %q
+team = "blue"
+`, addr, srv.Addr(), dir, up.URL, hashKey(testKeyA), hashKey(testKeyB))
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "UP_KEY="+upKey, "ADMIN_TOKEN="+testAdmin)
+
+	var procs []*gatewayProc
+	defer func() {
+		for _, p := range procs {
+			p.kill()
+		}
+	}()
+	start := func() *gatewayProc {
+		t.Helper()
+		p := startGatewayProc(t, bin, cfgPath, dir, addr, env, len(procs))
+		procs = append(procs, p)
+		return p
+	}
+
+	lk := newKillLoad(addr, maxReqs)
+	start()
+	lk.run(testKeyA, "a", false, workers)
+	lk.run(testKeyB, "b", true, workers)
+	for i := range kills {
+		// A random moment, up to two flush intervals: not a wait for anything.
+		time.Sleep(time.Duration(500+rng.IntN(3500)) * time.Millisecond)
+		procs[len(procs)-1].kill()
+		t.Logf("kill %d after %v", i+1, time.Since(procs[len(procs)-1].started).Round(time.Millisecond))
+		start()
+	}
+	time.Sleep(time.Second) // the last run, started on the last kill's journal, serves load too
+	lk.stop()
+	last := procs[len(procs)-1]
+	if err := last.terminate(); err != nil {
+		t.Fatalf("the last gateway did not stop cleanly: %v\n%s", err, last.stderr())
+	}
+	// A new gateway answers /admin/spend from Redis.
+	start()
+	ledger, rep := spendViaCLI(t, bin, addr, env)
+	if rep.Partial {
+		t.Fatalf("/admin/spend is partial (%s): Redis should be readable", rep.Note)
+	}
+	logged := map[string]loggedBill{}
+	replays := 0
+	for _, p := range procs[:len(procs)-1] {
+		p.readAccessLog(t, logged)
+		if strings.Contains(p.stderr(), "spend from the journal will be written to Redis") {
+			replays++
+		}
+	}
+	t.Logf("%d of %d starts after a kill sent spend from the journal", replays, kills)
+	for _, key := range []string{"a", "b"} {
+		u := map[string]int64{"a": uA, "b": uB}[key]
+		// Key a's answers are written at the end of the handler, after
+		// billing and its log line: a kill between the two cuts an answer
+		// that was billed. That is the proxy's order, not the ledger's.
+		checkBilled(t, key, u, lk.stats[key], logged, ledger[key], lk.stats[key].broken.Load())
+	}
+}
