@@ -70,6 +70,23 @@ func BenchmarkRedisAdd(b *testing.B) {
 	}
 }
 
+// BenchmarkRedisAddJournal is BenchmarkRedisAdd with a journal: one
+// write(2) of the Add's line per Add, no fsync on the way.
+func BenchmarkRedisAddJournal(b *testing.B) {
+	srv := startRedisServer(b, false)
+	r, err := NewRedis(srv.Client(b), RedisOptions{FlushInterval: time.Hour,
+		Journal: filepath.Join(b.TempDir(), "spend.journal"), JournalSync: 100 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	r.Add(benchKey, benchTotals, time.Time{})
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Add(benchKey, benchTotals, time.Time{})
+	}
+}
+
 // BenchmarkRedisFlush100 adds 100 distinct rows and flushes them as one
 // batch to a local redis-server.
 func BenchmarkRedisFlush100(b *testing.B) {
