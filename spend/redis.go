@@ -119,7 +119,8 @@ type RedisOptions struct {
 // memory and a background goroutine sends batches every FlushInterval, each
 // applied exactly once, even when sent again after a lost answer; with
 // RedisOptions.SpillFile, what Close could not send is sent by the next
-// NewRedis. Query reads Redis only, so it lags this replica's Adds by up to
+// NewRedis, and with RedisOptions.Journal, what a killed process had not
+// sent (redisjournal.go). Query reads Redis only, so it lags this replica's Adds by up to
 // FlushInterval (longer while Redis is unreachable): call Flush first for an
 // exact answer.
 type Redis struct {
@@ -236,7 +237,10 @@ return 1
 //
 // With opts.SpillFile naming an existing file, the file's batches are queued
 // to be sent before anything else; a file that cannot be read or decoded is
-// an error, as dropping it would lose spend.
+// an error, as dropping it would lose spend. With opts.Journal, the
+// journal's batches not known applied are queued next, under their ids,
+// and its later Adds put in pending; a corrupt line before its last is an
+// error naming the file and the line.
 func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = "tollgate:"
