@@ -141,6 +141,8 @@ type Redis struct {
 	j          *journal
 	jseq, jcut uint64
 	jsync      time.Duration
+	jprev      int64 // bytes in the previous file
+	journalMax int64 // bytes both files may hold before an outage's compaction
 
 	folded, dropped atomic.Int64
 	queuedRows      atomic.Int64 // rows in queue
@@ -289,6 +291,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 	var replay *redisReplay
 	if opts.Journal != "" {
 		r.j = &journal{name: opts.Journal, prev: opts.Journal + redisJournalPrev}
+		r.journalMax = redisJournalMax
 		var err error
 		if replay, err = r.readRedisJournal(opts.Journal); err != nil {
 			return nil, err
@@ -404,6 +407,9 @@ func (r *Redis) Flush(ctx context.Context) error {
 	}
 	err = errors.Join(err, r.recordAppliedLocked())
 	r.noteResultLocked(err)
+	if err != nil {
+		r.compactJournalLocked()
+	}
 	return errors.Join(err, r.removeSpillLocked())
 }
 
@@ -427,6 +433,9 @@ func (r *Redis) tick(ctx context.Context) {
 	}
 	err = errors.Join(err, r.recordAppliedLocked())
 	r.noteResultLocked(err)
+	if err != nil {
+		r.compactJournalLocked()
+	}
 	_ = r.removeSpillLocked() // logged there
 }
 

@@ -47,6 +47,14 @@ import (
 // first, so a start that finds both sends each id once).
 const redisJournalPrev = ".prev"
 
+// redisJournalMax bounds the journal files while Redis cannot take
+// batches, when the journal does not rotate: beyond it, with a spill file,
+// the flusher spills (cuts pending, with its cut record, and writes every
+// unapplied batch to the spill file) and rotates, so the files hold the
+// Adds since (about redisJournalMax at most, each time) and the spill
+// file the rest, under their ids.
+const redisJournalMax = 64 << 20
+
 // cutLine and appliedLine are the JSON forms of a cut and an applied
 // record.
 type cutLine struct {
@@ -138,7 +146,8 @@ type redisReplay struct {
 	cuts    []*cutLine // in order
 	applied map[string]bool
 	lastSeq uint64 // the highest seq of an entry or a cut
-	size    int64  // bytes of whole lines in the journal (not the previous file)
+	size    int64  // bytes of whole lines in the journal
+	prev    int64  // bytes of whole lines in the previous file
 }
 
 // ids returns every batch id the journal's cuts name.
@@ -188,7 +197,7 @@ func (r *Redis) readRedisJournal(name string) (*redisReplay, error) {
 			return nil, fmt.Errorf("spend: %w", err)
 		}
 		logTorn(r.log, file, res)
-		rp.size = res.Size
+		rp.prev, rp.size = rp.size, res.Size
 	}
 	rp.lastSeq = max(lastEntry, lastCut)
 	return rp, nil
@@ -257,7 +266,7 @@ func (r *Redis) replayJournal(rp *redisReplay, sync time.Duration) error {
 		r.log.Info("spend: spend from the journal will be written to Redis", "journal", r.j.name,
 			"batches", batches, "rows", rows, "later_adds", later)
 	}
-	r.jsync = sync
+	r.jsync, r.jprev = sync, rp.prev
 	return r.j.openAt(rp.size, time.Now())
 }
 
@@ -303,14 +312,46 @@ func (r *Redis) rotateJournalLocked() *os.File {
 			r.log.Error("spend: removing the previous journal failed; will retry", "file", j.prev, "err", err)
 			return nil
 		}
+		r.jprev = 0
 		if err := os.Rename(j.name, j.prev); err != nil {
 			r.log.Error("spend: renaming the journal failed; will retry", "file", j.name, "err", err)
 			return nil
 		}
-		j.f = nil
+		j.f, r.jprev = nil, j.size
 	}
 	j.startLocked(r.log, time.Now())
 	return old
+}
+
+// compactJournalLocked, after a failed flush (under sem), bounds the
+// journal files while Redis cannot take batches: once they hold more than
+// journalMax, it spills (the spill file then holds every unapplied batch,
+// and the journal the cut of the pending rows into them) and rotates, the
+// previous file removed: its entries are all in spilled batches. A replay
+// then finds their cuts' entries gone and takes the batches from the spill
+// file, under the same ids.
+func (r *Redis) compactJournalLocked() {
+	if r.j == nil || r.spillFile == "" {
+		return
+	}
+	r.mu.Lock()
+	big := !r.j.closed && r.j.size+r.jprev > r.journalMax
+	r.mu.Unlock()
+	if !big {
+		return
+	}
+	if err := r.spillLocked(); err != nil {
+		r.log.Error("spend: cannot spill to bound the journal while Redis is down; it grows", "err", err)
+		return
+	}
+	r.mu.Lock()
+	retired := r.rotateJournalLocked()
+	r.mu.Unlock()
+	if retired != nil {
+		r.j.retire(retired)
+	}
+	r.log.Info("spend: Redis is down; unsent spend spilled and the journal rotated to bound it",
+		"spill_file", r.spillFile, "batches", len(r.queue))
 }
 
 // recordAppliedLocked saves the own part and then journals the ids of the

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -296,4 +297,43 @@ func sameRows(t *testing.T, r *Redis, adds []add) {
 	}
 	t.Fatalf("Redis holds %d rows, %d requests, cost %d; want %d rows, %d requests, cost %d",
 		len(got), g.Requests, g.CostMicros, len(want), w.Requests, w.CostMicros)
+}
+
+// TestRedisJournalBoundedInOutage: while Redis is down the journal cannot
+// rotate, so past its bound the flusher spills and rotates it; the files
+// stay bounded, and a kill then loses nothing and counts nothing twice.
+func TestRedisJournalBoundedInOutage(t *testing.T) {
+	srv := startRedisServer(t, false)
+	h := &faults{}
+	files := crashFiles{dir: t.TempDir()}
+	r1 := newRedis(t, srv.Client(t, h), files.opts())
+	before := sampleAdds()
+	addAll(r1, before)
+	flush(t, r1)
+	h.down.Store(true)
+	r1.journalMax = 20 << 10 // about 80 Adds
+	var during []add
+	for i := range 20 {
+		adds := manyAdds(50, "o"+strconv.Itoa(i))
+		addAll(r1, adds)
+		during = append(during, adds...)
+		if err := r1.Flush(context.Background()); err == nil {
+			t.Fatal("Flush with Redis down succeeded")
+		}
+		if n := journalBytes(t, files.opts().Journal); n > 2*r1.journalMax+(20<<10) {
+			t.Fatalf("after %d failed flushes the journal files hold %d bytes, bound %d", i+1, n, r1.journalMax)
+		}
+	}
+	if _, err := os.Stat(files.opts().SpillFile); err != nil {
+		t.Fatalf("no spill file after the journal outgrew its bound: %v", err)
+	}
+	later := manyAdds(5, "l")
+	addAll(r1, later)
+	killed := files.snapshot(t)
+	h.down.Store(false)
+
+	r2 := newRedis(t, srv.Client(t), killed.opts())
+	flush(t, r2)
+	sameRows(t, r2, slices.Concat(before, during, later))
+	mustNotExist(t, killed.opts().SpillFile)
 }
