@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,7 +40,6 @@ func TestKillNineLosesNothingWithRedis(t *testing.T) {
 	uA, uB := reserved(messagesBody(0, false)), reserved(messagesBody(0, true))
 	dir := t.TempDir()
 	addr := freeAddr(t)
-	cfgPath := filepath.Join(dir, "gateway.toml")
 	cfg := fmt.Sprintf(`[server]
 listen = %q
 drain_timeout_seconds = 10
@@ -86,51 +83,25 @@ name = "b"
 sha256 = %q
 team = "blue"
 `, addr, srv.Addr(), dir, up.URL, hashKey(testKeyA), hashKey(testKeyB))
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := append(os.Environ(), "UP_KEY="+upKey, "ADMIN_TOKEN="+testAdmin)
-
-	var procs []*gatewayProc
-	defer func() {
-		for _, p := range procs {
-			p.kill()
-		}
-	}()
-	start := func() *gatewayProc {
-		t.Helper()
-		p := startGatewayProc(t, bin, cfgPath, dir, addr, env, len(procs))
-		procs = append(procs, p)
-		return p
-	}
-
+	kr := newKillRun(t, bin, cfg, dir, addr)
 	lk := newKillLoad(addr, maxReqs)
-	start()
+	kr.start()
 	lk.run(testKeyA, "a", false, workers)
 	lk.run(testKeyB, "b", true, workers)
-	for i := range kills {
-		// A random moment, up to two flush intervals: not a wait for anything.
-		time.Sleep(time.Duration(500+rng.IntN(3500)) * time.Millisecond)
-		procs[len(procs)-1].kill()
-		t.Logf("kill %d after %v", i+1, time.Since(procs[len(procs)-1].started).Round(time.Millisecond))
-		start()
-	}
+	// Random moments up to two flush intervals: mid-aggregation, mid-send.
+	kr.killAndRestart(rng, kills, 500*time.Millisecond, 3500*time.Millisecond)
 	time.Sleep(time.Second) // the last run, started on the last kill's journal, serves load too
 	lk.stop()
-	last := procs[len(procs)-1]
-	if err := last.terminate(); err != nil {
-		t.Fatalf("the last gateway did not stop cleanly: %v\n%s", err, last.stderr())
-	}
+	kr.stopLast()
 	// A new gateway answers /admin/spend from Redis.
-	start()
-	ledger, rep := spendViaCLI(t, bin, addr, env)
+	kr.start()
+	ledger, rep := spendViaCLI(t, bin, addr, kr.env)
 	if rep.Partial {
 		t.Fatalf("/admin/spend is partial (%s): Redis should be readable", rep.Note)
 	}
-	logged := map[string]loggedBill{}
+	logged := kr.billed()
 	replays := 0
-	for _, p := range procs[:len(procs)-1] {
-		p.readAccessLog(t, logged)
+	for _, p := range kr.procs[1 : len(kr.procs)-1] {
 		if strings.Contains(p.stderr(), "spend from the journal will be written to Redis") {
 			replays++
 		}

@@ -122,7 +122,6 @@ func TestKillNineLosesNothing(t *testing.T) {
 	budget := 100 * uB
 	dir := t.TempDir()
 	addr := freeAddr(t)
-	cfgPath := filepath.Join(dir, "gateway.toml")
 	cfg := fmt.Sprintf(`[server]
 listen = %q
 drain_timeout_seconds = 10
@@ -169,52 +168,24 @@ sha256 = %q
 team = "blue"
 `, addr, filepath.Join(dir, "spend.json"), filepath.Join(dir, "owners.jsonl"), up.URL, budget,
 		hashKey(testKeyA), rpm, hashKey(testKeyB))
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := append(os.Environ(), "UP_KEY="+upKey, "ADMIN_TOKEN="+testAdmin)
-
-	var procs []*gatewayProc
-	defer func() {
-		for _, p := range procs {
-			p.kill()
-		}
-	}()
-	start := func() *gatewayProc {
-		t.Helper()
-		p := startGatewayProc(t, bin, cfgPath, dir, addr, env, len(procs))
-		procs = append(procs, p)
-		return p
-	}
-
+	kr := newKillRun(t, bin, cfg, dir, addr)
 	lk := newKillLoad(addr, maxReqs)
-	start()
+	kr.start()
 	lk.run(testKeyA, "a", false, workers)
 	lk.run(testKeyB, "b", true, workers)
-	for i := range kills {
-		time.Sleep(time.Duration(300+rng.IntN(1500)) * time.Millisecond) // a random moment, not a wait for anything
-		procs[len(procs)-1].kill()
-		t.Logf("kill %d after %v", i+1, time.Since(procs[len(procs)-1].started).Round(time.Millisecond))
-		start()
-	}
+	kr.killAndRestart(rng, kills, 300*time.Millisecond, 1500*time.Millisecond)
 	// The last run serves load too, until both limits have refused some
 	// (bounded: a slow machine may take longer to spend them).
 	for i := 0; i < 300 && (i < 15 || lk.stats["a"].limited.Load() == 0 || lk.stats["b"].limited.Load() == 0); i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
 	lk.stop()
-	last := procs[len(procs)-1]
-	if err := last.terminate(); err != nil {
-		t.Fatalf("the last gateway did not stop cleanly: %v\n%s", err, last.stderr())
-	}
+	kr.stopLast()
 	// A new gateway on the same files answers `gateway spend` from what it
 	// restored: the state file the last one wrote and the journal.
-	start()
-	ledger, _ := spendViaCLI(t, bin, addr, env)
-	logged := map[string]loggedBill{}
-	for _, p := range procs[:len(procs)-1] {
-		p.readAccessLog(t, logged)
-	}
+	kr.start()
+	ledger, _ := spendViaCLI(t, bin, addr, kr.env)
+	logged := kr.billed()
 
 	span := lk.last().Sub(lk.first())
 	for _, key := range []string{"a", "b"} {
@@ -247,6 +218,71 @@ team = "blue"
 			}
 		}
 	}
+}
+
+// killRun is a gateway restarted, after each kill, on the same config and
+// files; every process is killed at the end of the test.
+type killRun struct {
+	t                       *testing.T
+	bin, cfgPath, dir, addr string
+	env                     []string
+	procs                   []*gatewayProc
+}
+
+// newKillRun writes cfg to dir/gateway.toml for gateways of bin at addr.
+func newKillRun(t *testing.T, bin, cfg, dir, addr string) *killRun {
+	t.Helper()
+	kr := &killRun{t: t, bin: bin, cfgPath: filepath.Join(dir, "gateway.toml"), dir: dir, addr: addr,
+		env: append(os.Environ(), "UP_KEY="+upKey, "ADMIN_TOKEN="+testAdmin)}
+	if err := os.WriteFile(kr.cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range kr.procs {
+			p.kill()
+		}
+	})
+	return kr
+}
+
+// start starts the next gateway and waits for it to serve.
+func (kr *killRun) start() *gatewayProc {
+	kr.t.Helper()
+	p := startGatewayProc(kr.t, kr.bin, kr.cfgPath, kr.dir, kr.addr, kr.env, len(kr.procs))
+	kr.procs = append(kr.procs, p)
+	return p
+}
+
+// killAndRestart SIGKILLs the running gateway kills times, each at a
+// random moment from min to min+span after its start (not a wait for
+// anything), starting the next one at once.
+func (kr *killRun) killAndRestart(rng *rand.Rand, kills int, min, span time.Duration) {
+	kr.t.Helper()
+	for i := range kills {
+		time.Sleep(min + time.Duration(rng.Int64N(int64(span))))
+		p := kr.procs[len(kr.procs)-1]
+		p.kill()
+		kr.t.Logf("kill %d after %v", i+1, time.Since(p.started).Round(time.Millisecond))
+		kr.start()
+	}
+}
+
+// stopLast stops the running gateway with SIGTERM; it must exit cleanly.
+func (kr *killRun) stopLast() {
+	kr.t.Helper()
+	last := kr.procs[len(kr.procs)-1]
+	if err := last.terminate(); err != nil {
+		kr.t.Fatalf("the last gateway did not stop cleanly: %v\n%s", err, last.stderr())
+	}
+}
+
+// billed reads the access logs of every gateway but the running one.
+func (kr *killRun) billed() map[string]loggedBill {
+	logged := map[string]loggedBill{}
+	for _, p := range kr.procs[:len(kr.procs)-1] {
+		p.readAccessLog(kr.t, logged)
+	}
+	return logged
 }
 
 // buildGateway builds the gateway binary into a temporary directory.
