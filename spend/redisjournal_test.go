@@ -2,7 +2,6 @@ package spend
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-llm/tollgate/internal/redistest"
 )
 
 // crashFiles are a Redis ledger's files in one directory: journal, own part
@@ -47,47 +48,32 @@ func (c crashFiles) snapshot(t *testing.T) crashFiles {
 	return to
 }
 
-// crashAt is a hook that, at the nth batch script (from 1), calls at before
-// running it (before) or after it ran (after), and from then on fails every
-// command without running it: the process is dead to Redis.
+// crashAt is a faults hook that, at the nth batch script (from 1), calls
+// at before running it (before) or after it ran (after), and from then on
+// is down: the process is dead to Redis.
 type crashAt struct {
+	faults
 	n     int
 	after bool
 	at    func()
 	runs  atomic.Int32
-	dead  atomic.Bool
 }
 
-func (h *crashAt) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *crashAt) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.dead.Load() {
-			return errors.New("injected: killed")
-		}
-		return next(ctx, cmds)
-	}
-}
 func (h *crashAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	run := h.faults.ProcessHook(next)
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.dead.Load() {
-			err := errors.New("injected: killed")
-			cmd.SetErr(err)
-			return err
-		}
 		script := cmd.Name() == "evalsha" || cmd.Name() == "eval"
-		if !script || int(h.runs.Add(1)) != h.n {
-			return next(ctx, cmd)
+		if h.down.Load() || !script || int(h.runs.Add(1)) != h.n {
+			return run(ctx, cmd)
 		}
 		if !h.after {
 			h.at()
-			h.dead.Store(true)
-			err := errors.New("injected: killed")
-			cmd.SetErr(err)
-			return err
+			h.down.Store(true)
+			return run(ctx, cmd)
 		}
-		err := next(ctx, cmd)
+		err := run(ctx, cmd)
 		h.at()
-		h.dead.Store(true)
+		h.down.Store(true)
 		return err
 	}
 }
@@ -132,7 +118,7 @@ func TestRedisJournalKilledLosesNothing(t *testing.T) {
 			addAll(r1, cut)
 			if tc.n == 0 {
 				h.at()
-				h.dead.Store(true)
+				h.down.Store(true)
 			} else {
 				h.n = int(h.runs.Load()) + tc.n
 				// It fails, or succeeds when the kill came after its last
@@ -202,19 +188,26 @@ func journalBytes(t *testing.T, name string) int64 {
 	return n
 }
 
+// startOutage starts a journaled ledger (with a spill file) on a fresh
+// Redis, writes before to it, then makes Redis look down through h.
+func startOutage(t *testing.T) (srv *redistest.Server, h *faults, files crashFiles, r *Redis, before []add) {
+	srv = startRedisServer(t, false)
+	h = &faults{}
+	files = crashFiles{dir: t.TempDir()}
+	r = newRedis(t, srv.Client(t, h), files.opts())
+	before = sampleAdds()
+	addAll(r, before)
+	flush(t, r)
+	h.down.Store(true)
+	return srv, h, files, r, before
+}
+
 // TestRedisJournalSpillAtClose: a ledger closed while Redis is down spills
 // what it could not send and removes its journal, and a start sends the
 // spill file's batches once; a ledger killed in the outage instead leaves
 // its journal, from which a start sends the same spend once.
 func TestRedisJournalSpillAtClose(t *testing.T) {
-	srv := startRedisServer(t, false)
-	h := &faults{}
-	files := crashFiles{dir: t.TempDir()}
-	r1 := newRedis(t, srv.Client(t, h), files.opts())
-	before := sampleAdds()
-	addAll(r1, before)
-	flush(t, r1)
-	h.down.Store(true)
+	srv, _, files, r1, before := startOutage(t)
 	down := manyAdds(maxBatchRows+3, "d") // two batches that fail
 	addAll(r1, down)
 	if err := r1.Flush(context.Background()); err == nil {
@@ -303,14 +296,7 @@ func sameRows(t *testing.T, r *Redis, adds []add) {
 // rotate, so past its bound the flusher spills and rotates it; the files
 // stay bounded, and a kill then loses nothing and counts nothing twice.
 func TestRedisJournalBoundedInOutage(t *testing.T) {
-	srv := startRedisServer(t, false)
-	h := &faults{}
-	files := crashFiles{dir: t.TempDir()}
-	r1 := newRedis(t, srv.Client(t, h), files.opts())
-	before := sampleAdds()
-	addAll(r1, before)
-	flush(t, r1)
-	h.down.Store(true)
+	srv, h, files, r1, before := startOutage(t)
 	r1.journalMax = 20 << 10 // about 80 Adds
 	var during []add
 	for i := range 20 {
