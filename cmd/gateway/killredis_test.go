@@ -40,49 +40,13 @@ func TestKillNineLosesNothingWithRedis(t *testing.T) {
 	uA, uB := reserved(messagesBody(0, false)), reserved(messagesBody(0, true))
 	dir := t.TempDir()
 	addr := freeAddr(t)
-	cfg := fmt.Sprintf(`[server]
-listen = %q
-drain_timeout_seconds = 10
-
-[auth]
-mode = "keys"
-
-[admin]
-token_env = "ADMIN_TOKEN"
-
-[redis]
+	cfg := killConfig(addr, up.URL, fmt.Sprintf(`[redis]
 addrs = [%q]
 spill_dir = %q
 
 [spend]
 flush_interval_seconds = 2
-
-[[upstreams]]
-name = "mock"
-base_url = %q
-api_key_env = "UP_KEY"
-
-[[models]]
-pattern = "claude-*"
-input_usd_per_mtok = 3
-output_usd_per_mtok = 15
-
-[[teams]]
-name = "red"
-
-[[teams]]
-name = "blue"
-
-[[keys]]
-name = "a"
-sha256 = %q
-team = "red"
-
-[[keys]]
-name = "b"
-sha256 = %q
-team = "blue"
-`, addr, srv.Addr(), dir, up.URL, hashKey(testKeyA), hashKey(testKeyB))
+`, srv.Addr(), dir), "", "")
 	kr := newKillRun(t, bin, cfg, dir, addr)
 	lk := newKillLoad(addr, maxReqs)
 	kr.start()

@@ -122,52 +122,14 @@ func TestKillNineLosesNothing(t *testing.T) {
 	budget := 100 * uB
 	dir := t.TempDir()
 	addr := freeAddr(t)
-	cfg := fmt.Sprintf(`[server]
-listen = %q
-drain_timeout_seconds = 10
-
-[auth]
-mode = "keys"
-
-[admin]
-token_env = "ADMIN_TOKEN"
-
-[spend]
+	cfg := killConfig(addr, up.URL, fmt.Sprintf(`[spend]
 state_file = %q
 flush_interval_seconds = 1
 
 [ownership]
 state_file = %q
-
-[[upstreams]]
-name = "mock"
-base_url = %q
-api_key_env = "UP_KEY"
-
-[[models]]
-pattern = "claude-*"
-input_usd_per_mtok = 3
-output_usd_per_mtok = 15
-
-[[teams]]
-name = "red"
-
-[[teams]]
-name = "blue"
-tokens_per_day = %d
-
-[[keys]]
-name = "a"
-sha256 = %q
-team = "red"
-rpm = %d
-
-[[keys]]
-name = "b"
-sha256 = %q
-team = "blue"
-`, addr, filepath.Join(dir, "spend.json"), filepath.Join(dir, "owners.jsonl"), up.URL, budget,
-		hashKey(testKeyA), rpm, hashKey(testKeyB))
+`, filepath.Join(dir, "spend.json"), filepath.Join(dir, "owners.jsonl")),
+		fmt.Sprintf("tokens_per_day = %d\n", budget), fmt.Sprintf("rpm = %d\n", rpm))
 	kr := newKillRun(t, bin, cfg, dir, addr)
 	lk := newKillLoad(addr, maxReqs)
 	kr.start()
@@ -218,6 +180,50 @@ team = "blue"
 			}
 		}
 	}
+}
+
+// killConfig is the kill tests' config: a gateway on addr in mode keys,
+// with keys a (team red) and b (team blue) through the mock upstream at
+// upURL; storage holds the tables that say where it keeps its state, and
+// blue and keyA extra lines for team blue and key a (their limits).
+func killConfig(addr, upURL, storage, blue, keyA string) string {
+	return fmt.Sprintf(`[server]
+listen = %q
+drain_timeout_seconds = 10
+
+[auth]
+mode = "keys"
+
+[admin]
+token_env = "ADMIN_TOKEN"
+
+%s
+[[upstreams]]
+name = "mock"
+base_url = %q
+api_key_env = "UP_KEY"
+
+[[models]]
+pattern = "claude-*"
+input_usd_per_mtok = 3
+output_usd_per_mtok = 15
+
+[[teams]]
+name = "red"
+
+[[teams]]
+name = "blue"
+%s
+[[keys]]
+name = "a"
+sha256 = %q
+team = "red"
+%s
+[[keys]]
+name = "b"
+sha256 = %q
+team = "blue"
+`, addr, storage, upURL, blue, hashKey(testKeyA), keyA, hashKey(testKeyB))
 }
 
 // killRun is a gateway restarted, after each kill, on the same config and
