@@ -208,15 +208,21 @@ func logTorn(log *slog.Logger, name string, res jsonl.Result) {
 // write, before the Add counts. A failed write is logged (once until one
 // succeeds again) and the Add still counts: the state file will hold it.
 func (l *Local) appendLocked(k Key, t Totals, admitted time.Time) {
-	j := l.j
+	l.j.appendEntryLocked(l.log, l.seq, admitted, l.now, k, t,
+		"until the next state write, a crash loses what was billed since the last")
+}
+
+// appendEntryLocked writes the line of Add number seq (admitted; the zero
+// time: now()) with writeLocked.
+func (j *journal) appendEntryLocked(log *slog.Logger, seq uint64, admitted time.Time, now func() time.Time, k Key, t Totals, lost string) {
 	if j.f != nil && !j.broken {
 		at := admitted.UnixNano()
 		if admitted.IsZero() || at <= 0 {
-			at = l.now().UnixNano()
+			at = now().UnixNano()
 		}
-		j.buf = appendEntry(j.buf[:0], l.seq, at, k, t)
+		j.buf = appendEntry(j.buf[:0], seq, at, k, t)
 	}
-	j.writeLocked(l.log, "until the next state write, a crash loses what was billed since the last")
+	j.writeLocked(log, lost)
 }
 
 // writeLocked appends j.buf, one line, with one write (under the owner's
@@ -269,13 +275,11 @@ func (l *Local) rotateLocked() *os.File {
 		if !j.broken && (j.size == 0 || l.now().Sub(j.since) < j.keep) || j.prevSeq > l.saved {
 			return nil
 		}
-		if err := os.Remove(j.prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			l.log.Error("spend: removing the previous journal failed; will retry", "file", j.prev, "err", err)
-			return nil
+		removed, shifted := j.shiftLocked(l.log)
+		if removed {
+			j.prevSeq = 0
 		}
-		j.prevSeq = 0
-		if err := os.Rename(j.name, j.prev); err != nil {
-			l.log.Error("spend: renaming the journal failed; will retry", "file", j.name, "err", err)
+		if !shifted {
 			return nil
 		}
 		j.prevSeq, j.f = max(l.seq, 1), nil
@@ -284,6 +288,22 @@ func (l *Local) rotateLocked() *os.File {
 	// rotation whose open failed).
 	j.startLocked(l.log, l.now())
 	return old
+}
+
+// shiftLocked removes the previous file and renames the journal to it
+// (under the owner's mutex), logging a failure: the caller retries at its
+// next rotation. removed reports that the previous file is gone, shifted
+// that the journal is now the previous file (j.f, still open, to retire).
+func (j *journal) shiftLocked(log *slog.Logger) (removed, shifted bool) {
+	if err := os.Remove(j.prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.Error("spend: removing the previous journal failed; will retry", "file", j.prev, "err", err)
+		return false, false
+	}
+	if err := os.Rename(j.name, j.prev); err != nil {
+		log.Error("spend: renaming the journal failed; will retry", "file", j.name, "err", err)
+		return true, false
+	}
+	return true, true
 }
 
 // startLocked opens a new, empty journal under j.name; a failure is logged

@@ -272,16 +272,8 @@ func (r *Redis) replayJournal(rp *redisReplay, sync time.Duration) error {
 
 // appendEntryLocked journals one Add (under mu), before it counts.
 func (r *Redis) appendEntryLocked(k Key, t Totals, admitted time.Time) {
-	j := r.j
 	r.jseq++
-	if j.f != nil && !j.broken {
-		at := admitted.UnixNano()
-		if admitted.IsZero() || at <= 0 {
-			at = time.Now().UnixNano()
-		}
-		j.buf = appendEntry(j.buf[:0], r.jseq, at, k, t)
-	}
-	j.writeLocked(r.log, "a kill loses the spend not yet written to Redis")
+	r.j.appendEntryLocked(r.log, r.jseq, admitted, time.Now, k, t, "a kill loses the spend not yet written to Redis")
 }
 
 // appendRecordLocked journals a cut or applied record (under mu).
@@ -308,13 +300,11 @@ func (r *Redis) rotateJournalLocked() *os.File {
 		if j.size == 0 && !j.broken {
 			return nil
 		}
-		if err := os.Remove(j.prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			r.log.Error("spend: removing the previous journal failed; will retry", "file", j.prev, "err", err)
-			return nil
+		removed, shifted := j.shiftLocked(r.log)
+		if removed {
+			r.jprev = 0
 		}
-		r.jprev = 0
-		if err := os.Rename(j.name, j.prev); err != nil {
-			r.log.Error("spend: renaming the journal failed; will retry", "file", j.name, "err", err)
+		if !shifted {
 			return nil
 		}
 		j.f, r.jprev = nil, j.size

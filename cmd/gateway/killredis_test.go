@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -29,9 +28,7 @@ func TestKillNineLosesNothingWithRedis(t *testing.T) {
 		workers = 3
 		maxReqs = 20000 // over the whole run, all workers
 	)
-	seed := time.Now().UnixNano()
-	t.Logf("kill moments: math/rand seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	rng := killMoments(t)
 
 	srv := redistest.Start(t)
 	bin := buildGateway(t)

@@ -107,9 +107,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 		workers = 3
 		maxReqs = 20000 // over the whole run, all workers
 	)
-	seed := time.Now().UnixNano()
-	t.Logf("kill moments: math/rand seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	rng := killMoments(t)
 
 	bin := buildGateway(t)
 	// Streams (key b) take 100 ms, so that kills cut some; key a's
@@ -180,6 +178,14 @@ state_file = %q
 			}
 		}
 	}
+}
+
+// killMoments returns the random source of a kill test's moments, its
+// seed logged to replay a failure.
+func killMoments(t *testing.T) *rand.Rand {
+	seed := time.Now().UnixNano()
+	t.Logf("kill moments: math/rand seed %d", seed)
+	return rand.New(rand.NewPCG(uint64(seed), 0))
 }
 
 // killConfig is the kill tests' config: a gateway on addr in mode keys,
