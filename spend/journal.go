@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strconv"
 	"sync"
@@ -159,20 +160,20 @@ func (l *Local) replayJournal(onReplay func(Entry)) error {
 		if err != nil {
 			return fmt.Errorf("spend: %w", err)
 		}
-		if t := res.Torn; t != nil {
-			why := "no trailing newline"
-			if t.Err != nil {
-				why = t.Err.Error()
-			}
-			l.log.Warn("spend: ignoring the torn last line of a journal (a crash in the middle of its write)",
-				"file", name, "line", t.Line, "bytes", t.Bytes, "error", why)
-		}
+		logTorn(l.log, name, res)
 		if name == j.prev && res.Exists {
 			j.prevSeq = max(last, 1)
 		}
 		size = res.Size
 	}
 	l.seq = max(l.seq, last)
+	return j.openAt(size, l.now())
+}
+
+// openAt opens the journal for appending, cutting off what follows the
+// size bytes replay accepted (a torn last line), so that the next line
+// starts on a line of its own.
+func (j *journal) openAt(size int64, now time.Time) error {
 	f, err := os.OpenFile(j.name, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("spend: opening journal %s: %w", j.name, err)
@@ -185,27 +186,56 @@ func (l *Local) replayJournal(onReplay func(Entry)) error {
 		_ = f.Close()
 		return fmt.Errorf("spend: cutting the torn last line off journal %s: %w", j.name, err)
 	}
-	j.f, j.size, j.since = f, size, l.now()
+	j.f, j.size, j.since = f, size, now
 	return nil
+}
+
+// logTorn warns about the torn last line Read ignored in name, if any.
+func logTorn(log *slog.Logger, name string, res jsonl.Result) {
+	t := res.Torn
+	if t == nil {
+		return
+	}
+	why := "no trailing newline"
+	if t.Err != nil {
+		why = t.Err.Error()
+	}
+	log.Warn("spend: ignoring the torn last line of a journal (a crash in the middle of its write)",
+		"file", name, "line", t.Line, "bytes", t.Bytes, "error", why)
 }
 
 // appendLocked writes the journal line of an Add (seq l.seq), with one
 // write, before the Add counts. A failed write is logged (once until one
 // succeeds again) and the Add still counts: the state file will hold it.
 func (l *Local) appendLocked(k Key, t Totals, admitted time.Time) {
-	j := l.j
+	l.j.appendEntryLocked(l.log, l.seq, admitted, l.now, k, t,
+		"until the next state write, a crash loses what was billed since the last")
+}
+
+// appendEntryLocked writes the line of Add number seq (admitted; the zero
+// time: now()) with writeLocked.
+func (j *journal) appendEntryLocked(log *slog.Logger, seq uint64, admitted time.Time, now func() time.Time, k Key, t Totals, lost string) {
+	if j.f != nil && !j.broken {
+		at := admitted.UnixNano()
+		if admitted.IsZero() || at <= 0 {
+			at = now().UnixNano()
+		}
+		j.buf = appendEntry(j.buf[:0], seq, at, k, t)
+	}
+	j.writeLocked(log, lost)
+}
+
+// writeLocked appends j.buf, one line, with one write (under the owner's
+// mutex). A failed write is logged with lost, what it costs, once until a
+// write succeeds again.
+func (j *journal) writeLocked(log *slog.Logger, lost string) {
 	var err error
 	switch {
 	case j.f == nil:
 		err = errors.New("the journal is not open")
 	case j.broken:
-		err = errors.New("a failed write left a torn line that could not be cut; a new journal starts at the next state write")
+		err = errors.New("a failed write left a torn line that could not be cut; a new journal starts at the next rotation")
 	default:
-		at := admitted.UnixNano()
-		if admitted.IsZero() || at <= 0 {
-			at = l.now().UnixNano()
-		}
-		j.buf = appendEntry(j.buf[:0], l.seq, at, k, t)
 		var whole bool
 		whole, err = jsonl.Append(j.f, j.size, j.buf)
 		if err == nil {
@@ -216,7 +246,7 @@ func (l *Local) appendLocked(k Key, t Totals, admitted time.Time) {
 	}
 	if err == nil {
 		if j.failing {
-			l.log.Warn("spend: journal writes succeed again", "file", j.name, "lost", j.failures)
+			log.Warn("spend: journal writes succeed again", "file", j.name, "lost", j.failures)
 			j.failing, j.failures = false, 0
 		}
 		return
@@ -224,8 +254,7 @@ func (l *Local) appendLocked(k Key, t Totals, admitted time.Time) {
 	j.failures++
 	if !j.failing {
 		j.failing = true
-		l.log.Error("spend: writing the journal failed: until the next state write, a crash loses what was billed since the last",
-			"file", j.name, "err", err)
+		log.Error("spend: writing the journal failed: "+lost, "file", j.name, "err", err)
 	}
 }
 
@@ -246,26 +275,46 @@ func (l *Local) rotateLocked() *os.File {
 		if !j.broken && (j.size == 0 || l.now().Sub(j.since) < j.keep) || j.prevSeq > l.saved {
 			return nil
 		}
-		if err := os.Remove(j.prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			l.log.Error("spend: removing the previous journal failed; will retry", "file", j.prev, "err", err)
-			return nil
+		removed, shifted := j.shiftLocked(l.log)
+		if removed {
+			j.prevSeq = 0
 		}
-		j.prevSeq = 0
-		if err := os.Rename(j.name, j.prev); err != nil {
-			l.log.Error("spend: renaming the journal failed; will retry", "file", j.name, "err", err)
+		if !shifted {
 			return nil
 		}
 		j.prevSeq, j.f = max(l.seq, 1), nil
 	}
 	// The name is free: the journal was renamed away (here, or by a
 	// rotation whose open failed).
+	j.startLocked(l.log, l.now())
+	return old
+}
+
+// shiftLocked removes the previous file and renames the journal to it
+// (under the owner's mutex), logging a failure: the caller retries at its
+// next rotation. removed reports that the previous file is gone, shifted
+// that the journal is now the previous file (j.f, still open, to retire).
+func (j *journal) shiftLocked(log *slog.Logger) (removed, shifted bool) {
+	if err := os.Remove(j.prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.Error("spend: removing the previous journal failed; will retry", "file", j.prev, "err", err)
+		return false, false
+	}
+	if err := os.Rename(j.name, j.prev); err != nil {
+		log.Error("spend: renaming the journal failed; will retry", "file", j.name, "err", err)
+		return true, false
+	}
+	return true, true
+}
+
+// startLocked opens a new, empty journal under j.name; a failure is logged
+// and leaves j.f nil until the next rotation tries again.
+func (j *journal) startLocked(log *slog.Logger, now time.Time) {
 	f, err := os.OpenFile(j.name, os.O_APPEND|os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		l.log.Error("spend: starting a new journal failed; will retry at the next state write", "file", j.name, "err", err)
-		return old
+		log.Error("spend: starting a new journal failed; will retry at the next rotation", "file", j.name, "err", err)
+		return
 	}
-	j.f, j.size, j.broken, j.dirty, j.since = f, 0, false, false, l.now()
-	return old
+	j.f, j.size, j.broken, j.dirty, j.since = f, 0, false, false, now
 }
 
 // retire syncs and closes a journal file rotateLocked replaced.
@@ -277,21 +326,24 @@ func (j *journal) retire(f *os.File) {
 }
 
 // syncJournal fsyncs the journal if it was written since the last sync.
-func (l *Local) syncJournal() error {
-	j := l.j
+func (l *Local) syncJournal() error { return l.j.sync(&l.mu) }
+
+// sync fsyncs the journal if it was written since the last sync; mu is
+// the mutex its owner appends under.
+func (j *journal) sync(mu *sync.Mutex) error {
 	j.syncMu.Lock()
 	defer j.syncMu.Unlock()
-	l.mu.Lock()
+	mu.Lock()
 	f, dirty := j.f, j.dirty
 	j.dirty = false
-	l.mu.Unlock()
+	mu.Unlock()
 	if f == nil || !dirty {
 		return nil
 	}
 	if err := f.Sync(); err != nil {
-		l.mu.Lock()
+		mu.Lock()
 		j.dirty = true
-		l.mu.Unlock()
+		mu.Unlock()
 		return fmt.Errorf("spend: syncing journal %s: %w", j.name, err)
 	}
 	return nil
@@ -299,14 +351,17 @@ func (l *Local) syncJournal() error {
 
 // closeJournal syncs and closes the journal; Adds after it are not
 // journaled.
-func (l *Local) closeJournal() error {
-	j := l.j
+func (l *Local) closeJournal() error { return l.j.close(&l.mu) }
+
+// close syncs and closes the journal (mu as for sync); nothing is
+// appended to it after.
+func (j *journal) close(mu *sync.Mutex) error {
 	j.syncMu.Lock()
 	defer j.syncMu.Unlock()
-	l.mu.Lock()
+	mu.Lock()
 	f := j.f
 	j.f, j.closed = nil, true
-	l.mu.Unlock()
+	mu.Unlock()
 	if f == nil {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -90,6 +91,19 @@ type RedisOptions struct {
 	// Redis from it (generation.go). Like SpillFile, it belongs to one
 	// replica.
 	OwnFile string
+	// Journal, if set, is a file (and Journal+".prev") where every Add is
+	// appended with one write before it counts, and every cut into batches
+	// and every batch applied is recorded, so that a process killed with
+	// spend not yet written to Redis loses none of it: NewRedis sends it
+	// under the same batch ids, so none is counted twice (redisjournal.go).
+	// Empty keeps unsent deltas in memory only. Like SpillFile, it belongs
+	// to one replica, and its directory must exist.
+	Journal string
+	// JournalSync is how often the journal is fsynced when it was written
+	// since, against a crash of the machine, which loses up to JournalSync
+	// of Adds; a killed process loses nothing either way. Zero or less
+	// syncs it only when it is replaced and at Close.
+	JournalSync time.Duration
 	// OnRefill, if set, is called when this replica refills a Redis that
 	// lost its data, with its own rows and an id unique to this refill and
 	// replica, before the rows are sent: for the limits' budgets, whose
@@ -105,7 +119,8 @@ type RedisOptions struct {
 // memory and a background goroutine sends batches every FlushInterval, each
 // applied exactly once, even when sent again after a lost answer; with
 // RedisOptions.SpillFile, what Close could not send is sent by the next
-// NewRedis. Query reads Redis only, so it lags this replica's Adds by up to
+// NewRedis, and with RedisOptions.Journal, what a killed process had not
+// sent (redisjournal.go). Query reads Redis only, so it lags this replica's Adds by up to
 // FlushInterval (longer while Redis is unreachable): call Flush first for an
 // exact answer.
 type Redis struct {
@@ -121,6 +136,14 @@ type Redis struct {
 	pending      map[Key]*Totals
 	droppedTotal Totals // sum of dropped deltas, for the log
 
+	// The journal (redisjournal.go), under mu: jseq numbers the Adds, jcut
+	// is the seq of the last one cut into batches.
+	j          *journal
+	jseq, jcut uint64
+	jsync      time.Duration
+	jprev      int64 // bytes in the previous file
+	journalMax int64 // bytes both files may hold before an outage's compaction
+
 	folded, dropped atomic.Int64
 	queuedRows      atomic.Int64 // rows in queue
 
@@ -132,9 +155,10 @@ type Redis struct {
 	loggedFolded  int64
 	loggedDropped int64
 	spillFile     string
-	spillOnDisk   bool // the spill file may exist and must go once its batches are applied
-	spillLeft     int  // batches at the head of queue that the spill file holds
-	spillRmFailed bool // removing the spill file failed and was logged
+	spillOnDisk   bool     // the spill file may exist and must go once its batches are applied
+	spillLeft     int      // batches at the head of queue that the spill file holds
+	spillRmFailed bool     // removing the spill file failed and was logged
+	applied       []string // ids of batches applied, not yet recorded in the journal
 	// The own part (generation.go): sent is what Redis applied of this
 	// replica's batches under generation gen; owner names the part.
 	ownFile              string
@@ -215,7 +239,10 @@ return 1
 //
 // With opts.SpillFile naming an existing file, the file's batches are queued
 // to be sent before anything else; a file that cannot be read or decoded is
-// an error, as dropping it would lose spend.
+// an error, as dropping it would lose spend. With opts.Journal, the
+// journal's batches not known applied are queued next, under their ids,
+// and its later Adds put in pending; a corrupt line before its last is an
+// error naming the file and the line.
 func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = "tollgate:"
@@ -239,14 +266,9 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 			return nil, err
 		}
 	}
-	nonce, err := pickNonce(opts.ReplicaID, spilled, func() string { return randomHex(8) })
-	if err != nil {
-		return nil, err
-	}
 	r := &Redis{
 		client:     client,
 		tag:        "{" + opts.Prefix + "spend}",
-		replica:    opts.ReplicaID + ":" + nonce,
 		interval:   opts.FlushInterval,
 		log:        opts.Logger,
 		onDegraded: opts.OnDegraded,
@@ -260,11 +282,37 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 		onDataLost: opts.OnDataLost,
 		sent:       make(map[Key]*Totals),
 	}
+	var used []string // batch ids of earlier processes
+	if spilled != nil {
+		for _, b := range spilled.Batches {
+			used = append(used, b.ID)
+		}
+	}
+	var replay *redisReplay
+	if opts.Journal != "" {
+		r.j = &journal{name: opts.Journal, prev: opts.Journal + redisJournalPrev}
+		r.journalMax = redisJournalMax
+		var err error
+		if replay, err = r.readRedisJournal(opts.Journal); err != nil {
+			return nil, err
+		}
+		used = append(used, replay.ids()...)
+	}
+	nonce, err := pickNonce(opts.ReplicaID, used, func() string { return randomHex(8) })
+	if err != nil {
+		return nil, err
+	}
+	r.replica = opts.ReplicaID + ":" + nonce
 	if err := r.loadOwn(); err != nil {
 		return nil, err
 	}
 	if spilled != nil {
 		r.queueSpilled(spilled)
+	}
+	if replay != nil {
+		if err := r.replayJournal(replay, opts.JournalSync); err != nil {
+			return nil, err
+		}
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.flusher()
@@ -278,10 +326,19 @@ func randomHex(n int) string {
 }
 
 // Add records t under k in memory; the flusher sends it. It takes a mutex
-// and allocates only for a new row. admitted is not used: with Redis the
-// rate limits live in Redis too.
-func (r *Redis) Add(k Key, t Totals, _ time.Time) {
+// and allocates only for a new row; with a journal, it first appends t's
+// line there with one write (no fsync), with admitted (the zero time: now).
+func (r *Redis) Add(k Key, t Totals, admitted time.Time) {
 	r.mu.Lock()
+	if r.j != nil && !r.j.closed {
+		r.appendEntryLocked(k, t, admitted)
+	}
+	r.addPendingLocked(k, t)
+	r.mu.Unlock()
+}
+
+// addPendingLocked adds t to k's pending row (under mu).
+func (r *Redis) addPendingLocked(k Key, t Totals) {
 	p := r.pending[k]
 	if p == nil {
 		p = r.newRowLocked(k)
@@ -291,7 +348,6 @@ func (r *Redis) Add(k Key, t Totals, _ time.Time) {
 	} else {
 		r.droppedTotal.Add(t)
 	}
-	r.mu.Unlock()
 }
 
 // newRowLocked returns the row that receives k's first delta: a new row
@@ -349,7 +405,11 @@ func (r *Redis) Flush(ctx context.Context) error {
 	if err == nil {
 		err = r.saveOwnLocked()
 	}
+	err = errors.Join(err, r.recordAppliedLocked())
 	r.noteResultLocked(err)
+	if err != nil {
+		r.compactJournalLocked()
+	}
 	return errors.Join(err, r.removeSpillLocked())
 }
 
@@ -371,7 +431,11 @@ func (r *Redis) tick(ctx context.Context) {
 	if err == nil {
 		err = r.saveOwnLocked()
 	}
+	err = errors.Join(err, r.recordAppliedLocked())
 	r.noteResultLocked(err)
+	if err != nil {
+		r.compactJournalLocked()
+	}
 	_ = r.removeSpillLocked() // logged there
 }
 
@@ -439,20 +503,57 @@ func (r *Redis) flushLocked(ctx context.Context) error {
 	if err := r.sendQueueLocked(ctx); err != nil {
 		return err
 	}
+	// Its error comes back from the saveOwnLocked after the flush; until
+	// it succeeds, the journal is not rotated.
+	_ = r.recordAppliedLocked()
+	if r.cutLocked(len(r.applied) == 0) == 0 {
+		return nil
+	}
+	return r.sendQueueLocked(ctx)
+}
+
+// cutLocked cuts the pending rows into batches behind the queue and, with
+// a journal, records the cut there before anything sends them, first
+// rotating the journal when rotate is set: every batch cut before is
+// applied and recorded. It returns the number of rows cut.
+func (r *Redis) cutLocked(rotate bool) int {
 	r.mu.Lock()
 	cut := r.pending
 	n := len(cut) // read under mu: with nothing cut, cut is still the live map
-	if n > 0 {
-		r.pending = make(map[Key]*Totals, n)
-		// Counted as queued under mu, so Pending never misses the cut rows.
-		r.queuedRows.Store(int64(n))
-	}
-	r.mu.Unlock()
 	if n == 0 {
-		return nil
+		r.mu.Unlock()
+		return 0
 	}
-	r.queue = r.makeBatches(r.tag, cut)
-	return r.sendQueueLocked(ctx)
+	r.pending = make(map[Key]*Totals, n)
+	// Counted as queued under mu, so Pending never misses the cut rows.
+	r.queuedRows.Add(int64(n))
+	if r.j == nil || r.j.closed {
+		r.mu.Unlock()
+		r.queue = append(r.queue, r.makeBatches(r.tag, cut)...)
+		return n
+	}
+	var retired *os.File
+	if rotate && len(r.queue) == 0 {
+		retired = r.rotateJournalLocked()
+	}
+	// The cut holds the seqs up to last, all in the file just retired (or
+	// the journal): an Add from now on is in the journal, with a later seq.
+	after, last := r.jcut, r.jseq
+	r.jcut = last
+	r.mu.Unlock()
+	if retired != nil {
+		r.j.retire(retired)
+	}
+	batches := r.makeBatches(r.tag, cut)
+	c := cutLine{Tag: r.tag, After: after, Last: last, Max: r.maxPending, Cut: make([]string, len(batches))}
+	for i, b := range batches {
+		c.Cut[i] = b.id
+	}
+	r.mu.Lock()
+	r.appendRecordLocked(c)
+	r.mu.Unlock()
+	r.queue = append(r.queue, batches...)
+	return n
 }
 
 // sendQueueLocked sends the queued batches in order, stopping at the first
@@ -480,6 +581,9 @@ func (r *Redis) sendQueueLocked(ctx context.Context) error {
 		}
 		if b.tag == r.tag {
 			r.noteSentLocked(b)
+		}
+		if r.j != nil {
+			r.applied = append(r.applied, b.id)
 		}
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
@@ -574,20 +678,31 @@ func daysKey(tag string) string     { return tag + ":days" }
 func (r *Redis) dayKey(day string) string { return dayKey(r.tag, day) }
 func (r *Redis) daysKey() string          { return daysKey(r.tag) }
 
-// makeBatches turns rows into batches under tag of at most maxBatchRows
-// rows, each with a new id. Rows are sorted so one day's rows sit together
-// and the spill file is stable.
+// makeBatches turns rows into batches under tag (splitRows), each with a
+// new id.
 func (r *Redis) makeBatches(tag string, rows map[Key]*Totals) []*batch {
+	var out []*batch
+	for _, part := range splitRows(rows) {
+		r.seq++
+		out = append(out, makeBatch(tag, r.replica+":"+strconv.FormatUint(r.seq, 10), part))
+	}
+	return out
+}
+
+// splitRows sorts rows, so one day's rows sit together and the spill file
+// is stable, and splits them into parts of at most maxBatchRows: the same
+// parts for the same rows, so that a journal replay rebuilds the batches
+// it cut.
+func splitRows(rows map[Key]*Totals) [][]Row {
 	all := make([]Row, 0, len(rows))
 	for k, t := range rows {
 		all = append(all, Row{Key: k, Totals: *t})
 	}
 	sortRows(all)
-	var out []*batch
+	var out [][]Row
 	for len(all) > 0 {
 		n := min(len(all), maxBatchRows)
-		r.seq++
-		out = append(out, makeBatch(tag, r.replica+":"+strconv.FormatUint(r.seq, 10), all[:n:n]))
+		out = append(out, all[:n:n])
 		all = all[n:]
 	}
 	return out
@@ -702,10 +817,20 @@ func (r *Redis) flusher() {
 	defer close(r.done)
 	tick := time.NewTicker(r.interval)
 	defer tick.Stop()
+	var syncC <-chan time.Time
+	if r.j != nil && r.jsync > 0 {
+		st := time.NewTicker(r.jsync)
+		defer st.Stop()
+		syncC = st.C
+	}
 	for {
 		select {
 		case <-r.ctx.Done():
 			return
+		case <-syncC:
+			if err := r.j.sync(&r.mu); err != nil {
+				r.log.Error("spend: fsync of the journal failed; will retry", "err", err)
+			}
 		case <-tick.C:
 			ctx, cancel := context.WithTimeout(r.ctx, flushTimeout)
 			r.tick(ctx) // noteResultLocked logs failures
@@ -737,11 +862,13 @@ func (r *Redis) Close() error {
 		}
 		r.noteResultLocked(err)
 		var errs []error
+		spilled := false
 		if err != nil {
 			n := r.Pending()
 			var serr error
 			if r.spillFile != "" {
 				serr = r.spillLocked()
+				spilled = serr == nil
 			}
 			switch {
 			case r.spillFile == "":
@@ -758,7 +885,8 @@ func (r *Redis) Close() error {
 				errs = append(errs, fmt.Errorf("spend: closing with %d rows not written to Redis: %w", n, errors.Join(err, serr)))
 			}
 		}
-		errs = append(errs, r.removeSpillLocked(), r.saveOwnLocked())
+		errs = append(errs, r.removeSpillLocked(), r.saveOwnLocked(),
+			r.closeJournalLocked(err == nil && len(r.queue) == 0 || spilled))
 		if d := r.Dropped(); d > 0 {
 			errs = append(errs, fmt.Errorf("spend: %d adds were dropped (MaxPending %d)", d, r.maxPending))
 		}

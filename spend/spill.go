@@ -72,8 +72,8 @@ func readSpill(name string) (*spillFile, error) {
 			return nil, fmt.Errorf("spend: spill file %s is corrupt: batch %d: empty or repeated id %q", name, i, b.ID)
 		}
 		ids[b.ID] = true
-		if !strings.HasPrefix(b.Tag, "{") || !strings.HasSuffix(b.Tag, "spend}") {
-			return nil, fmt.Errorf("spend: spill file %s is corrupt: batch %s: tag %q is not {<prefix>spend}", name, b.ID, b.Tag)
+		if err := checkTag(b.Tag); err != nil {
+			return nil, fmt.Errorf("spend: spill file %s is corrupt: batch %s: %w", name, b.ID, err)
 		}
 		if len(b.Rows) == 0 {
 			return nil, fmt.Errorf("spend: spill file %s is corrupt: batch %s has no rows", name, b.ID)
@@ -88,17 +88,16 @@ func readSpill(name string) (*spillFile, error) {
 }
 
 // pickNonce returns a nonce from gen such that no batch id of this replica
-// can equal one in sf: those were made by an earlier process, and a new
-// batch under one of their ids would be skipped as already applied.
-func pickNonce(replicaID string, sf *spillFile, gen func() string) (string, error) {
+// can equal one of used (the spill file's and the journal's): those were
+// made by an earlier process, and a new batch under one of their ids would
+// be skipped as already applied.
+func pickNonce(replicaID string, used []string, gen func() string) (string, error) {
 	for range 8 {
 		n := gen()
 		p := replicaID + ":" + n + ":"
 		clash := false
-		if sf != nil {
-			for _, b := range sf.Batches {
-				clash = clash || strings.HasPrefix(b.ID, p)
-			}
+		for _, id := range used {
+			clash = clash || strings.HasPrefix(id, p)
 		}
 		if !clash {
 			return n, nil
@@ -138,17 +137,9 @@ func (r *Redis) queueSpilled(sf *spillFile) {
 // writes the whole queue to the spill file, replacing what it held: the
 // file's earlier batches are either applied or still in the queue.
 func (r *Redis) spillLocked() error {
-	r.mu.Lock()
-	cut := r.pending
-	n := len(cut)
-	if n > 0 {
-		r.pending = make(map[Key]*Totals)
-		r.queuedRows.Add(int64(n))
-	}
-	r.mu.Unlock()
-	if n > 0 {
-		r.queue = append(r.queue, r.makeBatches(r.tag, cut)...)
-	}
+	// The journal records the cut, so that a start finding both files
+	// sends each batch once.
+	r.cutLocked(false)
 	if len(r.queue) == 0 {
 		return nil
 	}

@@ -426,7 +426,7 @@ func TestRedisSpillUnwritable(t *testing.T) {
 }
 
 func TestPickNonce(t *testing.T) {
-	sf := &spillFile{Batches: []spillBatch{{ID: "rep:aa:3"}, {ID: "rep:cc:1"}}}
+	used := []string{"rep:aa:3", "rep:cc:1"}
 	seq := func(ns ...string) func() string {
 		return func() string {
 			n := ns[0]
@@ -434,16 +434,16 @@ func TestPickNonce(t *testing.T) {
 			return n
 		}
 	}
-	if n, err := pickNonce("rep", sf, seq("aa", "cc", "bb")); err != nil || n != "bb" {
+	if n, err := pickNonce("rep", used, seq("aa", "cc", "bb")); err != nil || n != "bb" {
 		t.Fatalf("pickNonce = %q, %v; want bb, the first unused", n, err)
 	}
-	if n, err := pickNonce("other", sf, seq("aa")); err != nil || n != "aa" {
+	if n, err := pickNonce("other", used, seq("aa")); err != nil || n != "aa" {
 		t.Fatalf("pickNonce for another replica = %q, %v; want aa", n, err)
 	}
 	if n, err := pickNonce("rep", nil, seq("aa")); err != nil || n != "aa" {
-		t.Fatalf("pickNonce without a spill file = %q, %v; want aa", n, err)
+		t.Fatalf("pickNonce without earlier ids = %q, %v; want aa", n, err)
 	}
-	if _, err := pickNonce("rep", sf, func() string { return "aa" }); err == nil {
+	if _, err := pickNonce("rep", used, func() string { return "aa" }); err == nil {
 		t.Fatal("pickNonce returned a nonce in use")
 	}
 }

@@ -181,14 +181,19 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	}
 	undo = append(undo, func() { _ = limiter.Close() })
 	// The spill file holds what a replica could not send to Redis before it
-	// stopped; the next start sends it, under the same batch ids. The own
-	// file is what this replica billed, which refills a Redis that lost its
-	// data and answers /admin/spend (flagged partial) while Redis is down.
+	// stopped; the next start sends it, under the same batch ids. The
+	// journal holds every billed request until Redis applied it, so that a
+	// killed replica's next start sends what it had not, under the same
+	// batch ids too. The own file is what this replica billed, which
+	// refills a Redis that lost its data and answers /admin/spend (flagged
+	// partial) while Redis is down.
 	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
-		SpillFile:  spillPath(rc.SpillDir, "tollgate-spend-spill.json"),
-		OwnFile:    spillPath(rc.SpillDir, "tollgate-spend-own.json"),
-		OnDegraded: func(d bool) { m.SetDegraded("spend", d) },
-		OnDataLost: func(lost bool) { m.SetDegraded("redis_data", lost) },
+		SpillFile:   spillPath(rc.SpillDir, "tollgate-spend-spill.json"),
+		Journal:     spillPath(rc.SpillDir, "tollgate-spend.journal"),
+		JournalSync: config.Millis(cfg.Spend.JournalSyncMs),
+		OwnFile:     spillPath(rc.SpillDir, "tollgate-spend-own.json"),
+		OnDegraded:  func(d bool) { m.SetDegraded("spend", d) },
+		OnDataLost:  func(lost bool) { m.SetDegraded("redis_data", lost) },
 		OnRefill: func(ctx context.Context, rows []spend.Row, id string) error {
 			return refillBudgets(ctx, shared, rows, cfg, time.Now(), id)
 		}})

@@ -215,10 +215,7 @@ func TestServeBinarySIGTERM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "gateway")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildGateway(t)
 	mock := httptest.NewServer(mockllm.New(mockllm.Options{ITL: 20 * time.Millisecond, OutputTokens: 25}))
 	defer mock.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

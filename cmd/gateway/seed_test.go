@@ -107,14 +107,9 @@ func TestKillNineLosesNothing(t *testing.T) {
 		workers = 3
 		maxReqs = 20000 // over the whole run, all workers
 	)
-	seed := time.Now().UnixNano()
-	t.Logf("kill moments: math/rand seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	rng := killMoments(t)
 
-	bin := filepath.Join(t.TempDir(), "gateway")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildGateway(t)
 	// Streams (key b) take 100 ms, so that kills cut some; key a's
 	// answers come at once (X-Mock-ITL-Ms), so that it meets its rpm.
 	up := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 1000, ITL: time.Millisecond, RequireKey: upKey}))
@@ -125,153 +120,39 @@ func TestKillNineLosesNothing(t *testing.T) {
 	budget := 100 * uB
 	dir := t.TempDir()
 	addr := freeAddr(t)
-	cfgPath := filepath.Join(dir, "gateway.toml")
-	cfg := fmt.Sprintf(`[server]
-listen = %q
-drain_timeout_seconds = 10
-
-[auth]
-mode = "keys"
-
-[admin]
-token_env = "ADMIN_TOKEN"
-
-[spend]
+	cfg := killConfig(addr, up.URL, fmt.Sprintf(`[spend]
 state_file = %q
 flush_interval_seconds = 1
 
 [ownership]
 state_file = %q
-
-[[upstreams]]
-name = "mock"
-base_url = %q
-api_key_env = "UP_KEY"
-
-[[models]]
-pattern = "claude-*"
-input_usd_per_mtok = 3
-output_usd_per_mtok = 15
-
-[[teams]]
-name = "red"
-
-[[teams]]
-name = "blue"
-tokens_per_day = %d
-
-[[keys]]
-name = "a"
-sha256 = %q
-team = "red"
-rpm = %d
-
-[[keys]]
-name = "b"
-sha256 = %q
-team = "blue"
-`, addr, filepath.Join(dir, "spend.json"), filepath.Join(dir, "owners.jsonl"), up.URL, budget,
-		hashKey(testKeyA), rpm, hashKey(testKeyB))
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := append(os.Environ(), "UP_KEY="+upKey, "ADMIN_TOKEN="+testAdmin)
-
-	var procs []*gatewayProc
-	defer func() {
-		for _, p := range procs {
-			p.kill()
-		}
-	}()
-	start := func() *gatewayProc {
-		t.Helper()
-		p := startGatewayProc(t, bin, cfgPath, dir, addr, env, len(procs))
-		procs = append(procs, p)
-		return p
-	}
-
+`, filepath.Join(dir, "spend.json"), filepath.Join(dir, "owners.jsonl")),
+		fmt.Sprintf("tokens_per_day = %d\n", budget), fmt.Sprintf("rpm = %d\n", rpm))
+	kr := newKillRun(t, bin, cfg, dir, addr)
 	lk := newKillLoad(addr, maxReqs)
-	start()
+	kr.start()
 	lk.run(testKeyA, "a", false, workers)
 	lk.run(testKeyB, "b", true, workers)
-	for i := range kills {
-		time.Sleep(time.Duration(300+rng.IntN(1500)) * time.Millisecond) // a random moment, not a wait for anything
-		procs[len(procs)-1].kill()
-		t.Logf("kill %d after %v", i+1, time.Since(procs[len(procs)-1].started).Round(time.Millisecond))
-		start()
-	}
+	kr.killAndRestart(rng, kills, 300*time.Millisecond, 1500*time.Millisecond)
 	// The last run serves load too, until both limits have refused some
 	// (bounded: a slow machine may take longer to spend them).
 	for i := 0; i < 300 && (i < 15 || lk.stats["a"].limited.Load() == 0 || lk.stats["b"].limited.Load() == 0); i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
 	lk.stop()
-	last := procs[len(procs)-1]
-	if err := last.terminate(); err != nil {
-		t.Fatalf("the last gateway did not stop cleanly: %v\n%s", err, last.stderr())
-	}
+	kr.stopLast()
 	// A new gateway on the same files answers `gateway spend` from what it
 	// restored: the state file the last one wrote and the journal.
-	start()
-	var out, errb bytes.Buffer
-	spendCmd := exec.Command(bin, "spend", "-json", "-url", "http://"+addr, "-token-env", "ADMIN_TOKEN")
-	spendCmd.Env, spendCmd.Stdout, spendCmd.Stderr = env, &out, &errb
-	if err := spendCmd.Run(); err != nil {
-		t.Fatalf("gateway spend: %v\n%s", err, errb.String())
-	}
-	var rep proxy.SpendReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("gateway spend -json: %v\n%s", err, out.String())
-	}
-	ledger := map[string]spend.Totals{}
-	for _, row := range rep.Rows {
-		s := ledger[row.KeyID]
-		s.Add(spend.Totals{Requests: row.Requests, Input: row.InputTokens, Output: row.OutputTokens})
-		ledger[row.KeyID] = s
-	}
-	logged := map[string]loggedBill{}
-	for _, p := range procs[:len(procs)-1] {
-		p.readAccessLog(t, logged)
-	}
+	kr.start()
+	ledger, _ := spendViaCLI(t, bin, addr, kr.env)
+	logged := kr.billed()
 
 	span := lk.last().Sub(lk.first())
 	for _, key := range []string{"a", "b"} {
 		u := map[string]int64{"a": uA, "b": uB}[key]
 		st := lk.stats[key]
-		var loggedN, loggedIn, loggedOut, unlogged int64
-		for id, a := range st.answered {
-			b, ok := logged[id]
-			if !ok {
-				unlogged++ // answered, but the gateway was killed before it billed (or logged) it
-				continue
-			}
-			if b.in != a.in || b.out != a.out {
-				t.Errorf("key %s, request %s: the client read %d/%d tokens, the gateway billed %d/%d", key, id, a.in, a.out, b.in, b.out)
-			}
-			loggedN, loggedIn, loggedOut = loggedN+1, loggedIn+b.in, loggedOut+b.out
-		}
-		for id, b := range logged {
-			if b.key == key {
-				if _, ok := st.answered[id]; !ok {
-					t.Errorf("key %s: request %s was billed but its client got no whole answer", key, id)
-				}
-			}
-		}
 		got := ledger[key]
-		open := unlogged + st.broken.Load() // admitted, maybe, and not known to be billed at a kill
-		t.Logf("key %s: %d answered (%d logged as billed, %d not: open at a kill), %d cut by a kill, %d refused (429); "+
-			"ledger %d requests, %d in / %d out", key, len(st.answered), loggedN, unlogged, st.broken.Load(),
-			st.limited.Load(), got.Requests, got.Input, got.Output)
-		// No billed request lost...
-		if got.Requests < loggedN || got.Input < loggedIn || got.Output < loggedOut {
-			t.Errorf("key %s: ledger %+v holds less than the %d requests (%d in / %d out) the gateway billed: billing lost across kills",
-				key, got, loggedN, loggedIn, loggedOut)
-		}
-		// ...and nothing but whole requests that were open at a kill.
-		if extra := got.Requests - loggedN; extra > open || got.Input+got.Output != got.Requests*u {
-			t.Errorf("key %s: ledger %+v: %d requests beyond those logged (at most %d were open at the kills), or not whole requests of %d tokens",
-				key, got, extra, open, u)
-		}
+		open := checkBilled(t, key, u, st, logged, got, 0)
 		switch key {
 		case "a":
 			allowed := rpm + rpm*span.Nanoseconds()/int64(time.Minute) + 1
@@ -297,6 +178,205 @@ team = "blue"
 			}
 		}
 	}
+}
+
+// killMoments returns the random source of a kill test's moments, its
+// seed logged to replay a failure.
+func killMoments(t *testing.T) *rand.Rand {
+	seed := time.Now().UnixNano()
+	t.Logf("kill moments: math/rand seed %d", seed)
+	return rand.New(rand.NewPCG(uint64(seed), 0))
+}
+
+// killConfig is the kill tests' config: a gateway on addr in mode keys,
+// with keys a (team red) and b (team blue) through the mock upstream at
+// upURL; storage holds the tables that say where it keeps its state, and
+// blue and keyA extra lines for team blue and key a (their limits).
+func killConfig(addr, upURL, storage, blue, keyA string) string {
+	return fmt.Sprintf(`[server]
+listen = %q
+drain_timeout_seconds = 10
+
+[auth]
+mode = "keys"
+
+[admin]
+token_env = "ADMIN_TOKEN"
+
+%s
+[[upstreams]]
+name = "mock"
+base_url = %q
+api_key_env = "UP_KEY"
+
+[[models]]
+pattern = "claude-*"
+input_usd_per_mtok = 3
+output_usd_per_mtok = 15
+
+[[teams]]
+name = "red"
+
+[[teams]]
+name = "blue"
+%s
+[[keys]]
+name = "a"
+sha256 = %q
+team = "red"
+%s
+[[keys]]
+name = "b"
+sha256 = %q
+team = "blue"
+`, addr, storage, upURL, blue, hashKey(testKeyA), keyA, hashKey(testKeyB))
+}
+
+// killRun is a gateway restarted, after each kill, on the same config and
+// files; every process is killed at the end of the test.
+type killRun struct {
+	t                       *testing.T
+	bin, cfgPath, dir, addr string
+	env                     []string
+	procs                   []*gatewayProc
+}
+
+// newKillRun writes cfg to dir/gateway.toml for gateways of bin at addr.
+func newKillRun(t *testing.T, bin, cfg, dir, addr string) *killRun {
+	t.Helper()
+	kr := &killRun{t: t, bin: bin, cfgPath: filepath.Join(dir, "gateway.toml"), dir: dir, addr: addr,
+		env: append(os.Environ(), "UP_KEY="+upKey, "ADMIN_TOKEN="+testAdmin)}
+	if err := os.WriteFile(kr.cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range kr.procs {
+			p.kill()
+		}
+	})
+	return kr
+}
+
+// start starts the next gateway and waits for it to serve.
+func (kr *killRun) start() *gatewayProc {
+	kr.t.Helper()
+	p := startGatewayProc(kr.t, kr.bin, kr.cfgPath, kr.dir, kr.addr, kr.env, len(kr.procs))
+	kr.procs = append(kr.procs, p)
+	return p
+}
+
+// killAndRestart SIGKILLs the running gateway kills times, each at a
+// random moment from min to min+span after its start (not a wait for
+// anything), starting the next one at once.
+func (kr *killRun) killAndRestart(rng *rand.Rand, kills int, min, span time.Duration) {
+	kr.t.Helper()
+	for i := range kills {
+		time.Sleep(min + time.Duration(rng.Int64N(int64(span))))
+		p := kr.procs[len(kr.procs)-1]
+		p.kill()
+		kr.t.Logf("kill %d after %v", i+1, time.Since(p.started).Round(time.Millisecond))
+		kr.start()
+	}
+}
+
+// stopLast stops the running gateway with SIGTERM; it must exit cleanly.
+func (kr *killRun) stopLast() {
+	kr.t.Helper()
+	last := kr.procs[len(kr.procs)-1]
+	if err := last.terminate(); err != nil {
+		kr.t.Fatalf("the last gateway did not stop cleanly: %v\n%s", err, last.stderr())
+	}
+}
+
+// billed reads the access logs of every gateway but the running one.
+func (kr *killRun) billed() map[string]loggedBill {
+	logged := map[string]loggedBill{}
+	for _, p := range kr.procs[:len(kr.procs)-1] {
+		p.readAccessLog(kr.t, logged)
+	}
+	return logged
+}
+
+// buildGateway builds the gateway binary into a temporary directory.
+func buildGateway(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "gateway")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// spendViaCLI asks the gateway at addr for its ledger with `gateway spend
+// -json` and sums its rows per key.
+func spendViaCLI(t *testing.T, bin, addr string, env []string) (map[string]spend.Totals, proxy.SpendReport) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	spendCmd := exec.Command(bin, "spend", "-json", "-url", "http://"+addr, "-token-env", "ADMIN_TOKEN")
+	spendCmd.Env, spendCmd.Stdout, spendCmd.Stderr = env, &out, &errb
+	if err := spendCmd.Run(); err != nil {
+		t.Fatalf("gateway spend: %v\n%s", err, errb.String())
+	}
+	var rep proxy.SpendReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("gateway spend -json: %v\n%s", err, out.String())
+	}
+	ledger := map[string]spend.Totals{}
+	for _, row := range rep.Rows {
+		s := ledger[row.KeyID]
+		s.Add(spend.Totals{Requests: row.Requests, Input: row.InputTokens, Output: row.OutputTokens})
+		ledger[row.KeyID] = s
+	}
+	return ledger, rep
+}
+
+// checkBilled compares key's ledger totals got with what its clients read
+// (st) and what the killed gateways logged as billed: every billed request
+// is in the ledger, with the tokens its client read, and the ledger holds
+// beyond them only whole requests (of u tokens) that were open at a kill,
+// whose number it returns. A request billed whose client got no whole
+// answer is an error, but for cutByKill of them: a kill after the access
+// log line and before the answer left the process.
+func checkBilled(t *testing.T, key string, u int64, st *keyLoad, logged map[string]loggedBill, got spend.Totals, cutByKill int64) (open int64) {
+	t.Helper()
+	var loggedN, loggedIn, loggedOut, unlogged, unanswered int64
+	for id, a := range st.answered {
+		b, ok := logged[id]
+		if !ok {
+			unlogged++ // answered, but the gateway was killed before it billed (or logged) it
+			continue
+		}
+		if b.in != a.in || b.out != a.out {
+			t.Errorf("key %s, request %s: the client read %d/%d tokens, the gateway billed %d/%d", key, id, a.in, a.out, b.in, b.out)
+		}
+		loggedN, loggedIn, loggedOut = loggedN+1, loggedIn+b.in, loggedOut+b.out
+	}
+	for id, b := range logged {
+		if b.key == key {
+			if _, ok := st.answered[id]; !ok {
+				unanswered++
+				loggedN, loggedIn, loggedOut = loggedN+1, loggedIn+b.in, loggedOut+b.out
+				if unanswered > cutByKill {
+					t.Errorf("key %s: request %s was billed but its client got no whole answer", key, id)
+				}
+			}
+		}
+	}
+	open = unlogged + st.broken.Load() // admitted, maybe, and not known to be billed at a kill
+	t.Logf("key %s: %d answered (%d logged as billed, %d not: open at a kill), %d cut by a kill (%d of them logged as billed), "+
+		"%d refused (429); ledger %d requests, %d in / %d out", key, len(st.answered), loggedN-unanswered, unlogged,
+		st.broken.Load(), unanswered, st.limited.Load(), got.Requests, got.Input, got.Output)
+	// No billed request lost...
+	if got.Requests < loggedN || got.Input < loggedIn || got.Output < loggedOut {
+		t.Errorf("key %s: ledger %+v holds less than the %d requests (%d in / %d out) the gateway billed: billing lost across kills",
+			key, got, loggedN, loggedIn, loggedOut)
+	}
+	// ...and nothing but whole requests that were open at a kill.
+	if extra := got.Requests - loggedN; extra > open || got.Input+got.Output != got.Requests*u {
+		t.Errorf("key %s: ledger %+v: %d requests beyond those logged (at most %d were open at the kills), or not whole requests of %d tokens",
+			key, got, extra, open, u)
+	}
+	return open
 }
 
 // freeAddr returns a loopback address nothing listens on now.
