@@ -139,7 +139,9 @@ func (v *sharedView) snapshot() []shared {
 // to sh, the fleet's state the primary last reported: the rate buckets full
 // again when the fleet's were, and each budget's window holding the share
 // of it that was used (so that its remainder is 1/n of the fleet's). A
-// budget read in another window than now's is left alone.
+// budget read in another window than now's is left alone. The fallback's
+// own leases still open (from an earlier outage) keep their reservations on
+// top: the primary has not seen them yet, and their Settle takes them back.
 func (l *Local) startShare(sh shared, n int64) {
 	s, full := shareOf(sh.subject, n), sh.subject.Limits
 	l.mu.Lock()
@@ -164,15 +166,15 @@ func (l *Local) startShare(sh shared, n int64) {
 	if sameDay && (sh.budgets&(1<<0|1<<1)) != 0 {
 		e.rollDay(at, now)
 		if sh.budgets&(1<<0) != 0 && s.Limits.TokensPerDay > 0 {
-			e.dayTokens = used(s.Limits.TokensPerDay, full.TokensPerDay, sh.tpd)
+			e.dayTokens = used(s.Limits.TokensPerDay, full.TokensPerDay, sh.tpd) + e.dayTokensRes
 		}
 		if sh.budgets&(1<<1) != 0 && s.Limits.CostPerDayMicros > 0 {
-			e.dayCost = used(s.Limits.CostPerDayMicros, full.CostPerDayMicros, sh.cpd)
+			e.dayCost = used(s.Limits.CostPerDayMicros, full.CostPerDayMicros, sh.cpd) + e.dayCostRes
 		}
 	}
 	if sameMonth && sh.budgets&(1<<2) != 0 && s.Limits.CostPerMonthMicros > 0 {
 		e.rollMonth(at, now)
-		e.monthCost = used(s.Limits.CostPerMonthMicros, full.CostPerMonthMicros, sh.cpm)
+		e.monthCost = used(s.Limits.CostPerMonthMicros, full.CostPerMonthMicros, sh.cpm) + e.monthCostRes
 	}
 	l.trim(now)
 }

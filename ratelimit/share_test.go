@@ -170,3 +170,24 @@ func TestFleetOutageAdmitsTheLimitNotNTimesIt(t *testing.T) {
 		t.Errorf("team B's spent budget admitted %d requests in the outage", gotB)
 	}
 }
+
+// TestLocalShareKeepsTheFallbacksOpenReservations: a stream the fallback
+// admitted in one outage is still open when the next starts; the new share
+// keeps its reservation, so that its Settle takes back only what it added.
+func TestLocalShareKeepsTheFallbacksOpenReservations(t *testing.T) {
+	l, _ := newTestLocal(t, lt0)
+	whole := lteam("b", Limits{TokensPerDay: 30000})
+	share := shareOf(whole, 3) // 10,000
+	open := ladmit(t, l, Request{Subjects: []Subject{share}, Tokens: 8000})
+	if !open.Allowed {
+		t.Fatal("the first outage's stream was refused")
+	}
+	// The fleet had used 15,000 of 30,000 when the second outage started:
+	// this replica's share has 5,000 left, besides the stream's 8,000.
+	l.startShare(shared{subject: whole, at: lt0, tpd: 15000, budgets: 1}, 3)
+	lsettle(t, l, open.Lease, 500, 0)
+	st := peekLocal(t, l, share, KindTokensPerDay)
+	if st.Used+st.Reserved != 5000+500 || st.Remaining != 4500 {
+		t.Fatalf("after the stream settled with 500 tokens: %+v, want 5,500 held and 4,500 left", st)
+	}
+}
