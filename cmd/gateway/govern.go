@@ -187,6 +187,17 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	// batch ids too. The own file is what this replica billed, which
 	// refills a Redis that lost its data and answers /admin/spend (flagged
 	// partial) while Redis is down.
+	// The budgets' counters are refilled with the ledger only on a single
+	// Redis (or Sentinel), where they were lost with it. On a Cluster they
+	// live on other masters than the ledger's generation, which may well
+	// have kept them: charging them again would refuse teams at half
+	// their budget.
+	refill := func(ctx context.Context, rows []spend.Row, id string) error {
+		return refillBudgets(ctx, shared, rows, cfg, time.Now(), id)
+	}
+	if _, cluster := client.(*redis.ClusterClient); cluster {
+		refill = nil
+	}
 	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
 		SpillFile:   spillPath(rc.SpillDir, "tollgate-spend-spill.json"),
 		Journal:     spillPath(rc.SpillDir, "tollgate-spend.journal"),
@@ -194,9 +205,7 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 		OwnFile:     spillPath(rc.SpillDir, "tollgate-spend-own.json"),
 		OnDegraded:  func(d bool) { m.SetDegraded("spend", d) },
 		OnDataLost:  func(lost bool) { m.SetDegraded("redis_data", lost) },
-		OnRefill: func(ctx context.Context, rows []spend.Row, id string) error {
-			return refillBudgets(ctx, shared, rows, cfg, time.Now(), id)
-		}})
+		OnRefill:    refill})
 	if err != nil {
 		return fail(err)
 	}
