@@ -241,6 +241,8 @@ func (ex *exchange) heldEnding(s stop, gone bool, c cut) ending {
 func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 	e := ending{outcome: llm.OutcomeUpstreamError, result: resultStreamBroken, gone: gone, errType: s.errType}
 	switch {
+	case s.conflict:
+		return conflictEnding()
 	case s.errorEvent: // e.g. vLLM: an error event, then [DONE]
 		e.interrupt, e.result = llm.InterruptUpstreamErrorEvent, resultErrorEvent
 		e.healthy = ex.errorEventHealthy(e.errType)

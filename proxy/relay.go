@@ -85,6 +85,10 @@ func (g *Gateway) putStreamState(s *streamState) {
 // max_event_bytes.
 var errEventTooLarge = errors.New("proxy: upstream event exceeds max_event_bytes")
 
+// errIDConflict ends a committed stream whose response.created names a
+// response another team owns (claimID): that event is not written.
+var errIDConflict = errors.New("proxy: the stream names a stored response another team owns")
+
 // maxHold bounds how long a stream's opening events are held back waiting
 // for its first token (see relay).
 const maxHold = 10 * time.Second
@@ -297,8 +301,16 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 			// response its team does not own yet.
 			switch {
 			case len(obs.ResponseID) > 0:
-				if ex.claimCreated(l.st.tap.ResponseID()) && !l.committed {
-					return l.endHeld(stop{conflict: true}, nil), true, false
+				if ex.claimCreated(l.st.tap.ResponseID()) {
+					if !l.committed {
+						return l.endHeld(stop{conflict: true}, nil), true, false
+					}
+					// Committed already (a long opening): the events
+					// before this one go, then an error event ends it.
+					if err := l.flush(now, l.events, l.firstInBatch, l.wrote); err != nil {
+						return l.endStream(nil, err), true, false
+					}
+					return l.endStream(errIDConflict, nil), true, false
 				}
 			case obs.TokenBearing:
 				ex.pendingClaim = storedNone
@@ -458,7 +470,8 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 	ex := l.ex
 	l.st.tap.Fill(&ex.rec)
 	s := stop{stage: stageStream, ctx: l.ctx, err: readErr, writeErr: writeErr,
-		tooLarge: errors.Is(readErr, errEventTooLarge), terminalOut: ex.terminalOut, errorEvent: l.st.tap.ErrorSeen()}
+		tooLarge: errors.Is(readErr, errEventTooLarge), terminalOut: ex.terminalOut, errorEvent: l.st.tap.ErrorSeen(),
+		conflict: errors.Is(readErr, errIDConflict)}
 	if s.errorEvent {
 		s.errType = ex.rec.ErrorType
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/conversations"
@@ -430,6 +431,51 @@ func TestAnswerNamingAnotherTeamsObjectIsWithheld(t *testing.T) {
 		if _, err := storedClient(first, keyAlpha).Responses.Get(ctx, id, responses.ResponseGetParams{}); err != nil {
 			t.Errorf("search's own %s: %v", id, err)
 		}
+	}
+}
+
+// TestCommittedStreamNamingAnotherTeamsResponseEnds: an upstream whose
+// opening outgrows the hold (here 40 KiB of SSE comments), so the stream is
+// the caller's before response.created comes, names a response another
+// team owns: that event is not written; an error event ends the stream.
+func TestCommittedStreamNamingAnotherTeamsResponseEnds(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		pad := ": " + strings.Repeat("k", 1000) + "\n\n"
+		for range 40 {
+			_, _ = io.WriteString(w, pad)
+		}
+		_, _ = io.WriteString(w, "event: response.created\ndata: "+
+			`{"type":"response.created","sequence_number":0,"response":{"id":"resp_owned","object":"response","status":"in_progress","model":"gpt-test","output":[]}}`+"\n\n")
+		_, _ = io.WriteString(w, "event: response.output_text.delta\ndata: "+
+			`{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"secret"}`+"\n\n")
+	}))
+	t.Cleanup(up.Close)
+	owners, err := ownership.NewLocal(ownership.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = owners.Close() })
+	ctx := testCtx(t)
+	if holder, err := owners.Claim(ctx, "resp_owned", "team:search", time.Hour); err != nil || holder != "team:search" {
+		t.Fatalf("claim: %q %v", holder, err)
+	}
+	tg := storedGateway(t, up.URL, owners)
+	s := storedClient(tg, keyBeta).Responses.NewStreaming(ctx, storedParams())
+	for s.Next() {
+		t.Errorf("the caller got event %q", s.Current().Type)
+	}
+	if s.Err() == nil {
+		t.Error("the stream ended without an error")
+	}
+	_ = s.Close()
+	rec := tg.record(t)
+	if rec.ErrorType != "stored_id_conflict" || rec.Interruption != llm.InterruptProtocolError {
+		t.Errorf("record: error %q, interruption %v", rec.ErrorType, rec.Interruption)
+	}
+	if holder, _ := owners.Owner(ctx, "resp_owned"); holder != "team:search" {
+		t.Errorf("resp_owned now owned by %q", holder)
 	}
 }
 
