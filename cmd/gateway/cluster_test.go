@@ -61,14 +61,7 @@ func TestClusterMasterFailoverMidLoad(t *testing.T) {
 	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg)}
 	// Each knows the other before the load, so that its fallback takes its
 	// share (a replica's first heartbeat may find it alone).
-	for i, r := range reps {
-		for n := 0; gaugeValue(t, r, "tollgate_fleet_replicas", "") != float64(len(reps)); n++ {
-			if n == 500 {
-				t.Fatalf("gateway %d counts %v replicas", i, gaugeValue(t, r, "tollgate_fleet_replicas", ""))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	waitFleet(t, reps)
 	lims := make([]*ratelimit.Failover, len(reps))
 	for i, r := range reps {
 		lims[i] = r.rg.gov.limiter.(*ratelimit.Failover)

@@ -479,12 +479,7 @@ func cancelledStream(t *testing.T, base, key string, n int) {
 // waits in memory); after the load every key's spend equals the usage the
 // upstream reported, to the token, including streams clients cancelled.
 func TestSpendExactAcrossRedisRestart(t *testing.T) {
-	srv := redistest.Start(t, redistest.Persistent())
-	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, ITL: time.Millisecond, RequireKey: upKey})
-	up := httptest.NewServer(mock)
-	t.Cleanup(up.Close)
-	cfg := govConfig(up.URL)
-	cfg.Redis.Addrs = []string{srv.Addr()}
+	srv, cfg := redisGovConfig(t, mockllm.Options{OutputTokens: 1000, ITL: time.Millisecond}, redistest.Persistent())
 	cfg.Keys[0].RPM = p64(1_000_000) // limited, so admission goes through Redis too
 	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
 
@@ -647,12 +642,7 @@ func TestSpendExactAcrossRestart(t *testing.T) {
 // dialect while Redis is down, the degraded gauge says so, and service
 // returns with Redis.
 func TestRedisDownDeny(t *testing.T) {
-	srv := redistest.Start(t)
-	mock := mockllm.New(mockllm.Options{OutputTokens: 3, RequireKey: upKey})
-	up := httptest.NewServer(mock)
-	t.Cleanup(up.Close)
-	cfg := govConfig(up.URL)
-	cfg.Redis.Addrs = []string{srv.Addr()}
+	srv, cfg := redisGovConfig(t, mockllm.Options{OutputTokens: 3})
 	cfg.RateLimit.OnRedisError = "deny"
 	cfg.Keys[0].RPM = p64(100000)
 	r := startReplica(t, cfg)
@@ -703,23 +693,11 @@ func TestRedisDownDeny(t *testing.T) {
 // replica would once have admitted a whole burst more), and nothing for
 // blue.
 func TestFleetOutageHoldsTheTeamsLimits(t *testing.T) {
-	srv := redistest.Start(t)
-	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, RequireKey: upKey})
-	up := httptest.NewServer(mock)
-	t.Cleanup(up.Close)
-	cfg := govConfig(up.URL)
-	cfg.Redis.Addrs = []string{srv.Addr()}
+	srv, cfg := redisGovConfig(t, mockllm.Options{OutputTokens: 1000})
 	cfg.Teams[0].RPM = p64(1200)
 	cfg.Teams[1].TokensPerDay = p64(2000)
 	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg), startReplica(t, cfg)}
-	for i, r := range reps {
-		for n := 0; gaugeValue(t, r, "tollgate_fleet_replicas", "") != 3; n++ {
-			if n == 500 {
-				t.Fatalf("replica %d counts %v replicas, want 3", i, gaugeValue(t, r, "tollgate_fleet_replicas", ""))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	waitFleet(t, reps)
 	red := load(t, reps, testKeyA, 4, 20*time.Second, 50*time.Millisecond, 5000)
 	emptied := time.Now()
 	blue := load(t, reps, testKeyB, 2, 20*time.Second, 20*time.Millisecond, 500)
@@ -758,12 +736,7 @@ func TestFleetOutageHoldsTheTeamsLimits(t *testing.T) {
 // starting from zero. A gateway restarted afterwards from its spill
 // directory sends nothing twice.
 func TestEmptyRedisIsRefilled(t *testing.T) {
-	srv := redistest.Start(t)
-	mock := mockllm.New(mockllm.Options{OutputTokens: 9, RequireKey: upKey})
-	up := httptest.NewServer(mock)
-	t.Cleanup(up.Close)
-	cfg := govConfig(up.URL)
-	cfg.Redis.Addrs = []string{srv.Addr()}
+	srv, cfg := redisGovConfig(t, mockllm.Options{OutputTokens: 9})
 	cfg.Teams[1].TokensPerDay = p64(1_000_000)
 	cfgA, cfgB := cfg, cfg
 	cfgA.Redis.SpillDir, cfgB.Redis.SpillDir = t.TempDir(), t.TempDir()
@@ -850,12 +823,7 @@ func TestWarnsWhenRedisForgetsOnRestart(t *testing.T) {
 // itself, 200 and flagged partial with a note saying so, where it used to
 // be a 503; `gateway spend` prints the note under its table.
 func TestAdminSpendDuringOutageIsThisReplicasOwn(t *testing.T) {
-	srv := redistest.Start(t)
-	mock := mockllm.New(mockllm.Options{OutputTokens: 7, RequireKey: upKey})
-	up := httptest.NewServer(mock)
-	t.Cleanup(up.Close)
-	cfg := govConfig(up.URL)
-	cfg.Redis.Addrs = []string{srv.Addr()}
+	srv, cfg := redisGovConfig(t, mockllm.Options{OutputTokens: 7})
 	reps := []*replica{startReplica(t, cfg), startReplica(t, cfg)}
 	for i, r := range reps {
 		if res := load(t, []*replica{r}, testKeyA, 2, time.Hour, 0, int64(5+5*i)); res.ok.Load() != int64(5+5*i) {
@@ -891,6 +859,33 @@ func TestAdminSpendDuringOutageIsThisReplicasOwn(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "partial: the shared ledger cannot be read") {
 		t.Errorf("gateway spend during the outage printed no partial note:\n%s", out.String())
+	}
+}
+
+// redisGovConfig starts a redis-server and a mockllm (options o, the
+// upstream key required) and returns govConfig in front of it on that Redis.
+func redisGovConfig(t *testing.T, o mockllm.Options, opts ...redistest.Option) (*redistest.Server, config.Config) {
+	t.Helper()
+	srv := redistest.Start(t, opts...)
+	o.RequireKey = upKey
+	up := httptest.NewServer(mockllm.New(o))
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Redis.Addrs = []string{srv.Addr()}
+	return srv, cfg
+}
+
+// waitFleet waits (bounded) until every replica's heartbeat counts them
+// all, so that an outage's share is 1/len(reps).
+func waitFleet(t *testing.T, reps []*replica) {
+	t.Helper()
+	for i, r := range reps {
+		for n := 0; gaugeValue(t, r, "tollgate_fleet_replicas", "") != float64(len(reps)); n++ {
+			if n == 500 {
+				t.Fatalf("replica %d counts %v replicas, want %d", i, gaugeValue(t, r, "tollgate_fleet_replicas", ""), len(reps))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }
 
