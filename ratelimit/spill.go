@@ -182,16 +182,9 @@ func (o spillOp) pendingOp(primary Limiter) (pendingOp, error) {
 // readSpill reads the spill file name; a missing file is nil. A file that
 // does not parse strictly, or of another version, is an error.
 func readSpill(name string) (*spillFile, error) {
-	data, err := os.ReadFile(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: reading spill file %s: %w", name, err)
-	}
 	var sf spillFile
-	if err := atomicfile.DecodeJSON(data, &sf); err != nil {
-		return nil, fmt.Errorf("ratelimit: spill file %s is corrupt: %w", name, err)
+	if found, err := atomicfile.ReadJSON("ratelimit", "spill file", name, &sf); !found || err != nil {
+		return nil, err
 	}
 	if sf.Version != spillVersion {
 		return nil, fmt.Errorf("ratelimit: spill file %s has version %d, want %d", name, sf.Version, spillVersion)

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -51,16 +49,9 @@ type ownFile struct {
 
 // readOwn reads the own-state file; a missing file is nil.
 func readOwn(name string) (*ownFile, error) {
-	data, err := os.ReadFile(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("spend: reading own-state file %s: %w", name, err)
-	}
 	var of ownFile
-	if err := atomicfile.DecodeJSON(data, &of); err != nil {
-		return nil, fmt.Errorf("spend: own-state file %s is corrupt: %w", name, err)
+	if found, err := atomicfile.ReadJSON("spend", "own-state file", name, &of); !found || err != nil {
+		return nil, err
 	}
 	if of.Version != ownVersion {
 		return nil, fmt.Errorf("spend: own-state file %s has version %d, want %d", name, of.Version, ownVersion)

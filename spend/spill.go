@@ -51,16 +51,9 @@ func (s stateRow) row() Row {
 
 // readSpill reads and checks the spill file name; a missing file is nil.
 func readSpill(name string) (*spillFile, error) {
-	data, err := os.ReadFile(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("spend: reading spill file %s: %w", name, err)
-	}
 	var sf spillFile
-	if err := atomicfile.DecodeJSON(data, &sf); err != nil {
-		return nil, fmt.Errorf("spend: spill file %s is corrupt: %w", name, err)
+	if found, err := atomicfile.ReadJSON("spend", "spill file", name, &sf); !found || err != nil {
+		return nil, err
 	}
 	if sf.Version != spillVersion {
 		return nil, fmt.Errorf("spend: spill file %s has version %d, want %d", name, sf.Version, spillVersion)

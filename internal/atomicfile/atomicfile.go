@@ -7,7 +7,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -47,6 +49,24 @@ func Write(name string, data []byte) (err error) {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// ReadJSON reads the file name strictly into v (DecodeJSON). A missing file
+// is found == false with no error. Errors name the file as what says, after
+// the caller's package: "<pkg>: reading <what> <name>: ..." and
+// "<pkg>: <what> <name> is corrupt: ...".
+func ReadJSON(pkg, what, name string, v any) (found bool, err error) {
+	data, err := os.ReadFile(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s: reading %s %s: %w", pkg, what, name, err)
+	}
+	if err := DecodeJSON(data, v); err != nil {
+		return false, fmt.Errorf("%s: %s %s is corrupt: %w", pkg, what, name, err)
+	}
+	return true, nil
 }
 
 // DecodeJSON decodes one JSON document into v, refusing unknown fields and

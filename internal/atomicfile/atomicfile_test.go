@@ -104,3 +104,28 @@ func TestDecodeJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestReadJSON: a missing file is not found and no error; a strict document
+// is read; a corrupt one is an error naming the package, the file's role
+// and its path.
+func TestReadJSON(t *testing.T) {
+	dir := t.TempDir()
+	var v struct{ A int }
+	if found, err := ReadJSON("pkg", "state file", filepath.Join(dir, "none.json"), &v); found || err != nil {
+		t.Fatalf("missing file: found %v, err %v", found, err)
+	}
+	good, bad := filepath.Join(dir, "good.json"), filepath.Join(dir, "bad.json")
+	if err := Write(good, []byte(`{"A":7}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(bad, []byte(`{"A":7,"B":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := ReadJSON("pkg", "state file", good, &v); !found || err != nil || v.A != 7 {
+		t.Fatalf("good file: found %v, err %v, value %+v", found, err, v)
+	}
+	_, err := ReadJSON("pkg", "state file", bad, &v)
+	if err == nil || !strings.HasPrefix(err.Error(), "pkg: state file "+bad+" is corrupt: ") {
+		t.Fatalf("corrupt file: %v", err)
+	}
+}
