@@ -2,9 +2,11 @@ package spend
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -191,5 +193,33 @@ func TestRedisOwnPartKeepsThisAndLastMonth(t *testing.T) {
 	}
 	if rows, err := r.Query(context.Background(), Filter{}); err != nil || len(rows) != 3 {
 		t.Fatalf("the shared ledger keeps every day: %d rows, %v", len(rows), err)
+	}
+}
+
+// TestRedisRefusesACorruptOwnFile: an own-state file that does not parse,
+// has another version or names no owner stops NewRedis with an error naming
+// the file, rather than starting with an empty part that a refill would
+// then miss.
+func TestRedisRefusesACorruptOwnFile(t *testing.T) {
+	srv := startRedisServer(t, false)
+	for name, data := range map[string]string{
+		"not json":      `{"version":1,`,
+		"unknown field": `{"version":1,"owner":"o","generation":"g","rows":[],"extra":1}`,
+		"version":       `{"version":9,"owner":"o","generation":"g","rows":[]}`,
+		"no owner":      `{"version":1,"owner":"","generation":"g","rows":[]}`,
+	} {
+		file := filepath.Join(t.TempDir(), "own.json")
+		if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r, err := NewRedis(srv.Client(t), RedisOptions{OwnFile: file, FlushInterval: time.Hour})
+		if err == nil {
+			_ = r.Close()
+			t.Errorf("%s: NewRedis accepted %s", name, data)
+			continue
+		}
+		if !strings.Contains(err.Error(), file) {
+			t.Errorf("%s: error %q does not name the file", name, err)
+		}
 	}
 }
