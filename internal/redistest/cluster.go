@@ -76,7 +76,59 @@ func StartCluster(t testing.TB) *Cluster {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	c.WaitHealthy()
+	c.waitStreaming()
 	return c
+}
+
+// waitStreaming waits until every master's replica acknowledges a write.
+// A replica reports its link up as soon as it has loaded its first copy,
+// but after a diskless sync its master streams it writes only once the
+// replica's first acknowledgement arrives, up to a second later: a master
+// killed before then takes every write with it.
+func (c *Cluster) waitStreaming() {
+	c.t.Helper()
+	var masters []clusterNode
+	if err := c.withLive(func(_ context.Context, _ *Server, _ *redis.Client, view []clusterNode) error {
+		for _, v := range view {
+			if v.is("master") && len(v.slots) > 0 {
+				masters = append(masters, v)
+			}
+		}
+		return nil
+	}, true); err != nil {
+		c.t.Fatalf("cluster masters: %v", err)
+	}
+	for _, m := range masters {
+		key := keyIn(m.slots[0][0])
+		cl := redis.NewClient(&redis.Options{Addr: m.addr, MaxRetries: -1, PoolSize: 1,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+		c.waitFor("the replica of "+m.addr+" to acknowledge a write", func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			conn := cl.Conn() // WAIT counts the writes of its connection
+			defer conn.Close()
+			if err := conn.Set(ctx, key, "1", 0).Err(); err != nil {
+				return err
+			}
+			defer conn.Del(ctx, key)
+			if n, err := conn.Wait(ctx, 1, 2*time.Second).Result(); err != nil {
+				return err
+			} else if n < 1 {
+				return errors.New("no replica acknowledged the write")
+			}
+			return nil
+		})
+		_ = cl.Close()
+	}
+}
+
+// keyIn returns a key whose hash slot is slot.
+func keyIn(slot int) string {
+	for i := 0; ; i++ {
+		if k := "redistest:streaming:" + strconv.Itoa(i); Slot(k) == slot {
+			return k
+		}
+	}
 }
 
 // Addrs are the six nodes' host:port, as [redis] addrs lists them; killed
