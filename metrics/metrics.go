@@ -87,12 +87,13 @@ type Metrics struct {
 
 	// circuit holds each upstream's last circuit state, so that a
 	// transition is counted from what was set rather than read back from
-	// the gauge.
-	circuitMu sync.Mutex
-	circuit   map[string]int
+	// the gauge; probeTargets the probe targets whose series exist. Both
+	// are under circuitMu.
+	circuitMu    sync.Mutex
+	circuit      map[string]int
+	probeTargets map[[2]string]bool
 
 	buckets llm.Buckets
-	slo     llm.SLOTargets
 	models  *modelSet
 }
 
@@ -206,10 +207,10 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		probeInterval: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "probe_interval_seconds",
 			Help: "The probe's [probe] interval_seconds, per target, so that an alert can tell a late round."},
 			[]string{"upstream", "model"}),
-		circuit: make(map[string]int, len(cfg.Upstreams)),
+		circuit:      make(map[string]int, len(cfg.Upstreams)),
+		probeTargets: map[[2]string]bool{},
 
 		buckets: llm.NewBuckets(mc.LatencyBuckets),
-		slo:     cfg.SLOTargets(),
 		models:  newModelSet(mc.Models, mc.MaxModels, labelPatterns(cfg)),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
@@ -227,37 +228,59 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	for _, c := range []string{"ratelimit", "spend", "redis_data"} {
 		m.degraded.WithLabelValues(c)
 	}
-	// Every upstream shows a closed circuit, a zero ok count and no bypass
-	// from the start, so rate() and alerts on them work before the first
-	// failure.
+	m.addSeries(cfg)
+	return m, nil
+}
+
+// Reconfigure takes a reloaded configuration: the model names its
+// [[models]] patterns give a label to, and the series of new upstreams and
+// probe targets. Series of upstreams and targets no longer configured stay
+// as they were last written.
+func (m *Metrics) Reconfigure(cfg *config.Config) {
+	m.models.setPatterns(labelPatterns(cfg))
+	m.addSeries(cfg)
+}
+
+// addSeries creates the series every upstream and probe target shows from
+// the start: a closed circuit, a zero ok count and no bypass, so rate() and
+// alerts on them work before the first failure; the probe's series, so
+// dashboards show them before the first round (the gauges are NaN until
+// then, which no alert threshold matches). A series that exists is kept.
+func (m *Metrics) addSeries(cfg *config.Config) {
 	for _, u := range cfg.Upstreams {
-		m.circuitState.WithLabelValues(u.Name)
-		m.circuit[u.Name] = CircuitClosed
+		m.circuitMu.Lock()
+		if _, ok := m.circuit[u.Name]; !ok {
+			m.circuitState.WithLabelValues(u.Name)
+			m.circuit[u.Name] = CircuitClosed
+		}
+		m.circuitMu.Unlock()
 		m.attempts.WithLabelValues(u.Name, "ok")
 		m.breakerBypass.WithLabelValues(u.Name)
 	}
-	// Every probe target's series exist from the start, so dashboards show
-	// them before the first round; the gauges are NaN until then, which no
-	// alert threshold matches.
-	if p := cfg.Probe; p.Enabled {
-		for _, t := range p.Targets {
-			m.probeRequests.WithLabelValues(t.Upstream, t.Model, "ok")
-			m.probeTTFT.WithLabelValues(t.Upstream, t.Model)
-			m.probeTPOT.WithLabelValues(t.Upstream, t.Model)
-			m.probeE2E.WithLabelValues(t.Upstream, t.Model)
+	p := cfg.Probe
+	if !p.Enabled {
+		return
+	}
+	for _, t := range p.Targets {
+		m.probeRequests.WithLabelValues(t.Upstream, t.Model, "ok")
+		m.probeTTFT.WithLabelValues(t.Upstream, t.Model)
+		m.probeTPOT.WithLabelValues(t.Upstream, t.Model)
+		m.probeE2E.WithLabelValues(t.Upstream, t.Model)
+		m.probeInterval.WithLabelValues(t.Upstream, t.Model).Set(p.IntervalSeconds)
+		m.circuitMu.Lock()
+		seen := m.probeTargets[[2]string{t.Upstream, t.Model}]
+		m.probeTargets[[2]string{t.Upstream, t.Model}] = true
+		m.circuitMu.Unlock()
+		if !seen {
 			m.probeSuccess.WithLabelValues(t.Upstream, t.Model).Set(math.NaN())
 			m.probeLastRound.WithLabelValues(t.Upstream, t.Model).Set(math.NaN())
-			m.probeInterval.WithLabelValues(t.Upstream, t.Model).Set(p.IntervalSeconds)
 		}
 	}
-	return m, nil
 }
 
 // Buckets returns the input-size segmentation.
 func (m *Metrics) Buckets() llm.Buckets { return m.buckets }
 
-// SLO returns the goodput objectives.
-func (m *Metrics) SLO() llm.SLOTargets { return m.slo }
 
 // Model returns the label value a requested model name has now, without
 // giving it one: the name itself when it has a label of its own ([metrics]
@@ -596,15 +619,26 @@ func (s *modelSet) claim(name string) string {
 	return name
 }
 
+// setPatterns replaces the patterns a name must match to be claimed. Names
+// claimed already keep their label.
+func (s *modelSet) setPatterns(patterns []string) {
+	s.mu.Lock()
+	s.patterns = patterns
+	s.mu.Unlock()
+}
+
 // eligible reports whether name may have a label of its own.
 func (s *modelSet) eligible(name string) bool {
 	if len(name) > maxModelName || !printable(name) {
 		return false
 	}
-	if len(s.patterns) == 0 {
+	s.mu.RLock()
+	patterns := s.patterns
+	s.mu.RUnlock()
+	if len(patterns) == 0 {
 		return true
 	}
-	for _, p := range s.patterns {
+	for _, p := range patterns {
 		// A malformed pattern matches nothing; config validation reports it.
 		if ok, _ := path.Match(p, name); ok {
 			return true

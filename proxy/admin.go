@@ -22,7 +22,7 @@ const adminTimeout = 5 * time.Second
 // adminRoutes mounts GET /admin/spend and GET /admin/limits behind the admin
 // token. Without a token configured they are not mounted (404).
 func (g *Gateway) adminRoutes(r chi.Router) {
-	token := g.cfg.Admin.Token.Reveal()
+	token := g.Config().Admin.Token.Reveal()
 	if token == "" {
 		return
 	}
@@ -98,7 +98,7 @@ func spendRow(k spend.Key, t spend.Totals) SpendRow {
 // adminSpend serves GET /admin/spend?team=&key=&model=&from=&to= (days as
 // YYYY-MM-DD, inclusive, UTC).
 func (g *Gateway) adminSpend(w http.ResponseWriter, r *http.Request) {
-	if g.gov.ledger == nil {
+	if g.ledger == nil {
 		adminError(w, http.StatusNotFound, "no spend ledger is configured")
 		return
 	}
@@ -120,8 +120,8 @@ func (g *Gateway) adminSpend(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	rep := SpendReport{Filter: f}
-	rows, err := g.gov.ledger.Query(ctx, f)
-	if own, ok := g.gov.ledger.(spend.OwnQuerier); ok && err != nil && ctx.Err() == nil {
+	rows, err := g.ledger.Query(ctx, f)
+	if own, ok := g.ledger.(spend.OwnQuerier); ok && err != nil && ctx.Err() == nil {
 		g.log.Warn("admin: the shared spend ledger cannot be read; answering with this replica's own spend", "err", err)
 		rep.Partial = true
 		rep.Note = "the shared ledger cannot be read (" + err.Error() + "): these rows are only what this replica billed; the other replicas' spend is missing"
@@ -175,7 +175,7 @@ type LimitsReport struct {
 // adminLimits serves GET /admin/limits: every key and team with a limit,
 // with what is used and left now.
 func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
-	gv := g.gov
+	gv := g.gen.Load().gov
 	var subjects []ratelimit.Subject
 	teamOf := map[string]string{}
 	for _, k := range gv.keys {

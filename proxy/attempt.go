@@ -160,7 +160,7 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 	if !callerKeyUp {
 		req.Header.Del("Authorization")
 		req.Header.Del("X-Api-Key")
-		if ex.g.gov.keysMode {
+		if ex.gen.gov.keysMode {
 			// With the gateway's upstream key, the caller must not pick the
 			// organisation or project that is billed.
 			req.Header.Del("Openai-Organization")

@@ -57,7 +57,7 @@ func (ex *exchange) billable() (llm.Usage, bool) {
 // settle bills a finished exchange: it settles its lease with the real usage
 // and adds the usage and cost to the spend ledger. It runs once, from finish.
 func (ex *exchange) settle() {
-	gv := ex.g.gov
+	gv := ex.gen.gov
 	u, ok := ex.billable()
 	var cost int64
 	if ok {

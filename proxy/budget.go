@@ -16,31 +16,36 @@ const budgetPeekTimeout = time.Second
 // limiter at scrape time, so every replica reports the shared state.
 type budgetCollector struct {
 	g        *Gateway
-	subjects []ratelimit.Subject // the teams with a budget
 	tokens   *prometheus.Desc
 	usd      *prometheus.Desc
 }
 
 // BudgetCollector returns a collector of tollgate_budget_remaining_tokens
-// and tollgate_budget_remaining_usd per team and window (day, month), or nil
-// when no team has a budget. Register it next to the metrics; each scrape
-// costs one limiter Peek (one Redis round trip when shared).
+// and tollgate_budget_remaining_usd per team and window (day, month) of the
+// teams with a budget in the running configuration, or nil without a
+// limiter. Register it next to the metrics; each scrape costs one limiter
+// Peek (one Redis round trip when shared) when a team has a budget.
 func (g *Gateway) BudgetCollector(constLabels prometheus.Labels) prometheus.Collector {
-	var subjects []ratelimit.Subject
-	for _, t := range g.gov.teams {
-		if t.subject.Limits.HasBudget() {
-			subjects = append(subjects, t.subject)
-		}
-	}
-	if len(subjects) == 0 || g.gov.limiter == nil {
+	if g.limiter == nil {
 		return nil
 	}
-	return &budgetCollector{g: g, subjects: subjects,
+	return &budgetCollector{g: g,
 		tokens: prometheus.NewDesc("tollgate_budget_remaining_tokens",
 			"Tokens left in a team's tokens_per_day budget.", []string{"team", "window"}, constLabels),
 		usd: prometheus.NewDesc("tollgate_budget_remaining_usd",
 			"US dollars left in a team's cost_per_day or cost_per_month budget.", []string{"team", "window"}, constLabels),
 	}
+}
+
+// budgeted returns the teams of the running configuration with a budget.
+func (g *Gateway) budgeted() []ratelimit.Subject {
+	var subjects []ratelimit.Subject
+	for _, t := range g.gen.Load().gov.teams {
+		if t.subject.Limits.HasBudget() {
+			subjects = append(subjects, t.subject)
+		}
+	}
+	return subjects
 }
 
 func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -49,9 +54,13 @@ func (c *budgetCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
+	subjects := c.g.budgeted()
+	if len(subjects) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), budgetPeekTimeout)
 	defer cancel()
-	states, err := c.g.gov.limiter.Peek(ctx, c.subjects)
+	states, err := c.g.limiter.Peek(ctx, subjects)
 	if err != nil {
 		// A scrape without these series is better than one that fails:
 		// the degraded gauge already says why.

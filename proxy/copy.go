@@ -33,7 +33,7 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 	limit := 0
 	switch {
 	case metered:
-		limit = g.cfg.Server.MaxEventBytes
+		limit = ex.gen.cfg.Server.MaxEventBytes
 	case ex.pendingClaim != storedNone: // a conversation created: its id is read
 		limit = errorCaptureLimit
 	}

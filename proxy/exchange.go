@@ -16,6 +16,7 @@ const statusClientClosed = 499
 // exchange is one request's state on its way through the gateway.
 type exchange struct {
 	g          *Gateway
+	gen        *generation // the configuration it runs under, from start to finish
 	w          http.ResponseWriter
 	r          *http.Request
 	rec        llm.Record
@@ -97,7 +98,8 @@ func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect) {
 	g.open.Add(1)
 	defer g.open.Add(-1)
-	ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
+	ex := &exchange{g: g, gen: g.begin(), w: w, r: r, promptEstimate: -1}
+	defer ex.gen.end()
 	ex.rec.Timing.In = g.now()
 	ex.rec.Route, ex.rec.Dialect = route, d
 	ex.rec.RequestID = requestIDFrom(r.Context())
@@ -130,7 +132,7 @@ func (ex *exchange) abortOnPanic() {
 // the round trip upstream.
 func (ex *exchange) serve() {
 	g, r := ex.g, ex.r
-	cfg := g.cfg
+	cfg := ex.gen.cfg
 
 	if aerr, why := ex.checkEdge(); aerr != nil {
 		ex.rec.Rejection = why
@@ -215,5 +217,5 @@ func (ex *exchange) serve() {
 
 	// In mode "keys" the caller's key is the gateway's, never the
 	// upstream's: the upstream's own key replaces it.
-	ex.roundTrip(body, hasKey && !g.gov.keysMode)
+	ex.roundTrip(body, hasKey && !ex.gen.gov.keysMode)
 }

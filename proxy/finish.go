@@ -23,7 +23,7 @@ func (ex *exchange) finish() {
 		input = rec.Usage.Input
 	}
 	rec.InputBucket = g.metrics.Buckets().Label(input)
-	rec.Goodput = g.metrics.SLO().Classify(rec)
+	rec.Goodput = ex.gen.slo.Classify(rec)
 	if ex.modelLabel == "" {
 		ex.modelLabel = g.metrics.Model(rec.Model)
 	}

@@ -78,23 +78,26 @@ type StatsSink interface {
 
 // Gateway serves the proxy's routes. Create it with New.
 type Gateway struct {
-	cfg       *config.Config
 	metrics   *metrics.Metrics
 	gatherer  prometheus.Gatherer
 	log       *slog.Logger
 	accessLog *slog.Logger
 	onRecord  func(*llm.Record)
 	now       func() time.Time
+	transport http.RoundTripper // Options.Transport
+	limiter   ratelimit.Limiter
+	ledger    spend.Ledger
 
-	gov       *governance
-	owners    ownership.Store
-	stats     StatsSink
-	upstreams []*upstream
-	routing   *routing
-	draining  atomic.Bool
-	open      atomic.Int64 // exchanges whose finish has not run yet
-	bufPool   sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read
-	states    sync.Pool    // *streamState
+	// gen is the running configuration's generation; Reload replaces it.
+	gen      atomic.Pointer[generation]
+	reloadMu sync.Mutex
+
+	owners   ownership.Store
+	stats    StatsSink
+	draining atomic.Bool
+	open     atomic.Int64 // exchanges whose finish has not run yet
+	bufPool  sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read
+	states   sync.Pool    // *streamState
 }
 
 // New builds a Gateway from opts.
@@ -103,13 +106,15 @@ func New(opts Options) (*Gateway, error) {
 		return nil, errors.New("proxy: Options.Config and Options.Metrics are required")
 	}
 	g := &Gateway{
-		cfg:       opts.Config,
 		metrics:   opts.Metrics,
 		gatherer:  opts.Gatherer,
 		log:       opts.Logger,
 		accessLog: opts.AccessLog,
 		onRecord:  opts.OnRecord,
 		now:       opts.Now,
+		transport: opts.Transport,
+		limiter:   opts.Limiter,
+		ledger:    opts.Ledger,
 		stats:     opts.Stats,
 	}
 	if g.log == nil {
@@ -118,16 +123,13 @@ func New(opts Options) (*Gateway, error) {
 	if g.now == nil {
 		g.now = time.Now
 	}
-	gov, err := newGovernance(opts.Config, opts.Limiter, opts.Ledger)
+	gen, err := g.newGeneration(opts.Config, nil)
 	if err != nil {
 		return nil, err
 	}
-	if gov.hasLimits() && opts.Limiter == nil {
-		return nil, errors.New("proxy: the configuration sets limits but Options.Limiter is nil")
-	}
-	g.gov = gov
+	g.gen.Store(gen)
 	g.owners = opts.Owners
-	if gov.keysMode && g.owners == nil {
+	if gen.gov.keysMode && g.owners == nil {
 		if g.owners, err = ownership.NewLocal(ownership.LocalOptions{}); err != nil {
 			return nil, err
 		}
@@ -136,18 +138,6 @@ func New(opts Options) (*Gateway, error) {
 		b := make([]byte, relayBufSize)
 		return &b
 	}
-	byName := make(map[string]*upstream, len(g.cfg.Upstreams))
-	for i := range g.cfg.Upstreams {
-		u := &g.cfg.Upstreams[i]
-		t := opts.Transport
-		if t == nil {
-			t = newTransport(u)
-		}
-		up := newUpstream(u, t, g.now, g.metrics)
-		g.upstreams = append(g.upstreams, up)
-		byName[u.Name] = up
-	}
-	g.routing = newRouting(g.cfg, byName, g.upstreams)
 	return g, nil
 }
 
@@ -235,14 +225,15 @@ func limitInFlight(h http.Handler, n int) http.Handler {
 // reject answers a request that matched no route, and records it like any
 // other so it leaves its access-log line and counts in requests_total.
 func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
-	ex := &exchange{g: g, w: w, r: r, promptEstimate: -1}
+	ex := &exchange{g: g, gen: g.begin(), w: w, r: r, promptEstimate: -1}
+	defer ex.gen.end()
 	ex.rec.Timing.In = g.now()
 	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
 	ex.rec.RequestID = requestIDFrom(r.Context())
 	key, hasKey, _ := callerKey(r.Header)
 	sum, id := keyHash(key)
 	ex.rec.KeyID = id
-	if k := g.gov.lookup(sum, hasKey); k != nil {
+	if k := ex.gen.gov.lookup(sum, hasKey); k != nil {
 		ex.rec.KeyID = k.name
 	}
 	ex.fail(e, llm.OutcomeBadRequest)

@@ -135,7 +135,7 @@ func (t *teamEntry) modelAllowed(model string) bool {
 // the [[keys]] name and team when listed, and says whether the caller may go
 // on. In mode "keys" the key must be configured.
 func (ex *exchange) identify(sum [sha256.Size]byte, hasKey bool) *apiError {
-	gv := ex.g.gov
+	gv := ex.gen.gov
 	ex.key = gv.lookup(sum, hasKey)
 	if ex.key != nil {
 		// The record's key id was the hash prefix; the name says more.
@@ -161,7 +161,7 @@ func (ex *exchange) identify(sum [sha256.Size]byte, hasKey bool) *apiError {
 // subjects returns the limited subjects of the caller: its key and its team.
 func (ex *exchange) subjects() []ratelimit.Subject {
 	k := ex.key
-	if k == nil || ex.g.gov.limiter == nil {
+	if k == nil || ex.gen.gov.limiter == nil {
 		return nil
 	}
 	var out []ratelimit.Subject
@@ -177,7 +177,7 @@ func (ex *exchange) subjects() []ratelimit.Subject {
 // admit checks the caller's team may use the model and its limits admit the
 // request. On refusal it answers the caller and returns false.
 func (ex *exchange) admit() bool {
-	gv := ex.g.gov
+	gv := ex.gen.gov
 	if ex.key != nil && ex.key.team != nil && !ex.key.team.modelAllowed(ex.rec.Model) {
 		ex.rec.Rejection = llm.RejectModelNotAllowed
 		ex.fail(errModelNotAllowed(ex.key.team.name, ex.rec.Model), llm.OutcomeRejected)
@@ -253,7 +253,7 @@ func (ex *exchange) admit() bool {
 // a key with limits, or a team held to some models. A governed caller may
 // send only what the gateway can meter.
 func (ex *exchange) governed() bool {
-	return ex.g.gov.keysMode || len(ex.subjects()) > 0 ||
+	return ex.gen.gov.keysMode || len(ex.subjects()) > 0 ||
 		ex.key != nil && ex.key.team != nil && len(ex.key.team.patterns) > 0
 }
 
@@ -279,7 +279,7 @@ func (ex *exchange) meterBackground() *apiError {
 // account's files, batches and the rest are shared by every gateway key).
 // Other callers' unmeterable requests go upstream as they are.
 func (ex *exchange) meterForwarded(body []byte) *apiError {
-	r, gv := ex.r, ex.g.gov
+	r, gv := ex.r, ex.gen.gov
 	path := r.URL.Path
 	exact := r.URL.RawPath == "" // no escaped characters in the path
 	strict := ex.governed()

@@ -139,7 +139,7 @@ func testConfig(tb testing.TB, upstreamURL string, edit func(*config.Config)) co
 // closeIdleUpstreams closes the idle connections of g's upstream
 // transports, so no connection outlives its test.
 func closeIdleUpstreams(g *Gateway) {
-	for _, u := range g.upstreams {
+	for _, u := range g.gen.Load().upstreams {
 		if tr, ok := u.transport.(*http.Transport); ok {
 			tr.CloseIdleConnections()
 		}
@@ -793,7 +793,7 @@ func (rg *relayRig) run(body io.Reader) attemptResult {
 	if rg.r == nil {
 		rg.r = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	}
-	rg.ex = exchange{g: rg.g, w: rg.w, r: rg.r, up: rg.g.upstreams[0], modelLabel: "m"}
+	rg.ex = exchange{g: rg.g, gen: rg.g.gen.Load(), w: rg.w, r: rg.r, up: rg.g.gen.Load().upstreams[0], modelLabel: "m"}
 	rg.ex.rec.Route, rg.ex.rec.Dialect, rg.ex.rec.Status = llm.RouteChatCompletions, rg.d, http.StatusOK
 	rg.ex.rec.Timing.In = rg.g.now()
 	rg.ex.info.suppressUsage = rg.suppress

@@ -368,7 +368,7 @@ func TestSeriesPerModelLabel(t *testing.T) {
 	streamed, native, plain, oneToken := readmeSeriesCounts(t)
 	_, upURL := mockUpstream(t, mockllm.Options{OutputTokens: 4, ITL: 100 * time.Microsecond})
 	tg := newTestGateway(t, upURL, nil)
-	if !tg.gw.cfg.Metrics.NativeHistograms {
+	if !tg.gw.Config().Metrics.NativeHistograms {
 		t.Fatal("native histograms are off: the README's counts are for the default")
 	}
 	send := func(model string, stream bool, hdr map[string]string) {

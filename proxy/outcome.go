@@ -253,7 +253,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 		e.result, e.healthy = resultClientGone, true
 	case s.tooLarge:
 		ex.g.log.Warn("upstream event too large; stream cut", "request_id", ex.rec.RequestID,
-			"upstream", ex.up.cfg.Name, "limit_bytes", ex.g.cfg.Server.MaxEventBytes)
+			"upstream", ex.up.cfg.Name, "limit_bytes", ex.gen.cfg.Server.MaxEventBytes)
 		e.interrupt = llm.InterruptProtocolError
 		if e.errType == "" {
 			e.errType = "event_too_large"
@@ -362,7 +362,7 @@ func (ex *exchange) answerHealthy(st int, errType, errCode string) bool {
 // probeOwnKey reports whether this is a probe whose key no caller's request
 // carries: passthrough with require_key, and an upstream key of its own.
 func (ex *exchange) probeOwnKey() bool {
-	return ex.probe != nil && !ex.g.gov.keysMode && ex.g.cfg.Auth.RequireKey &&
+	return ex.probe != nil && !ex.gen.gov.keysMode && ex.gen.cfg.Auth.RequireKey &&
 		ex.up != nil && ex.up.cfg.APIKey != ""
 }
 

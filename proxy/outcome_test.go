@@ -45,7 +45,7 @@ func TestConnectTimeoutIsConnectError(t *testing.T) {
 			c.Upstreams[0].ConnectTimeoutSeconds = 1e-9
 			c.Upstreams[0].Retry.MaxAttempts = 1
 		})
-		if d := config.Seconds(tg.gw.cfg.Upstreams[0].ConnectTimeoutSeconds); d <= 0 {
+		if d := config.Seconds(tg.gw.Config().Upstreams[0].ConnectTimeoutSeconds); d <= 0 {
 			t.Fatalf("connect timeout %v: the dialer would have none", d)
 		}
 		resp, body := post(t, tg.URL+"/v1/chat/completions", plainChat, nil)
@@ -77,7 +77,7 @@ func TestConnectTimeoutIsConnectError(t *testing.T) {
 				resultHeaderTimeout, llm.OutcomeUpstreamTimeout},
 		}
 		for _, c := range cases {
-			ex := &exchange{g: g, r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil), up: g.upstreams[0]}
+			ex := &exchange{g: g, gen: g.gen.Load(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil), up: g.gen.Load().upstreams[0]}
 			ctx, cancel := context.WithCancelCause(context.Background())
 			if c.cause != nil {
 				cancel(c.cause)
@@ -702,7 +702,7 @@ func runPinCase(t *testing.T, c pinCase) pinWant {
 	<-done
 	var w pinWant
 	w.outcome, w.interrupt, w.results, w.errType, w.status = rec.Outcome, rec.Interruption, pinResults(rec), rec.ErrorType, rec.Status
-	w.verdicts, w.unhealthy = breakerVerdicts(tg.gw.upstreams[0].breaker)
+	w.verdicts, w.unhealthy = breakerVerdicts(tg.gw.gen.Load().upstreams[0].breaker)
 	return w
 }
 

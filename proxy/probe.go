@@ -36,8 +36,10 @@ var errBadProbeTarget = errors.New("proxy: probe target is not a configured upst
 // llm.ProbeCanceled. The error is for a target that is not a configured
 // upstream serving its dialect.
 func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult, error) {
+	gen := g.begin()
+	defer gen.end()
 	var up *upstream
-	for _, u := range g.upstreams {
+	for _, u := range gen.upstreams {
 		if u.cfg.Name == t.Upstream {
 			up = u
 			break
@@ -48,7 +50,7 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 	}
 	d := t.Dialect
 	if d == llm.DialectNone {
-		d = g.cfg.ProbeDialect(config.ProbeTarget{Upstream: t.Upstream})
+		d = gen.cfg.ProbeDialect(config.ProbeTarget{Upstream: t.Upstream})
 	}
 	if !up.cfg.Serves(d) || t.Model == "" {
 		return llm.ProbeResult{}, errBadProbeTarget
@@ -64,7 +66,7 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 		r.Header.Set("Anthropic-Version", anthropicVersion)
 	}
 
-	ex := &exchange{g: g, w: &probeWriter{h: http.Header{}}, r: r, probe: []target{{up: up}}}
+	ex := &exchange{g: g, gen: gen, w: &probeWriter{h: http.Header{}}, r: r, probe: []target{{up: up}}}
 	ex.rec.Timing.In = g.now()
 	ex.rec.Route, ex.rec.Dialect = route, d
 	ex.rec.RequestID = newRequestID()
@@ -168,7 +170,7 @@ func (ex *exchange) finishProbe() {
 		input = rec.Usage.Input
 	}
 	rec.InputBucket = g.metrics.Buckets().Label(input)
-	rec.Goodput = g.metrics.SLO().Classify(rec)
+	rec.Goodput = ex.gen.slo.Classify(rec)
 	if g.accessLog != nil {
 		logRecord(g.accessLog, rec, true)
 	}

@@ -72,7 +72,7 @@ func (g *Gateway) getStreamState() *streamState {
 		s.fr.Reset()
 		return s
 	}
-	return &streamState{fr: sseparse.NewFramer(g.cfg.Server.MaxEventBytes)}
+	return &streamState{fr: sseparse.NewFramer(g.gen.Load().cfg.Server.MaxEventBytes)}
 }
 
 func (g *Gateway) putStreamState(s *streamState) {
@@ -244,7 +244,7 @@ func (l *relayLoop) makeRoom() (attemptResult, bool) {
 		l.start, l.end = 0, n
 		return attemptResult{}, false
 	}
-	maxEvent := l.ex.g.cfg.Server.MaxEventBytes
+	maxEvent := l.ex.gen.cfg.Server.MaxEventBytes
 	if len(l.buf) >= maxEvent+relayBufSize {
 		return l.endStream(errEventTooLarge, nil), true
 	}
@@ -423,7 +423,7 @@ func (l *relayLoop) readEnded(rerr error) attemptResult {
 	if !l.committed {
 		return l.endHeld(stop{err: rerr}, l.buf[:l.heldEnd])
 	}
-	if rerr == nil && l.end > l.start && !l.ex.g.cfg.Server.StreamErrorEvents {
+	if rerr == nil && l.end > l.start && !l.ex.gen.cfg.Server.StreamErrorEvents {
 		// Bytes of an unterminated final event: the upstream broke off
 		// mid-event. Per WHATWG they are discarded by any client; pass them
 		// on anyway so nothing the upstream sent is lost, and do not count
@@ -480,7 +480,7 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 		l.cancel() // stop the upstream now rather than when the handler returns
 	}
 	ex.record(e)
-	if !ex.terminalOut && !e.gone && !s.errorEvent && ex.g.cfg.Server.StreamErrorEvents {
+	if !ex.terminalOut && !e.gone && !s.errorEvent && ex.gen.cfg.Server.StreamErrorEvents {
 		if ex.write(streamErrorEvent(ex.rec.Dialect, ex.rec.Interruption, &l.st.tap)) == nil {
 			_ = l.rc.Flush()
 		}

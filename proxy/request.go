@@ -344,7 +344,7 @@ func (ex *exchange) checkEdge() (*apiError, llm.Rejection) {
 	if why := nonCanonical(r.URL); why != "" {
 		return errNonCanonicalPath(why), llm.RejectNonCanonicalPath
 	}
-	if n, limit := headerBytes(r.Header), ex.g.cfg.Server.MaxHeaderBytes; n > limit {
+	if n, limit := headerBytes(r.Header), ex.gen.cfg.Server.MaxHeaderBytes; n > limit {
 		return errHeadersTooLarge(limit), llm.RejectHeadersTooLarge
 	}
 	return nil, llm.RejectNone

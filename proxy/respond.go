@@ -61,7 +61,7 @@ func (ex *exchange) relayFailure(f *failure) {
 	}
 	ex.writeHeader(f.status)
 	err := ex.write(f.body)
-	if err == nil && f.errorEvent != nil && ex.g.cfg.Server.StreamErrorEvents {
+	if err == nil && f.errorEvent != nil && ex.gen.cfg.Server.StreamErrorEvents {
 		err = ex.write(f.errorEvent)
 	}
 	if err == nil {
@@ -142,11 +142,11 @@ func (ex *exchange) prepareHeaders(upH http.Header) {
 	g := ex.g
 	h := ex.w.Header()
 	copyResponseHeaders(h, upH)
-	if g.gov.keysMode || len(ex.rlStates) > 0 {
+	if ex.gen.gov.keysMode || len(ex.rlStates) > 0 {
 		// The upstream's rate-limit headers describe the gateway's upstream
 		// account, not the caller: a governed caller sees only its own
 		// limits, never a mix of both.
-		deleteUpstreamAccountHeaders(h, g.gov.keysMode)
+		deleteUpstreamAccountHeaders(h, ex.gen.gov.keysMode)
 	}
 	if len(ex.rlStates) > 0 {
 		setRateLimitHeaders(h, ex.rec.Dialect, ex.rlStates, g.now())

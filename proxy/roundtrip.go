@@ -13,7 +13,7 @@ import (
 // Another /v1/* path that no upstream of its guessed dialect serves goes to
 // the first upstream.
 func (ex *exchange) targets(model string) []target {
-	rt := ex.g.routing
+	rt := ex.gen.routing
 	t := rt.targets(ex.routeDialect(), model)
 	if len(t) == 0 && ex.rec.Dialect == llm.DialectNone {
 		t = rt.fallback[llm.DialectNone]

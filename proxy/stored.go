@@ -120,7 +120,7 @@ func (ex *exchange) owner() string {
 // upstream's own 404, and the request never reaches the upstream.
 func (ex *exchange) checkStored() *apiError {
 	g := ex.g
-	if !g.gov.keysMode {
+	if !ex.gen.gov.keysMode {
 		return nil
 	}
 	refs := [...]struct {
@@ -162,7 +162,7 @@ func (ex *exchange) checkStored() *apiError {
 // a response created with store on, or a conversation created.
 func (ex *exchange) claims() storedKind {
 	switch {
-	case !ex.g.gov.keysMode || ex.key == nil: // a probe is no team's
+	case !ex.gen.gov.keysMode || ex.key == nil: // a probe is no team's
 		return storedNone
 	case ex.rec.Route == llm.RouteResponses && !ex.info.NoStore:
 		return storedResponse
@@ -204,9 +204,9 @@ func (ex *exchange) claimAnswer(body []byte) (conflict bool) {
 // object.
 func (ex *exchange) claimID(kind storedKind, id string) (conflict bool) {
 	g := ex.g
-	ttl := g.cfg.Ownership.ResponseTTL()
+	ttl := ex.gen.cfg.Ownership.ResponseTTL()
 	if kind == storedConversation {
-		ttl = g.cfg.Ownership.ConversationTTL()
+		ttl = ex.gen.cfg.Ownership.ConversationTTL()
 	}
 	// The caller may be gone; the object exists upstream all the same.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), ownershipTimeout)

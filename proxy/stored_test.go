@@ -600,7 +600,7 @@ func BenchmarkStoredState(b *testing.B) {
 		r := httptest.NewRequest(http.MethodGet, "/v1/responses/resp_bench", nil)
 		sum, _ := keyHash(keyAlpha)
 		newExchange := func() *exchange {
-			ex := &exchange{g: g, r: r}
+			ex := &exchange{g: g, gen: g.gen.Load(), r: r}
 			ex.rec.Route = llm.RouteResponses
 			if aerr := ex.identify(sum, true); aerr != nil {
 				b.Fatal(aerr)

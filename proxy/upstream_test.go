@@ -180,7 +180,7 @@ func TestRoutingTargets(t *testing.T) {
 // first upstream.
 func TestExchangeTargetsForwarded(t *testing.T) {
 	cfg, rt := routingFixture()
-	g := &Gateway{cfg: cfg, routing: rt}
+	gen := &generation{cfg: cfg, routing: rt}
 	tests := []struct {
 		name, method, path string
 		hdr                map[string]string
@@ -199,7 +199,7 @@ func TestExchangeTargetsForwarded(t *testing.T) {
 			for k, v := range tc.hdr {
 				r.Header.Set(k, v)
 			}
-			ex := &exchange{g: g, r: r}
+			ex := &exchange{gen: gen, r: r}
 			ex.rec.Dialect = llm.DialectNone
 			if got := routeTargetNames(ex.targets(tc.model)); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("targets = %v, want %v", got, tc.want)
