@@ -281,7 +281,6 @@ func (m *Metrics) addSeries(cfg *config.Config) {
 // Buckets returns the input-size segmentation.
 func (m *Metrics) Buckets() llm.Buckets { return m.buckets }
 
-
 // Model returns the label value a requested model name has now, without
 // giving it one: the name itself when it has a label of its own ([metrics]
 // models, or given one by ModelServed), "none" for an empty name, else

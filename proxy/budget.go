@@ -15,9 +15,9 @@ const budgetPeekTimeout = time.Second
 // budgetCollector exports what is left of each team's budgets, read from the
 // limiter at scrape time, so every replica reports the shared state.
 type budgetCollector struct {
-	g        *Gateway
-	tokens   *prometheus.Desc
-	usd      *prometheus.Desc
+	g      *Gateway
+	tokens *prometheus.Desc
+	usd    *prometheus.Desc
 }
 
 // BudgetCollector returns a collector of tollgate_budget_remaining_tokens
