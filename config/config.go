@@ -63,6 +63,10 @@ type Server struct {
 	// event in the caller's dialect, so the client's SDK raises instead of
 	// taking a cut answer for a whole one. Default true.
 	StreamErrorEvents bool `toml:"stream_error_events"`
+	// WatchConfig reloads the config file when its contents change (read
+	// once a second; a change is taken once it has held for a second), as
+	// SIGHUP and POST /admin/reload do. Default false.
+	WatchConfig bool `toml:"watch_config"`
 }
 
 // Auth is the [auth] table: how callers are identified.

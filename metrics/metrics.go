@@ -64,6 +64,11 @@ type Metrics struct {
 	degraded     *prometheus.GaugeVec
 	replicas     prometheus.Gauge
 
+	// Configuration reloads.
+	reloads          *prometheus.CounterVec
+	reloadOK         prometheus.Gauge
+	reloadSuccessful prometheus.Gauge
+
 	// Upstream resilience: retries, fallbacks, the circuit breaker.
 	attempts           *prometheus.CounterVec
 	retries            *prometheus.CounterVec
@@ -155,6 +160,13 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "degraded",
 			Help: "1 while a shared backend is unreachable and the gateway runs on its fallback (component = ratelimit, spend), or while Redis, found to have lost its data, is being refilled (redis_data)."},
 			[]string{"component"}),
+		reloads: counter("config_reload_total",
+			"Configuration reloads (SIGHUP, POST /admin/reload, a watched file that changed), by result: success (the file was swapped in, or equal to the running one) or failure (it was refused and the running configuration kept).",
+			"result"),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_success_timestamp_seconds",
+			Help: "Unix time of the last successful configuration load: the start, or the last reload that succeeded."}),
+		reloadSuccessful: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_successful",
+			Help: "1 if the last configuration reload succeeded (or none was tried since the start), 0 if it was refused: the file on disk is then not what runs."}),
 		replicas: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "fleet_replicas",
 			Help: "Replicas sharing Redis at this replica's last heartbeat; while Redis is down, its fallback admits 1/this of every limit."}),
 
@@ -215,6 +227,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
 		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded, m.replicas,
+		m.reloads, m.reloadOK, m.reloadSuccessful,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
 		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval} {
@@ -228,6 +241,11 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	for _, c := range []string{"ratelimit", "spend", "redis_data"} {
 		m.degraded.WithLabelValues(c)
 	}
+	for _, r := range []string{"success", "failure"} {
+		m.reloads.WithLabelValues(r)
+	}
+	m.reloadOK.Set(float64(time.Now().UnixNano()) / 1e9)
+	m.reloadSuccessful.Set(1)
 	m.addSeries(cfg)
 	return m, nil
 }
@@ -374,6 +392,19 @@ func (m *Metrics) Rejected(scope, limit, team string) {
 		team = labelNone
 	}
 	m.rejections.WithLabelValues(scope, limit, team).Inc()
+}
+
+// ConfigReloaded counts a configuration reload that succeeded at at, or
+// failed.
+func (m *Metrics) ConfigReloaded(ok bool, at time.Time) {
+	if !ok {
+		m.reloads.WithLabelValues("failure").Inc()
+		m.reloadSuccessful.Set(0)
+		return
+	}
+	m.reloads.WithLabelValues("success").Inc()
+	m.reloadSuccessful.Set(1)
+	m.reloadOK.Set(float64(at.UnixNano()) / 1e9)
 }
 
 // SetDegraded sets the degraded gauge of a component ("ratelimit",

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"sort"
 	"strings"
@@ -44,7 +46,73 @@ func (g *Gateway) adminRoutes(r chi.Router) {
 		})
 		r.Get("/spend", g.adminSpend)
 		r.Get("/limits", g.adminLimits)
+		r.Post("/reload", g.adminReload)
 	})
+}
+
+// maxReloadBody caps the config document POST /admin/reload?check=true
+// takes.
+const maxReloadBody = 4 << 20
+
+// ErrNothingToReload is Options.Reload's error when the gateway was not
+// started from a config file (the demo, tests).
+var ErrNothingToReload = errors.New("this gateway was not started from a config file: there is nothing to reload")
+
+// ReloadReport is the body of a POST /admin/reload that succeeded.
+type ReloadReport struct {
+	// Result is "reloaded" (the file was swapped in), "unchanged" (it
+	// equals the running configuration) or "valid" (a check: it would
+	// reload cleanly, and nothing changed).
+	Result string `json:"result"`
+	// Changed lists the tables and keys that differ from the running
+	// configuration ("keys", "upstreams", "log.level", ...).
+	Changed []string `json:"changed"`
+}
+
+// adminReload serves POST /admin/reload: the gateway reads its config file
+// again and swaps it in (Options.Reload). With ?check=true the body is a
+// config document checked against the running configuration, and nothing
+// changes. A file that does not load, or changes a key that needs a
+// restart, gets 422 with every problem (file:line: key: problem).
+func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {
+	if g.reload == nil {
+		adminError(w, http.StatusNotFound, ErrNothingToReload.Error())
+		return
+	}
+	var doc []byte
+	check := r.URL.Query().Get("check") == "true"
+	if check {
+		var err error
+		doc, err = io.ReadAll(http.MaxBytesReader(w, r.Body, maxReloadBody))
+		switch {
+		case err != nil:
+			adminError(w, http.StatusRequestEntityTooLarge, "the config document is over 4 MiB or could not be read: "+err.Error())
+			return
+		case len(doc) == 0:
+			adminError(w, http.StatusBadRequest, "check=true needs the config document to check as the request body")
+			return
+		}
+	}
+	changed, err := g.reload(doc)
+	if errors.Is(err, ErrNothingToReload) {
+		adminError(w, http.StatusNotFound, err.Error())
+		return
+	}
+	if err != nil {
+		adminError(w, http.StatusUnprocessableEntity, err.Error())
+		return
+	}
+	rep := ReloadReport{Result: "reloaded", Changed: changed}
+	switch {
+	case check:
+		rep.Result = "valid"
+	case len(changed) == 0:
+		rep.Result = "unchanged"
+	}
+	if rep.Changed == nil {
+		rep.Changed = []string{}
+	}
+	writeJSON(w, http.StatusOK, rep)
 }
 
 func adminError(w http.ResponseWriter, status int, msg string) {

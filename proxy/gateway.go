@@ -61,6 +61,12 @@ type Options struct {
 	// owners are kept in memory (lost at restart: every stored id is then
 	// a 404).
 	Owners ownership.Store
+	// Reload, if set, serves POST /admin/reload: called with nil, it reads
+	// the gateway's config file again and swaps it in (Gateway.Reload);
+	// with a document, it only checks that the document would reload
+	// cleanly. It returns the tables and keys that differ from the running
+	// configuration.
+	Reload func(check []byte) (changed []string, err error)
 	// Stats receives every finished record and every inter-token gap (the
 	// live windows) and serves GET /stats. If nil, /stats answers 404.
 	Stats StatsSink
@@ -94,6 +100,7 @@ type Gateway struct {
 
 	owners   ownership.Store
 	stats    StatsSink
+	reload   func(check []byte) ([]string, error)
 	draining atomic.Bool
 	open     atomic.Int64 // exchanges whose finish has not run yet
 	bufPool  sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read
@@ -116,6 +123,7 @@ func New(opts Options) (*Gateway, error) {
 		limiter:   opts.Limiter,
 		ledger:    opts.Ledger,
 		stats:     opts.Stats,
+		reload:    opts.Reload,
 	}
 	if g.log == nil {
 		g.log = slog.Default()

@@ -26,10 +26,11 @@ type generation struct {
 	// open counts the exchanges begun under this generation that have not
 	// finished. Once the generation is replaced and open reaches zero, the
 	// idle connections of the upstreams the new one dropped are closed.
-	open    atomic.Int64
-	retired atomic.Bool
-	dropped []*upstream // set before retired
-	close   sync.Once
+	open        atomic.Int64
+	retired     atomic.Bool
+	dropped     []*upstream // set before retired
+	close       sync.Once
+	dropsClosed atomic.Bool
 }
 
 // newGeneration builds the generation of cfg. An upstream whose table is
@@ -110,6 +111,7 @@ func (gen *generation) closeDropped() {
 				t.CloseIdleConnections()
 			}
 		}
+		gen.dropsClosed.Store(true)
 	})
 }
 

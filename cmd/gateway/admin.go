@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -124,9 +125,19 @@ func runSpend(args []string, stdout, stderr io.Writer) error {
 // adminGet fetches an admin endpoint and returns its body, or an error with
 // the gateway's message.
 func adminGet(u, token string) ([]byte, error) {
+	return adminCall(http.MethodGet, u, token, nil)
+}
+
+// adminCall sends an admin request with body (nil: none) and returns the
+// answer's body, or an error with the gateway's message.
+func adminCall(method, u, token string, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +147,7 @@ func adminGet(u, token string) ([]byte, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, err
 	}
@@ -144,13 +155,13 @@ func adminGet(u, token string) ([]byte, error) {
 		var e struct {
 			Error struct{ Message string } `json:"error"`
 		}
-		msg := strings.TrimSpace(string(body))
-		if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		msg := strings.TrimSpace(string(answer))
+		if json.Unmarshal(answer, &e) == nil && e.Error.Message != "" {
 			msg = e.Error.Message
 		}
 		return nil, fmt.Errorf("%s: %s: %s", u, resp.Status, msg)
 	}
-	return body, nil
+	return answer, nil
 }
 
 func printSpend(w io.Writer, rep proxy.SpendReport) error {

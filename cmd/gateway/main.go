@@ -12,17 +12,20 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strings"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/proxy"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -134,10 +137,18 @@ func runCheckConfig(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("check-config",
 		"Loads a config file strictly (unknown keys and wrong types are errors), applies defaults,\n"+
 			"resolves api_key_env variables and validates every setting. Prints the effective\n"+
-			"configuration (secrets redacted) and exits 0, or lists every problem and exits 1.", stderr)
+			"configuration (secrets redacted) and exits 0, or lists every problem and exits 1.\n"+
+			"With -against URL, asks that running gateway (POST /admin/reload?check=true, the admin\n"+
+			"token from the variable -token-env names) whether the file would reload cleanly there,\n"+
+			"under its environment, and prints what would change.", stderr)
 	path := fs.String("config", "gateway.toml", "config file to check")
+	against := fs.String("against", "", "a running gateway's base URL to check the file against")
+	tokenEnv := fs.String("token-env", "TOLLGATE_ADMIN_TOKEN", "environment variable holding the admin token, with -against")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *against != "" {
+		return checkAgainst(stdout, *path, *against, *tokenEnv)
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {
@@ -147,10 +158,36 @@ func runCheckConfig(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// checkAgainst asks a running gateway whether the file at path would reload
+// cleanly there, and prints what would change.
+func checkAgainst(stdout io.Writer, path, base, tokenEnv string) error {
+	token := os.Getenv(tokenEnv)
+	if token == "" {
+		return fmt.Errorf("$%s is not set: it must hold the gateway's admin token", tokenEnv)
+	}
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	body, err := adminCall(http.MethodPost, strings.TrimRight(base, "/")+"/admin/reload?check=true", token, doc)
+	if err != nil {
+		return err
+	}
+	var rep proxy.ReloadReport
+	if err := json.Unmarshal(body, &rep); err != nil {
+		return fmt.Errorf("decoding /admin/reload: %w", err)
+	}
+	if len(rep.Changed) == 0 {
+		fmt.Fprintf(stdout, "%s: would reload cleanly on %s; nothing would change\n", path, base)
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s: would reload cleanly on %s; would change: %s\n", path, base, strings.Join(rep.Changed, ", "))
+	return nil
+}
+
 // newLoggers builds the operational logger (stderr) and the access log
 // (stdout, one line per request) from the [log] table.
-func newLoggers(lc config.Log, stdout, stderr io.Writer) (ops, access *slog.Logger) {
-	var level slog.Level
+func newLoggers(lc config.Log, level *slog.LevelVar, stdout, stderr io.Writer) (ops, access *slog.Logger) {
 	_ = level.UnmarshalText([]byte(lc.Level))
 	opts := &slog.HandlerOptions{Level: level}
 	mk := func(w io.Writer) *slog.Logger {

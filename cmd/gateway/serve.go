@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,11 +36,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := config.Load(*path)
+	data, err := os.ReadFile(*path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	cfg, err := config.Parse(data, *path, os.Getenv)
 	if err != nil {
 		return err
 	}
-	ops, access := newLoggers(cfg.Log, stdout, stderr)
+	level := new(slog.LevelVar)
+	ops, access := newLoggers(cfg.Log, level, stdout, stderr)
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %q: %w", cfg.Server.Listen, err)
@@ -47,22 +54,44 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	gw.level = level
+	rl := &reloader{rg: gw, path: *path, sum: sha256.Sum256(data)}
+	gw.reloader.Store(rl)
 	ops.Info("tollgate serving", "addr", ln.Addr().String(), "config", *path, "version", version)
 	gw.startProbe()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	select {
-	case <-ctx.Done():
-	case err := <-gw.done:
-		return err
+	// SIGHUP reloads the config file, as nginx taught: without this its
+	// default action would end the process at once, cutting every stream.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	if cfg.Server.WatchConfig {
+		watchCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go rl.watch(watchCtx, watchInterval)
+	}
+	for {
+		select {
+		case <-hup:
+			_, _ = rl.reload("sighup")
+			continue
+		case <-ctx.Done():
+		case err := <-gw.done:
+			return err
+		}
+		break
 	}
 	stop()
+	// The [server] table never reloads: the drain settings are the start's.
 	return gw.shutdown(config.Seconds(cfg.Server.ShutdownDelaySeconds), config.Seconds(cfg.Server.DrainTimeoutSeconds))
 }
 
+// watchInterval is how often [server] watch_config reads the config file.
+const watchInterval = time.Second
+
 // runningGateway is a gateway serving on a listener.
 type runningGateway struct {
-	cfg      *config.Config
 	gw       *proxy.Gateway
 	srv      *http.Server
 	registry *prometheus.Registry
@@ -72,6 +101,12 @@ type runningGateway struct {
 	cancel   func()     // cancels every request's base context, with proxy.ErrShutdown
 	done     chan error // Serve's result
 	addr     string
+
+	// level is the operational log's level, which a reload sets; nil in
+	// tests that build their own loggers. reloader is set once the
+	// gateway serves from a config file.
+	level    *slog.LevelVar
+	reloader atomic.Pointer[reloader]
 
 	// The synthetic probe: nil when [probe] is off. startProbe runs it;
 	// stopProbe cancels it and waits for its requests to end.
@@ -93,8 +128,17 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
+	rg := &runningGateway{registry: reg, metrics: m, gov: gov, log: ops, done: make(chan error, 1), addr: ln.Addr().String()}
+	reload := func(doc []byte) ([]string, error) {
+		rl := rg.reloader.Load()
+		if rl == nil {
+			return nil, proxy.ErrNothingToReload
+		}
+		return rl.serve(doc)
+	}
 	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
-		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: stats.New(nil)})
+		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: stats.New(nil),
+		Reload: reload})
 	if err != nil {
 		_ = gov.Close()
 		return nil, err
@@ -121,8 +165,7 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		BaseContext:    func(net.Listener) context.Context { return baseCtx },
 		ErrorLog:       slog.NewLogLogger(ops.Handler(), slog.LevelWarn),
 	}
-	rg := &runningGateway{cfg: cfg, gw: gw, srv: srv, registry: reg, metrics: m, gov: gov, log: ops, cancel: cancel,
-		done: make(chan error, 1), addr: ln.Addr().String(), probe: sched}
+	rg.gw, rg.srv, rg.cancel, rg.probe = gw, srv, cancel, sched
 	go func() {
 		err := srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {
@@ -145,7 +188,7 @@ func (rg *runningGateway) startProbe() {
 		defer close(rg.probeDone)
 		rg.probe.Run(ctx)
 	}()
-	pc := rg.cfg.Probe
+	pc := rg.gw.Config().Probe
 	rg.log.Info("synthetic probe on", "targets", len(pc.Targets), "interval_seconds", pc.IntervalSeconds,
 		"requests", pc.Requests)
 }

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/probe"
+)
+
+// reloader re-reads the gateway's config file and swaps it in: on SIGHUP,
+// on POST /admin/reload, and when [server] watch_config sees the file
+// change. One reload runs at a time. A file that does not load, or that
+// changes a key only a restart can, changes nothing.
+type reloader struct {
+	rg   *runningGateway
+	path string
+	mu   sync.Mutex
+	sum  [sha256.Size]byte // of the document last applied or refused
+}
+
+// reload reads the file and swaps it in; why names the trigger in the log.
+// It returns the tables and keys that changed.
+func (rl *reloader) reload(why string) ([]string, error) {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	rg := rl.rg
+	data, err := os.ReadFile(rl.path)
+	if err == nil {
+		rl.sum = sha256.Sum256(data)
+	}
+	var next *config.Config
+	var changed []string
+	if err == nil {
+		next, changed, err = config.ParseReload(data, rl.path, os.Getenv, rg.gw.Config())
+	}
+	if err == nil && len(changed) > 0 {
+		err = rl.apply(next, changed)
+	}
+	rg.metrics.ConfigReloaded(err == nil, time.Now())
+	if err != nil {
+		rg.log.Error("config reload refused: the running configuration is kept", "trigger", why,
+			"config", rl.path, "err", err)
+		return nil, err
+	}
+	if len(changed) == 0 {
+		rg.log.Info("config reload: the file equals the running configuration", "trigger", why, "config", rl.path)
+		return nil, nil
+	}
+	rg.log.Info("config reloaded", "trigger", why, "config", rl.path, "changed", strings.Join(changed, ","))
+	return changed, nil
+}
+
+// check reports whether a config document would reload cleanly, and what
+// it would change; nothing changes.
+func (rl *reloader) check(doc []byte) ([]string, error) {
+	_, changed, err := config.ParseReload(doc, "posted config", os.Getenv, rl.rg.gw.Config())
+	return changed, err
+}
+
+// serve is Options.Reload: nil reloads the file, a document is checked.
+func (rl *reloader) serve(doc []byte) ([]string, error) {
+	if doc != nil {
+		return rl.check(doc)
+	}
+	return rl.reload("admin")
+}
+
+// apply swaps next in: the request path first, then the log level and the
+// synthetic probe, which starts again on the new targets when they or the
+// upstreams changed.
+func (rl *reloader) apply(next *config.Config, changed []string) error {
+	rg := rl.rg
+	var sched *probe.Scheduler
+	restartProbe := slices.Contains(changed, "probe") || slices.Contains(changed, "upstreams")
+	if restartProbe {
+		var err error
+		if sched, err = probe.New(next, rg.gw, rg.metrics, probe.Options{Logger: rg.log}); err != nil {
+			return err
+		}
+	}
+	if err := rg.gw.Reload(next); err != nil {
+		return err
+	}
+	if rg.level != nil {
+		_ = rg.level.UnmarshalText([]byte(next.Log.Level))
+	}
+	if restartProbe {
+		rg.stopProbe()
+		rg.probe, rg.probeDone = sched, nil
+		rg.startProbe()
+	}
+	return nil
+}
+
+// watch polls the config file every interval until ctx ends, and reloads it
+// once a change has held for one interval (an editor or a ConfigMap update
+// may write it in steps). It reads the file itself, not its time stamps, so
+// a symlink swapped under it (Kubernetes) or a file restored with its old
+// time is seen too.
+func (rl *reloader) watch(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var pending []byte
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		data, err := os.ReadFile(rl.path)
+		if err != nil {
+			continue // a file being replaced; the next poll sees it
+		}
+		rl.mu.Lock()
+		same := sha256.Sum256(data) == rl.sum
+		rl.mu.Unlock()
+		switch {
+		case same:
+			pending = nil
+		case pending != nil && bytes.Equal(pending, data):
+			pending = nil
+			_, _ = rl.reload("watch")
+		default:
+			pending = data
+		}
+	}
+}
