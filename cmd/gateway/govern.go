@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +35,14 @@ type governance struct {
 	fleet     *fleet.Fleet // the replicas sharing Redis; nil without it
 	lock      *fileLock    // on the state file or the spill directory
 	ownerLock *fileLock    // on [ownership] state_file
+
+	// local is the in-process limiter when there is no Redis; shared the
+	// Redis one when there is. A reload seeds the budgets it adds there.
+	local  *ratelimit.Local
+	shared *ratelimit.Redis
+	// current is the running configuration, which a reload replaces: the
+	// refill of a Redis that lost its data charges its budgets.
+	current *atomic.Pointer[config.Config]
 }
 
 // openGovernance builds the limiter and the ledger from cfg: shared through
@@ -94,6 +106,8 @@ func (g *governance) openOwners(cfg *config.Config, log *slog.Logger) error {
 // openBackends builds the limiter and the ledger (see openGovernance).
 func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*governance, error) {
 	flush := config.Seconds(cfg.Spend.FlushIntervalSeconds)
+	current := new(atomic.Pointer[config.Config])
+	current.Store(cfg)
 	local := ratelimit.NewLocal(ratelimit.LocalOptions{})
 	if !cfg.UsesRedis() {
 		rates := newRateSeeder(cfg)
@@ -113,7 +127,7 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 			_ = local.Close()
 			return nil, err
 		}
-		return &governance{limiter: local, ledger: ledger}, nil
+		return &governance{limiter: local, ledger: ledger, local: local, current: current}, nil
 	}
 	rc := cfg.Redis
 	opts := &redis.UniversalOptions{
@@ -193,7 +207,7 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	// have kept them: charging them again would refuse teams at half
 	// their budget.
 	refill := func(ctx context.Context, rows []spend.Row, id string) error {
-		return refillBudgets(ctx, shared, rows, cfg, time.Now(), id)
+		return refillBudgets(ctx, shared, rows, current.Load(), time.Now(), id)
 	}
 	if _, cluster := client.(*redis.ClusterClient); cluster {
 		refill = nil
@@ -209,7 +223,38 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	if err != nil {
 		return fail(err)
 	}
-	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl}, nil
+	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl, shared: shared, current: current}, nil
+}
+
+// reloaded takes a reloaded configuration: it becomes the one a refill
+// charges, and every budget it gives a key or team that had not that budget
+// is told what the ledger says was used already today and this month. In
+// Redis the charge's id derives from the day and the budgets added, so
+// replicas reloading the same file charge it once.
+func (g *governance) reloaded(ctx context.Context, running, next *config.Config, now time.Time) error {
+	g.current.Store(next)
+	fresh := addedBudgets(running, next)
+	if len(fresh.Keys)+len(fresh.Teams) == 0 {
+		return nil
+	}
+	if g.local != nil {
+		return seedBudgets(ctx, g.local, g.ledger, fresh, now)
+	}
+	if g.shared == nil {
+		return nil
+	}
+	now = now.UTC()
+	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).Format(time.DateOnly)
+	rows, err := g.ledger.Query(ctx, spend.Filter{From: monthStart, To: now.Format(time.DateOnly)})
+	if err != nil {
+		return fmt.Errorf("reading this month's spend for the budgets the reload added: %w", err)
+	}
+	added, err := json.Marshal([2]any{fresh.Keys, fresh.Teams})
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(added)
+	return refillBudgets(ctx, g.shared, rows, fresh, now, "reload:"+now.Format(time.DateOnly)+":"+hex.EncodeToString(sum[:8]))
 }
 
 // warnIfRedisForgets warns when Redis keeps its data only in memory: a

@@ -85,9 +85,17 @@ func (rl *reloader) apply(next *config.Config, changed []string) error {
 			return err
 		}
 	}
+	running := rg.gw.Config()
 	if err := rg.gw.Reload(next); err != nil {
 		return err
 	}
+	// The new config serves already: a budget it added that cannot be
+	// seeded now is logged, not a reason to take the reload back.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := rg.gov.reloaded(ctx, running, next, time.Now()); err != nil {
+		rg.log.Error("config reload: the budgets it added start without today's spend", "err", err)
+	}
+	cancel()
 	if rg.level != nil {
 		_ = rg.level.UnmarshalText([]byte(next.Log.Level))
 	}

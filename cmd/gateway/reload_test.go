@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/internal/redistest"
+	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/ratelimit"
+	"github.com/tollgate-llm/tollgate/spend"
 )
 
 // pacedUpstream is an OpenAI-compatible streaming upstream that remembers
@@ -552,5 +560,65 @@ func TestWatchConfigReloadsAChangedFile(t *testing.T) {
 	}
 	if err := rr.p.terminate(); err != nil {
 		t.Fatalf("gateway exit: %v\n%s", err, rr.p.stderr())
+	}
+}
+
+// A reload that gives a team a budget it did not have starts that budget
+// from what the ledger says the team used today, not from zero; in Redis,
+// two replicas reloading the same file charge it once.
+func TestReloadSeedsTheBudgetsItAdds(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "local", true: "redis"}[shared], func(t *testing.T) {
+			cfg := govConfig("http://127.0.0.1:1")
+			if shared {
+				cfg.Redis.Addrs = []string{redistest.Start(t).Addr()}
+			}
+			cfg.Spend.StateFile = filepath.Join(t.TempDir(), "spend.json")
+			cfg.Redis.SpillDir = t.TempDir()
+			m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gov, err := openGovernance(&cfg, m, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gov.Close()
+			now := time.Now().UTC()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			gov.ledger.Add(spend.Key{Day: now.Format(time.DateOnly), KeyID: "a", Team: "red", Model: "claude-x"},
+				spend.Totals{Requests: 3, Input: 600, Output: 400, CostMicros: 7800}, now)
+			if err := gov.ledger.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			next := cfg
+			next.Teams = []config.Team{{Name: "red", Limits: config.Limits{TokensPerDay: p64(1500)}}, {Name: "blue"}}
+			replicas := 1
+			if shared {
+				replicas = 2 // the second reload stands for another replica's
+			}
+			for range replicas {
+				if err := gov.reloaded(ctx, &cfg, &next, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			red := ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: "red", Limits: ratelimit.LimitsFrom(next.Teams[0].Limits)}
+			states, err := gov.limiter.Peek(ctx, []ratelimit.Subject{red})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(states) != 1 || states[0].Kind != ratelimit.KindTokensPerDay || states[0].Used != 1000 {
+				t.Fatalf("team red after the reload: %+v, want tokens_per_day used 1000 (the ledger's)", states)
+			}
+			// A reload that keeps the budget seeds nothing more.
+			again := next
+			if err := gov.reloaded(ctx, &next, &again, now); err != nil {
+				t.Fatal(err)
+			}
+			if states, _ := gov.limiter.Peek(ctx, []ratelimit.Subject{red}); states[0].Used != 1000 {
+				t.Fatalf("a reload keeping the budget changed it: used %d", states[0].Used)
+			}
+		})
 	}
 }

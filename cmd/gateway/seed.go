@@ -87,9 +87,56 @@ func seedBudgets(ctx context.Context, l *ratelimit.Local, ledger spend.Ledger, c
 		return fmt.Errorf("reading this month's spend to restore budgets: %w", err)
 	}
 	for s, u := range budgetUsage(rows, cfg, now) {
-		l.Seed(s, now, u.dayTokens, u.dayCost, u.monthCost)
+		// Only the windows s has a budget in: another window's usage is
+		// not the limiter's to hold (a reload may add just one).
+		lim := s.Limits
+		l.Seed(s, now, onlyIf(lim.TokensPerDay > 0, u.dayTokens), onlyIf(lim.CostPerDayMicros > 0, u.dayCost),
+			onlyIf(lim.CostPerMonthMicros > 0, u.monthCost))
 	}
 	return nil
+}
+
+func onlyIf(ok bool, v int64) int64 {
+	if ok {
+		return v
+	}
+	return 0
+}
+
+// addedBudgets returns next with, for each key and team, only the budgets
+// (tokens_per_day, cost_per_day, cost_per_month) that running did not give
+// it, and no rate limits: what a reload must seed from the ledger, since
+// the limiter has counted nothing against a budget that did not exist.
+func addedBudgets(running, next *config.Config) *config.Config {
+	oldKeys, oldTeams := budgetSubjects(running)
+	fresh := *next
+	fresh.Keys, fresh.Teams = nil, nil
+	only := func(was ratelimit.Limits, now config.Limits) (config.Limits, bool) {
+		var out config.Limits
+		if now.TokensPerDay != nil && was.TokensPerDay == 0 {
+			out.TokensPerDay = now.TokensPerDay
+		}
+		if now.CostPerDayUSD != nil && was.CostPerDayMicros == 0 {
+			out.CostPerDayUSD = now.CostPerDayUSD
+		}
+		if now.CostPerMonthUSD != nil && was.CostPerMonthMicros == 0 {
+			out.CostPerMonthUSD = now.CostPerMonthUSD
+		}
+		return out, ratelimit.LimitsFrom(out).HasBudget()
+	}
+	for _, k := range next.Keys {
+		if lim, ok := only(oldKeys[k.Name].Limits, k.Limits); ok {
+			k.Limits = lim
+			fresh.Keys = append(fresh.Keys, k)
+		}
+	}
+	for _, t := range next.Teams {
+		if lim, ok := only(oldTeams[t.Name].Limits, t.Limits); ok {
+			t.Limits = lim
+			fresh.Teams = append(fresh.Teams, t)
+		}
+	}
+	return &fresh
 }
 
 // refillBudgets charges to Redis's budget counters, which a Redis that lost
