@@ -71,8 +71,8 @@ type ReloadReport struct {
 
 // adminReload serves POST /admin/reload: the gateway reads its config file
 // again and swaps it in (Options.Reload). With ?check=true the body is a
-// config document checked against the running configuration, and nothing
-// changes. A file that does not load, or changes a key that needs a
+// config document checked against the running configuration (?name= names
+// it in the errors), and nothing changes. A file that does not load, or changes a key that needs a
 // restart, gets 422 with every problem (file:line: key: problem).
 func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {
 	if g.reload == nil {
@@ -93,7 +93,11 @@ func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	changed, err := g.reload(doc)
+	name := r.URL.Query().Get("name")
+	if name == "" {
+		name = "posted config"
+	}
+	changed, err := g.reload(doc, name)
 	if errors.Is(err, ErrNothingToReload) {
 		adminError(w, http.StatusNotFound, err.Error())
 		return

@@ -63,10 +63,10 @@ type Options struct {
 	Owners ownership.Store
 	// Reload, if set, serves POST /admin/reload: called with nil, it reads
 	// the gateway's config file again and swaps it in (Gateway.Reload);
-	// with a document, it only checks that the document would reload
-	// cleanly. It returns the tables and keys that differ from the running
-	// configuration.
-	Reload func(check []byte) (changed []string, err error)
+	// with a document (named name in its errors), it only checks that the
+	// document would reload cleanly. It returns the tables and keys that
+	// differ from the running configuration.
+	Reload func(check []byte, name string) (changed []string, err error)
 	// Stats receives every finished record and every inter-token gap (the
 	// live windows) and serves GET /stats. If nil, /stats answers 404.
 	Stats StatsSink
@@ -100,7 +100,7 @@ type Gateway struct {
 
 	owners   ownership.Store
 	stats    StatsSink
-	reload   func(check []byte) ([]string, error)
+	reload   func(check []byte, name string) ([]string, error)
 	draining atomic.Bool
 	open     atomic.Int64 // exchanges whose finish has not run yet
 	bufPool  sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read

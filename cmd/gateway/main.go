@@ -19,7 +19,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -169,7 +171,8 @@ func checkAgainst(stdout io.Writer, path, base, tokenEnv string) error {
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	body, err := adminCall(http.MethodPost, strings.TrimRight(base, "/")+"/admin/reload?check=true", token, doc)
+	u := strings.TrimRight(base, "/") + "/admin/reload?check=true&name=" + url.QueryEscape(filepath.Base(path))
+	body, err := adminCall(http.MethodPost, u, token, doc)
 	if err != nil {
 		return err
 	}

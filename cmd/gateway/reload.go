@@ -59,15 +59,15 @@ func (rl *reloader) reload(why string) ([]string, error) {
 
 // check reports whether a config document would reload cleanly, and what
 // it would change; nothing changes.
-func (rl *reloader) check(doc []byte) ([]string, error) {
-	_, changed, err := config.ParseReload(doc, "posted config", os.Getenv, rl.rg.gw.Config())
+func (rl *reloader) check(doc []byte, name string) ([]string, error) {
+	_, changed, err := config.ParseReload(doc, name, os.Getenv, rl.rg.gw.Config())
 	return changed, err
 }
 
 // serve is Options.Reload: nil reloads the file, a document is checked.
-func (rl *reloader) serve(doc []byte) ([]string, error) {
+func (rl *reloader) serve(doc []byte, name string) ([]string, error) {
 	if doc != nil {
-		return rl.check(doc)
+		return rl.check(doc, name)
 	}
 	return rl.reload("admin")
 }
@@ -100,9 +100,7 @@ func (rl *reloader) apply(next *config.Config, changed []string) error {
 		_ = rg.level.UnmarshalText([]byte(next.Log.Level))
 	}
 	if restartProbe {
-		rg.stopProbe()
-		rg.probe, rg.probeDone = sched, nil
-		rg.startProbe()
+		rg.replaceProbe(sched)
 	}
 	return nil
 }

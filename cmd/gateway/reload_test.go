@@ -479,6 +479,37 @@ func TestAdminReloadAndCheckAgainst(t *testing.T) {
 		resp.Body.Close()
 	}
 
+	// log.level reloads: at "error", a reload's own info line is not
+	// written, and back at "info" it is.
+	reloadedLines := func() int { return strings.Count(rr.p.stderr(), `"msg":"config reloaded"`) }
+	before := reloadedLines()
+	rr.write(reloadDoc(addr, sa.URL, []string{"one", "two"}, 1000, 1, "[log]\nlevel = \"error\"\n"))
+	if s, b := admin("", ""); s != http.StatusOK {
+		t.Fatalf("reload to level error: %d %s", s, b)
+	}
+	rr.write(reloadDoc(addr, sa.URL, []string{"one"}, 1000, 1, "[log]\nlevel = \"error\"\n"))
+	if s, b := admin("", ""); s != http.StatusOK {
+		t.Fatalf("reload at level error: %d %s", s, b)
+	}
+	if n := reloadedLines(); n != before {
+		t.Errorf("%d info lines of reloads at level error, want none", n-before)
+	}
+	rr.write(reloadDoc(addr, sa.URL, []string{"one", "two"}, 1000, 1, ""))
+	if s, b := admin("", ""); s != http.StatusOK {
+		t.Fatalf("reload back to level info: %d %s", s, b)
+	}
+	if n := reloadedLines(); n != before+1 {
+		t.Errorf("%d info lines of reloads after level info again, want 1", n-before)
+	}
+
+	// The probe follows a reload: on, it probes its new target.
+	rr.write(reloadDoc(addr, sa.URL, []string{"one", "two"}, 1000, 1,
+		"[probe]\nenabled = true\ninterval_seconds = 2\nrequests = 1\ntimeout_seconds = 1\n\n[[probe.targets]]\nupstream = \"a\"\nmodel = \"gpt-probe\"\n"))
+	if s, b := admin("", ""); s != http.StatusOK || !strings.Contains(b, `"probe"`) {
+		t.Fatalf("reload turning the probe on: %d %s", s, b)
+	}
+	rr.waitMetric(`tollgate_probe_requests_total{model="gpt-probe",result="ok",upstream="a"}`, 1)
+
 	// gateway check-config -against, good and refused.
 	good := filepath.Join(dir, "good.toml")
 	bad := filepath.Join(dir, "bad.toml")
@@ -498,7 +529,7 @@ func TestAdminReloadAndCheckAgainst(t *testing.T) {
 	if out, err := check(good); err != nil || !strings.Contains(out, "would reload cleanly") || !strings.Contains(out, "keys") {
 		t.Errorf("check-config -against a good file: %v %s", err, out)
 	}
-	if out, err := check(bad); err == nil || !strings.Contains(out, "spend.state_file") {
+	if out, err := check(bad); err == nil || !strings.Contains(out, "bad.toml:") || !strings.Contains(out, "spend.state_file") {
 		t.Errorf("check-config -against a file changing the state file: %v %s", err, out)
 	}
 	if err := rr.p.terminate(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -109,10 +110,14 @@ type runningGateway struct {
 	reloader atomic.Pointer[reloader]
 
 	// The synthetic probe: nil when [probe] is off. startProbe runs it;
-	// stopProbe cancels it and waits for its requests to end.
+	// stopProbe cancels it and waits for its requests to end; a reload
+	// replaces it (replaceProbe). probeMu holds them apart; probeOver is
+	// set at shutdown, after which no probe starts.
+	probeMu     sync.Mutex
 	probe       *probe.Scheduler
 	probeCancel context.CancelFunc
 	probeDone   chan struct{}
+	probeOver   bool
 }
 
 // startGateway builds the registry, metrics and proxy for cfg and serves them
@@ -129,12 +134,12 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		return nil, err
 	}
 	rg := &runningGateway{registry: reg, metrics: m, gov: gov, log: ops, done: make(chan error, 1), addr: ln.Addr().String()}
-	reload := func(doc []byte) ([]string, error) {
+	reload := func(doc []byte, name string) ([]string, error) {
 		rl := rg.reloader.Load()
 		if rl == nil {
 			return nil, proxy.ErrNothingToReload
 		}
-		return rl.serve(doc)
+		return rl.serve(doc, name)
 	}
 	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
 		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: stats.New(nil),
@@ -179,7 +184,13 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 // startProbe starts the synthetic probe's rounds, if [probe] is on. It is
 // called once the listener serves, and at most once.
 func (rg *runningGateway) startProbe() {
-	if rg.probe == nil || rg.probeDone != nil {
+	rg.probeMu.Lock()
+	defer rg.probeMu.Unlock()
+	rg.startProbeLocked()
+}
+
+func (rg *runningGateway) startProbeLocked() {
+	if rg.probe == nil || rg.probeDone != nil || rg.probeOver {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -196,11 +207,33 @@ func (rg *runningGateway) startProbe() {
 // stopProbe stops the probe, cancelling its requests in flight, and waits
 // for them to end.
 func (rg *runningGateway) stopProbe() {
+	rg.probeMu.Lock()
+	defer rg.probeMu.Unlock()
+	rg.stopProbeLocked()
+	rg.probeOver = true
+}
+
+func (rg *runningGateway) stopProbeLocked() {
 	if rg.probeDone == nil {
 		return
 	}
 	rg.probeCancel()
 	<-rg.probeDone
+	rg.probeDone = nil
+}
+
+// replaceProbe stops the running probe and, if it was started (the demo
+// starts it after its burst), starts sched (nil: [probe] is now off) in
+// its place.
+func (rg *runningGateway) replaceProbe(sched *probe.Scheduler) {
+	rg.probeMu.Lock()
+	defer rg.probeMu.Unlock()
+	running := rg.probeDone != nil
+	rg.stopProbeLocked()
+	rg.probe = sched
+	if running || rg.reloader.Load() != nil {
+		rg.startProbeLocked()
+	}
 }
 
 // shutdown marks the gateway not ready, keeps accepting requests for delay
