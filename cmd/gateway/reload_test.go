@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -138,6 +137,7 @@ func limitedTeam(rpm int) string {
 // reloadRun drives a built gateway binary through reloads.
 type reloadRun struct {
 	t        *testing.T
+	bin      string
 	p        *gatewayProc
 	addr     string
 	cfgPath  string
@@ -147,6 +147,29 @@ type reloadRun struct {
 	reloaded float64 // successful reloads so far
 	failed   float64
 	seq      int
+}
+
+// newReloadRun builds the binary and picks a free address and a config
+// file for it; start starts it.
+func newReloadRun(t *testing.T) *reloadRun {
+	t.Helper()
+	dir := t.TempDir()
+	rr := &reloadRun{t: t, bin: buildGateway(t), addr: freeAddr(t), cfgPath: filepath.Join(dir, "gateway.toml"), dir: dir,
+		env:    append(os.Environ(), "ADMIN_TOKEN="+reloadAdminToken),
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 300}}}
+	t.Cleanup(rr.client.CloseIdleConnections)
+	return rr
+}
+
+// reloadAdminToken is the admin token of the reload tests' gateways.
+const reloadAdminToken = "admin-secret-of-the-reload-test"
+
+// start writes doc and starts the gateway on it; it is killed in cleanup.
+func (rr *reloadRun) start(doc string) {
+	rr.t.Helper()
+	rr.write(doc)
+	rr.p = startGatewayProc(rr.t, rr.bin, rr.cfgPath, rr.dir, rr.addr, rr.env, 0)
+	rr.t.Cleanup(rr.p.kill)
 }
 
 // write replaces the config file, as an editor that writes a new file and
@@ -276,26 +299,14 @@ func TestSIGHUPReloadsUnderOpenStreams(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := buildGateway(t)
 	ua, ub := newPacedUpstream("a", 40, 5*time.Millisecond), newPacedUpstream("b", 3, 0)
 	sa, sb := httptest.NewServer(ua), httptest.NewServer(ub)
 	defer sa.Close()
 	defer sb.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	dir := t.TempDir()
-	rr := &reloadRun{t: t, addr: addr, cfgPath: filepath.Join(dir, "gateway.toml"), dir: dir,
-		env:    append(os.Environ(), "ADMIN_TOKEN=admin-secret-of-the-reload-test"),
-		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 300}}}
-	defer rr.client.CloseIdleConnections()
+	rr := newReloadRun(t)
+	addr := rr.addr
 	keys := []string{"stay", "leaving"}
-	rr.write(reloadDoc(addr, sa.URL, keys, 100000, 1, ""))
-	rr.p = startGatewayProc(t, bin, rr.cfgPath, dir, addr, rr.env, 0)
-	defer rr.p.kill()
+	rr.start(reloadDoc(addr, sa.URL, keys, 100000, 1, ""))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -417,29 +428,17 @@ func TestAdminReloadAndCheckAgainst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := buildGateway(t)
-	ua := newPacedUpstream("a", 2, 0)
-	sa := httptest.NewServer(ua)
+	sa := httptest.NewServer(newPacedUpstream("a", 2, 0))
 	defer sa.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	dir := t.TempDir()
-	rr := &reloadRun{t: t, addr: addr, cfgPath: filepath.Join(dir, "gateway.toml"), dir: dir,
-		env: append(os.Environ(), "ADMIN_TOKEN=admin-secret-of-the-reload-test"), client: &http.Client{Transport: &http.Transport{}}}
-	defer rr.client.CloseIdleConnections()
-	rr.write(reloadDoc(addr, sa.URL, []string{"one"}, 1000, 1, ""))
-	rr.p = startGatewayProc(t, bin, rr.cfgPath, dir, addr, rr.env, 0)
-	defer rr.p.kill()
+	rr := newReloadRun(t)
+	addr, dir, bin := rr.addr, rr.dir, rr.bin
+	rr.start(reloadDoc(addr, sa.URL, []string{"one"}, 1000, 1, ""))
 	ctx := context.Background()
 
 	admin := func(query, body string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/admin/reload"+query, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer admin-secret-of-the-reload-test")
+		req.Header.Set("Authorization", "Bearer "+reloadAdminToken)
 		resp, err := rr.client.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -552,25 +551,13 @@ func TestWatchConfigReloadsAChangedFile(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := buildGateway(t)
 	sa := httptest.NewServer(newPacedUpstream("a", 2, 0))
 	defer sa.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	dir := t.TempDir()
-	rr := &reloadRun{t: t, addr: addr, cfgPath: filepath.Join(dir, "gateway.toml"), dir: dir,
-		env: append(os.Environ(), "ADMIN_TOKEN=admin-secret-of-the-reload-test"), client: &http.Client{Transport: &http.Transport{}}}
-	defer rr.client.CloseIdleConnections()
+	rr := newReloadRun(t)
 	doc := func(keys ...string) string {
-		return strings.Replace(reloadDoc(addr, sa.URL, keys, 1000, 1, ""), "[server]\n", "[server]\nwatch_config = true\n", 1)
+		return strings.Replace(reloadDoc(rr.addr, sa.URL, keys, 1000, 1, ""), "[server]\n", "[server]\nwatch_config = true\n", 1)
 	}
-	rr.write(doc("one"))
-	rr.p = startGatewayProc(t, bin, rr.cfgPath, dir, addr, rr.env, 0)
-	defer rr.p.kill()
+	rr.start(doc("one"))
 	ctx := context.Background()
 	if s, _, _ := rr.call(ctx, "two", "gpt-4o-mini"); s != http.StatusUnauthorized {
 		t.Fatalf("a key not yet in the file: %d", s)
