@@ -25,7 +25,7 @@ var reloadable = map[string]bool{
 
 // ReloadChanges compares the running configuration with next. It returns
 // the reloadable keys that differ (whole tables, such as "keys", or
-// "log.level"), in the order of the file's tables, and an error naming
+// "log.level"), in the order Config declares them, and an error naming
 // every key that differs but cannot change without a restart.
 func ReloadChanges(running, next *Config) ([]string, error) {
 	changed, fixed := diff(reflect.ValueOf(*running), reflect.ValueOf(*next), "")
@@ -40,18 +40,25 @@ func ReloadChanges(running, next *Config) ([]string, error) {
 }
 
 // diff walks the TOML fields of two Config (or table) values, returning the
-// reloadable keys that differ and the fixed ones that do.
+// reloadable keys that differ and the fixed ones that do. The fields of an
+// embedded struct without a toml tag are walked as the struct's own.
 func diff(a, b reflect.Value, prefix string) (changed, fixed []string) {
-	for f := range tomlFields(a.Type()) {
+	for i := range a.NumField() {
+		f := a.Type().Field(i)
+		va, vb := a.Field(i), b.Field(i)
 		name := tomlName(f)
-		if name == "" || name == "-" {
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			c, x := diff(va, vb, prefix)
+			changed, fixed = append(changed, c...), append(fixed, x...)
+			continue
+		}
+		if name == "" || name == "-" || !f.IsExported() {
 			continue
 		}
 		key := name
 		if prefix != "" {
 			key = prefix + "." + name
 		}
-		va, vb := a.FieldByIndex(f.Index), b.FieldByIndex(f.Index)
 		switch {
 		case reloadable[key]:
 			if !reflect.DeepEqual(va.Interface(), vb.Interface()) {

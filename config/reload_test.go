@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -120,6 +121,29 @@ func TestReloadRefusesAnInvalidDocument(t *testing.T) {
 	for _, l := range errLines(err) {
 		if len(l) < len("config: gateway.toml:") || l[:len("config: gateway.toml:")] != "config: gateway.toml:" {
 			t.Errorf("error line %q does not name the file", l)
+		}
+	}
+}
+
+// The fields of an embedded struct (Limits in a team or key) are compared
+// as the table's own.
+func TestDiffComparesTheFieldsOfAnEmbeddedStruct(t *testing.T) {
+	one, two := int64(1), int64(2)
+	a := Team{Name: "search", Limits: Limits{RPM: &one}}
+	b := Team{Name: "search", Limits: Limits{RPM: &two}}
+	if _, fixed := diff(reflect.ValueOf(a), reflect.ValueOf(b), "teams"); !slices.Equal(fixed, []string{"teams.rpm"}) {
+		t.Errorf("diff of two teams that differ in rpm: %v, want [teams.rpm]", fixed)
+	}
+}
+
+// A restart-only key written out empty ("addrs = []", "labels = {}") means
+// what leaving it out means: it is no change.
+func TestReloadTakesAnEmptyListForAnOmittedOne(t *testing.T) {
+	running := mustParse(t, reloadBase, nil)
+	for _, extra := range []string{"\n[redis]\naddrs = []\n", "\n[metrics]\nmodels = []\n", "\n[metrics]\nlabels = {}\n"} {
+		_, changed, err := ParseReload([]byte(reloadBase+extra), "gateway.toml", noEnv, running)
+		if err != nil || len(changed) != 0 {
+			t.Errorf("the running document plus %q: changed %v, err %v; want nothing changed", extra, changed, err)
 		}
 	}
 }

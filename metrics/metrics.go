@@ -257,6 +257,31 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 func (m *Metrics) Reconfigure(cfg *config.Config) {
 	m.models.setPatterns(labelPatterns(cfg))
 	m.addSeries(cfg)
+	m.dropProbeTargets(cfg)
+}
+
+// dropProbeTargets deletes the gauges of the probe targets cfg no longer
+// probes (all of them with [probe] off): left as last written, the stalled
+// probe alert would fire for them until a restart. Their counters and
+// histograms stay, as a counter's history does.
+func (m *Metrics) dropProbeTargets(cfg *config.Config) {
+	keep := map[[2]string]bool{}
+	if cfg.Probe.Enabled {
+		for _, t := range cfg.Probe.Targets {
+			keep[[2]string{t.Upstream, t.Model}] = true
+		}
+	}
+	m.circuitMu.Lock()
+	defer m.circuitMu.Unlock()
+	for t := range m.probeTargets {
+		if keep[t] {
+			continue
+		}
+		delete(m.probeTargets, t)
+		for _, g := range []*prometheus.GaugeVec{m.probeSuccess, m.probeLastRound, m.probeInterval} {
+			g.DeleteLabelValues(t[0], t[1])
+		}
+	}
 }
 
 // addSeries creates the series every upstream and probe target shows from

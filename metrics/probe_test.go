@@ -146,3 +146,31 @@ tollgate_probe_last_round_timestamp_seconds{env="test",model="b",upstream="mock"
 		t.Error(err)
 	}
 }
+
+// A probe target a reload removes is no longer probed: its gauges go, or
+// the stalled-probe alert (time() - last_round > 3 * interval) would fire
+// for it until a restart. A target the reload keeps keeps its figures.
+func TestReconfigureRemovesTheSeriesOfADroppedProbeTarget(t *testing.T) {
+	m, reg := newProbeTest(t, true)
+	m.ProbeRound("mock", "a", 1, time.Now())
+	m.ProbeRound("mock", "b", 1, time.Now())
+	next := config.Default()
+	next.Upstreams = []config.Upstream{{Name: "mock", BaseURL: "http://127.0.0.1:9"}}
+	next.Probe.Enabled = true
+	next.Probe.IntervalSeconds = 30
+	next.Probe.Targets = []config.ProbeTarget{{Upstream: "mock", Model: "a"}} // "b" dropped
+	m.Reconfigure(&next)
+	for _, name := range []string{"tollgate_probe_last_round_timestamp_seconds", "tollgate_probe_interval_seconds", "tollgate_probe_success_ratio"} {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != 1 {
+			t.Errorf("%s: %d series after the reload dropped target mock/b (err %v), want 1 (mock/a only)", name, n, err)
+		}
+	}
+	if v := testutil.ToFloat64(m.probeSuccess.WithLabelValues("mock", "a")); v != 1 {
+		t.Errorf("the kept target's success ratio: %v, want its last round's 1", v)
+	}
+	next.Probe.Enabled = false
+	m.Reconfigure(&next)
+	if n, _ := testutil.GatherAndCount(reg, "tollgate_probe_last_round_timestamp_seconds"); n != 0 {
+		t.Errorf("%d last-round series with the probe off, want 0", n)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,22 +80,32 @@ func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {
 		adminError(w, http.StatusNotFound, ErrNothingToReload.Error())
 		return
 	}
-	var doc []byte
-	check := r.URL.Query().Get("check") == "true"
-	if check {
+	check := false
+	if v := r.URL.Query().Get("check"); v != "" {
 		var err error
-		doc, err = io.ReadAll(http.MaxBytesReader(w, r.Body, maxReloadBody))
-		switch {
-		case err != nil:
-			adminError(w, http.StatusRequestEntityTooLarge, "the config document is over 4 MiB or could not be read: "+err.Error())
-			return
-		case len(doc) == 0:
-			adminError(w, http.StatusBadRequest, "check=true needs the config document to check as the request body")
+		if check, err = strconv.ParseBool(v); err != nil {
+			adminError(w, http.StatusBadRequest, "check must be true or false, not "+strconv.Quote(v))
 			return
 		}
 	}
+	doc, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxReloadBody))
+	switch {
+	case err != nil:
+		adminError(w, http.StatusRequestEntityTooLarge, "the config document is over 4 MiB or could not be read: "+err.Error())
+		return
+	case check && len(doc) == 0:
+		adminError(w, http.StatusBadRequest, "check=true needs the config document to check as the request body")
+		return
+	case !check && len(doc) > 0:
+		// A document sent without check=true would otherwise be ignored
+		// while the file on disk is swapped in.
+		adminError(w, http.StatusBadRequest, "a reload reads the gateway's own config file and takes no body; send check=true to check a document")
+		return
+	case !check:
+		doc = nil
+	}
 	name := r.URL.Query().Get("name")
-	if name == "" {
+	if check && name == "" {
 		name = "posted config"
 	}
 	changed, err := g.reload(doc, name)

@@ -164,3 +164,56 @@ func TestAdminAPIOffWithoutToken(t *testing.T) {
 		}
 	}
 }
+
+// POST /admin/reload: a body is a document to check only with check=true;
+// any other check value is refused, and a body without check=true too,
+// since the file on disk would be swapped in while the document was
+// ignored.
+func TestAdminReloadTakesADocumentOnlyToCheckIt(t *testing.T) {
+	upstream := httptest.NewServer(newGateUpstream(openAIRole, openAIDone))
+	defer upstream.Close()
+	type call struct {
+		doc  string
+		name string
+	}
+	var calls []call
+	tg := newTestGatewayWith(t, upstream.URL, func(c *config.Config) {
+		c.Admin.TokenEnv, c.Admin.Token = "ADMIN_TOKEN", adminToken
+	}, func(o *Options) {
+		o.Reload = func(doc []byte, name string) ([]string, error) {
+			calls = append(calls, call{string(doc), name})
+			return []string{"keys"}, nil
+		}
+	})
+	auth := map[string]string{"Authorization": "Bearer " + adminToken}
+	cases := []struct {
+		query, body string
+		status      int
+		want        *call // the Reload call made, nil: none
+		result      string
+	}{
+		{"", "", http.StatusOK, &call{"", ""}, `"result": "reloaded"`},
+		{"?check=false", "", http.StatusOK, &call{"", ""}, `"result": "reloaded"`},
+		{"?check=true&name=new.toml", "[server]\n", http.StatusOK, &call{"[server]\n", "new.toml"}, `"result": "valid"`},
+		{"?check=1", "[server]\n", http.StatusOK, &call{"[server]\n", "posted config"}, `"result": "valid"`},
+		{"?check=yes", "[server]\n", http.StatusBadRequest, nil, "check must be true or false"},
+		{"?check=true", "", http.StatusBadRequest, nil, "needs the config document"},
+		{"", "[server]\n", http.StatusBadRequest, nil, "takes no body"},
+	}
+	for _, tc := range cases {
+		calls = nil
+		resp, body := post(t, tg.URL+"/admin/reload"+tc.query, tc.body, auth)
+		if resp.StatusCode != tc.status || !strings.Contains(string(body), tc.result) {
+			t.Errorf("POST /admin/reload%s with %q: %d %s, want %d %s", tc.query, tc.body, resp.StatusCode, body, tc.status, tc.result)
+		}
+		switch {
+		case tc.want == nil && len(calls) > 0:
+			t.Errorf("POST /admin/reload%s with %q reloaded: %+v", tc.query, tc.body, calls)
+		case tc.want != nil && (len(calls) != 1 || calls[0] != *tc.want):
+			t.Errorf("POST /admin/reload%s with %q: calls %+v, want %+v", tc.query, tc.body, calls, *tc.want)
+		}
+	}
+	if resp, _ := post(t, tg.URL+"/admin/reload", "", nil); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("POST /admin/reload without the admin token: %d", resp.StatusCode)
+	}
+}

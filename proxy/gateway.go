@@ -97,6 +97,7 @@ type Gateway struct {
 	// gen is the running configuration's generation; Reload replaces it.
 	gen      atomic.Pointer[generation]
 	reloadMu sync.Mutex
+	chainMu  sync.Mutex // the generations' chain (generation.ended)
 
 	owners   ownership.Store
 	stats    StatsSink

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
 )
 
 // generation is what one configuration decides on the request path: who the
@@ -26,11 +28,19 @@ type generation struct {
 	// open counts the exchanges begun under this generation that have not
 	// finished. Once the generation is replaced and open reaches zero, the
 	// idle connections of the upstreams the new one dropped are closed.
-	open        atomic.Int64
-	retired     atomic.Bool
-	dropped     []*upstream // set before retired
-	close       sync.Once
-	dropsClosed atomic.Bool
+	open    atomic.Int64
+	retired atomic.Bool
+	dropped []*upstream // set before retired
+	close   sync.Once
+
+	// ended is closed once this generation and every one before it have
+	// no exchange left: everything begun before the next one took over
+	// has finished. The chain (prev, next, own, done) is under chain, the
+	// Gateway's.
+	chain      *sync.Mutex
+	prev, next *generation
+	own, done  bool // its own exchanges have ended; ended is closed
+	ended      chan struct{}
 }
 
 // newGeneration builds the generation of cfg. An upstream whose table is
@@ -44,7 +54,7 @@ func (g *Gateway) newGeneration(cfg *config.Config, prev *generation) (*generati
 	if gov.hasLimits() && g.limiter == nil {
 		return nil, errors.New("proxy: the configuration sets limits but Options.Limiter is nil")
 	}
-	gen := &generation{cfg: cfg, gov: gov, slo: cfg.SLOTargets()}
+	gen := &generation{cfg: cfg, gov: gov, slo: cfg.SLOTargets(), chain: &g.chainMu, prev: prev, ended: make(chan struct{})}
 	kept := map[string]*upstream{}
 	if prev != nil {
 		for _, up := range prev.upstreams {
@@ -93,8 +103,12 @@ func (gen *generation) retire(next *generation) {
 	for _, up := range gen.upstreams {
 		if !inUse[up] {
 			gen.dropped = append(gen.dropped, up)
+			up.replaced.Store(true)
 		}
 	}
+	gen.chain.Lock()
+	gen.next = next
+	gen.chain.Unlock()
 	gen.retired.Store(true)
 	if gen.open.Load() == 0 {
 		gen.closeDropped()
@@ -111,29 +125,57 @@ func (gen *generation) closeDropped() {
 				t.CloseIdleConnections()
 			}
 		}
-		gen.dropsClosed.Store(true)
+		gen.chain.Lock()
+		gen.own = true
+		gen.chain.Unlock()
+		gen.endChain()
 	})
+}
+
+// endChain closes ended when gen and every generation before it have no
+// exchange left, and passes the word on to the next.
+func (gen *generation) endChain() {
+	gen.chain.Lock()
+	defer gen.chain.Unlock()
+	for ; gen != nil; gen = gen.next {
+		if gen.done || !gen.own || gen.prev != nil && !gen.prev.done {
+			return
+		}
+		gen.done = true
+		gen.prev = nil // what came before has ended: let it go
+		close(gen.ended)
+	}
 }
 
 // Reload swaps cfg in: requests that begin from now on run under it, those
 // in flight finish under the configuration they began with. cfg must be
 // loaded and validated, and differ from the running configuration only in
-// what reloads (config.ReloadChanges); on error nothing changes.
-func (g *Gateway) Reload(cfg *config.Config) error {
+// what reloads (config.ReloadChanges); on error nothing changes. The channel
+// returned is closed once every request begun before the swap, under this
+// configuration or an earlier one, has finished (settled and billed).
+func (g *Gateway) Reload(cfg *config.Config) (<-chan struct{}, error) {
 	g.reloadMu.Lock()
 	defer g.reloadMu.Unlock()
 	prev := g.gen.Load()
 	if _, err := config.ReloadChanges(prev.cfg, cfg); err != nil {
-		return err
+		return nil, err
 	}
 	next, err := g.newGeneration(cfg, prev)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	g.metrics.Reconfigure(cfg)
 	g.gen.Store(next)
 	prev.retire(next)
-	return nil
+	// An upstream built anew starts closed with an empty queue: its gauges
+	// say so, whatever the one it replaced last wrote.
+	for _, up := range next.upstreams {
+		if !slices.Contains(prev.upstreams, up) {
+			g.metrics.SetCircuitState(up.cfg.Name, metrics.CircuitClosed)
+			g.metrics.SetQueueWaiting(up.cfg.Name, 0)
+		}
+	}
+	return prev.ended, nil
 }
 
 // Config returns the running configuration. It must not be modified.

@@ -1,13 +1,16 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/ratelimit"
 )
 
@@ -77,7 +80,7 @@ func TestReloadLeavesExchangesInFlightUnderTheirConfig(t *testing.T) {
 		c.Models[0].InputUSDPerMTok, c.Models[0].OutputUSDPerMTok = 10, 20
 		c.Keys = []config.Key{{Name: "beta", SHA256: sha(keyBeta), Team: "search"}}
 	})
-	if err := tg.gw.Reload(&next); err != nil {
+	if _, err := tg.gw.Reload(&next); err != nil {
 		t.Fatal(err)
 	}
 	if tg.gw.Config() != &next {
@@ -130,7 +133,7 @@ func TestReloadRefusedChangesNothing(t *testing.T) {
 		c.Keys = []config.Key{{Name: "beta", SHA256: sha(keyBeta), Team: "search"}}
 		c.Server.Listen = ":9999"
 	})
-	err := tg.gw.Reload(&next)
+	_, err := tg.gw.Reload(&next)
 	if err == nil || !strings.Contains(err.Error(), "server.listen") {
 		t.Fatalf("Reload = %v, want a refusal naming server.listen", err)
 	}
@@ -159,7 +162,7 @@ func TestReloadKeepsUnchangedUpstreams(t *testing.T) {
 	g := fx.tg.gw
 	before := g.gen.Load()
 	same := fx.config(t, func(c *config.Config) { c.Keys[0].Name = "alpha2" })
-	if err := g.Reload(&same); err != nil {
+	if _, err := g.Reload(&same); err != nil {
 		t.Fatal(err)
 	}
 	mid := g.gen.Load()
@@ -168,7 +171,8 @@ func TestReloadKeepsUnchangedUpstreams(t *testing.T) {
 	}
 	moved := fx.config(t, func(c *config.Config) { c.Upstreams[0].BaseURL = fx.newURL })
 	held := g.begin() // an exchange still under the middle generation
-	if err := g.Reload(&moved); err != nil {
+	ended, err := g.Reload(&moved)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if g.gen.Load().upstreams[0] == mid.upstreams[0] {
@@ -177,12 +181,16 @@ func TestReloadKeepsUnchangedUpstreams(t *testing.T) {
 	if !mid.retired.Load() || len(mid.dropped) != 1 {
 		t.Fatalf("the replaced generation: retired %v, dropped %d upstreams", mid.retired.Load(), len(mid.dropped))
 	}
-	if mid.dropsClosed.Load() {
-		t.Fatal("the dropped upstream's connections were closed with an exchange still on it")
+	select {
+	case <-ended:
+		t.Fatal("the replaced generation ended with an exchange still on it")
+	default:
 	}
 	held.end()
-	if !mid.dropsClosed.Load() {
-		t.Fatal("the dropped upstream's connections were not closed after its last exchange")
+	select {
+	case <-ended:
+	default:
+		t.Fatal("the replaced generation did not end with its last exchange")
 	}
 }
 
@@ -194,7 +202,102 @@ func TestReloadNeedsALimiterForLimits(t *testing.T) {
 	next := testConfig(t, upstream.URL, func(c *config.Config) {
 		c.Teams = []config.Team{{Name: "search", Limits: config.Limits{RPM: i64(5)}}}
 	})
-	if err := tg.gw.Reload(&next); err == nil || !strings.Contains(err.Error(), "Limiter") {
+	if _, err := tg.gw.Reload(&next); err == nil || !strings.Contains(err.Error(), "Limiter") {
 		t.Fatalf("Reload = %v, want a refusal: no limiter", err)
+	}
+}
+
+// A reload that rebuilds an upstream (its table changed) gives it a new,
+// closed breaker, and the circuit gauge says so: an operator who fixes a
+// broken upstream's table is not left with an open circuit on the
+// dashboard while traffic flows. The old breaker, still under the
+// exchanges of the old config, writes the gauge no more.
+func TestReloadOfAChangedUpstreamResetsItsCircuitGauge(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if failing.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"error":{"message":"boom","type":"server_error"}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, openAIRole+openAITok1+openAIStop+openAIUsage+openAIDone)
+	}))
+	defer us.Close()
+	edit := func(timeout float64) func(*config.Config) {
+		return func(c *config.Config) {
+			u := &c.Upstreams[0]
+			fastRetry(u)
+			u.Retry.MaxAttempts = 1
+			u.Breaker.ConsecutiveFailures, u.Breaker.CooldownSeconds = 1, 300
+			u.TimeoutSeconds = timeout
+		}
+	}
+	tg := newTestGateway(t, us.URL, edit(60))
+	if resp, _ := post(t, tg.URL+"/v1/chat/completions", streamChat, nil); resp.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("first request: %d, want the upstream's 500", resp.StatusCode)
+	}
+	tg.record(t)
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitOpen {
+		t.Fatalf("circuit %v after the failure, want open", s)
+	}
+	old := tg.gw.gen.Load().upstreams[0]
+	failing.Store(false)
+	next := testConfig(t, us.URL, edit(61))
+	if _, err := tg.gw.Reload(&next); err != nil {
+		t.Fatal(err)
+	}
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
+		t.Errorf("circuit gauge %v right after the reload rebuilt the breaker, want closed", s)
+	}
+	// The old breaker, half-open after a verdict of its own, writes nothing.
+	old.breaker.onChange(breakerOpen, breakerHalfOpen)
+	resp, _ := post(t, tg.URL+"/v1/chat/completions", streamChat, nil)
+	tg.record(t)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("request after the reload: %d, want 200 through the new, closed breaker", resp.StatusCode)
+	}
+	if s := circuitState(t, tg, "mock"); s != metrics.CircuitClosed {
+		t.Errorf("circuit gauge %v after the reload and a request through the new breaker, want closed", s)
+	}
+}
+
+// The channel a reload returns closes once every exchange begun before it
+// has ended: those of the configuration it replaced and of every earlier
+// one. A budget added by the second of two reloads waits for a stream
+// begun before the first.
+func TestReloadEndsWhenEveryEarlierExchangeHas(t *testing.T) {
+	fx := newReloadFixture(t)
+	g := fx.tg.gw
+	first := g.begin() // a stream under the first configuration
+	one := fx.config(t, func(c *config.Config) { c.Keys[0].Name = "alpha1" })
+	endedOne, err := g.Reload(&one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := g.begin()
+	two := fx.config(t, func(c *config.Config) { c.Keys[0].Name = "alpha2" })
+	endedTwo, err := g.Reload(&two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	second.end()
+	if closed(endedOne) || closed(endedTwo) {
+		t.Fatalf("ended with the first stream still open: first reload's %v, second's %v", closed(endedOne), closed(endedTwo))
+	}
+	first.end()
+	if !closed(endedOne) || !closed(endedTwo) {
+		t.Fatalf("after the last stream: first reload's ended %v, second's %v; want both", closed(endedOne), closed(endedTwo))
 	}
 }

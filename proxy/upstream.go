@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/config"
@@ -32,6 +33,12 @@ type upstream struct {
 	budget  *retryBudget
 	breaker *breaker // nil when [upstreams.breaker] is off
 	shaper  *shaper.Shaper
+
+	// replaced is set once a reload has put another upstream of this name
+	// in its place, or none: the exchanges still on this one no longer
+	// write the upstream's circuit and queue gauges, which are the new
+	// one's.
+	replaced atomic.Bool
 }
 
 // newUpstream builds the runtime state of one [[upstreams]] table.
@@ -49,13 +56,20 @@ func newUpstream(u *config.Upstream, t http.RoundTripper, now func() time.Time, 
 		shaper: shaper.New(u.MaxConcurrent, u.RequestsPerSecond, u.QueueSize,
 			config.Seconds(u.QueueTimeoutSeconds)),
 	}
+	name := u.Name
 	if up.shaper != nil {
-		name := u.Name
-		up.shaper.OnWaiting = func(n int) { m.SetQueueWaiting(name, n) }
+		up.shaper.OnWaiting = func(n int) {
+			if !up.replaced.Load() {
+				m.SetQueueWaiting(name, n)
+			}
+		}
 	}
 	if b := u.Breaker; b.Enabled {
-		name := u.Name
-		up.breaker = newBreaker(breakerFrom(b), now, func(_, to breakerState) { m.SetCircuitState(name, circuitMetric(to)) })
+		up.breaker = newBreaker(breakerFrom(b), now, func(_, to breakerState) {
+			if !up.replaced.Load() {
+				m.SetCircuitState(name, circuitMetric(to))
+			}
+		})
 	}
 	return up
 }

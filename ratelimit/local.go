@@ -415,6 +415,43 @@ func (l *Local) Peek(_ context.Context, subjects []Subject) ([]State, error) {
 	return out, nil
 }
 
+// RaiseTo raises the budgets of s (the windows s.Limits has) holding at to
+// at least dayTokens and dayCostMicros for the day and monthCostMicros for
+// the month, as a ledger says they were used; a window already past its
+// figure is left alone, so raising twice raises once. It tells a budget
+// that a reload added what was spent before it. It does nothing after
+// Close.
+func (l *Local) RaiseTo(s Subject, at time.Time, dayTokens, dayCostMicros, monthCostMicros int64) {
+	lim := s.Limits
+	if !lim.HasBudget() {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	e := l.get(s)
+	_, rem := dayWindow(at)
+	if end := at.UnixNano() + int64(rem); e.dayEnd < end {
+		e.dayEnd, e.dayTokens, e.dayCost, e.dayTokensRes, e.dayCostRes = end, 0, 0, 0, 0
+	}
+	_, rem = monthWindow(at)
+	if end := at.UnixNano() + int64(rem); e.monthEnd < end {
+		e.monthEnd, e.monthCost, e.monthCostRes = end, 0, 0
+	}
+	if lim.TokensPerDay > 0 {
+		e.dayTokens = max(e.dayTokens, dayTokens)
+	}
+	if lim.CostPerDayMicros > 0 {
+		e.dayCost = max(e.dayCost, dayCostMicros)
+	}
+	if lim.CostPerMonthMicros > 0 {
+		e.monthCost = max(e.monthCost, monthCostMicros)
+	}
+	l.trim(l.now().UnixNano())
+}
+
 // Seed adds usage recorded elsewhere (the spend ledger, at startup) to s's
 // budget windows holding at: dayTokens and dayCostMicros to its UTC day,
 // monthCostMicros to its UTC month. Without it a restart would hand every

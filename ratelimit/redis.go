@@ -443,6 +443,34 @@ func (r *Redis) Charge(ctx context.Context, subjects []Subject, at time.Time, to
 	return nil
 }
 
+// RaiseTo raises the budgets of s (the windows s.Limits has) holding at to
+// at least dayTokens and dayCostMicros for the day and monthCostMicros for
+// the month, as a ledger says they were used: a counter already past its
+// figure is left alone, so raising twice, or from two replicas, raises
+// once. It tells a budget that a reload added what was spent before it.
+func (r *Redis) RaiseTo(ctx context.Context, s Subject, at time.Time, dayTokens, dayCostMicros, monthCostMicros int64) error {
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	l := s.Limits
+	if !l.HasBudget() {
+		return nil
+	}
+	day, dayLeft := dayWindow(at)
+	month, monthLeft := monthWindow(at)
+	k := r.keys(s)
+	calls := []scriptCall{{
+		keys: []string{k.base + "tpd:" + day, k.base + "cpd:" + day, k.base + "cpm:" + month},
+		args: []any{l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros, scriptArg(dayTokens), scriptArg(dayCostMicros),
+			scriptArg(monthCostMicros), at.Add(dayLeft).UnixMilli(), at.Add(monthLeft).UnixMilli()},
+	}}
+	r.run(ctx, raiseScript, calls)
+	if calls[0].err != nil {
+		return fmt.Errorf("ratelimit: redis raise: %w", calls[0].err)
+	}
+	return nil
+}
+
 // Peek implements Limiter: one State per non-zero limit of each subject, in
 // Kind order, as for Local. It reserves nothing.
 func (r *Redis) Peek(ctx context.Context, subjects []Subject) ([]State, error) {

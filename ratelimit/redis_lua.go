@@ -416,6 +416,24 @@ rebill(KEYS[3], cpm_l, cost, month_end_ms)
 return 1
 `)
 
+// raiseScript raises one subject's budget counters to at least what a
+// ledger says was used: idempotent, so replicas raising to the same figures
+// raise once, and a counter already past them is left alone.
+//
+// KEYS: tpd, cpd, cpm. ARGV: tokens-per-day, cost-per-day, cost-per-month
+// limits (0: not raised), tokens and cost of the day, cost of the month, day
+// end (ms), month end (ms). Reply: 1.
+var raiseScript = newScript(luaCommon + `
+local lims = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])}
+local to = {tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])}
+local ends = {tonumber(ARGV[7]), tonumber(ARGV[7]), tonumber(ARGV[8])}
+for i = 1, 3 do
+  local d = to[i] - used_of(KEYS[i])
+  if lims[i] > 0 and d > 0 then rebill(KEYS[i], lims[i], d, ends[i]) end
+end
+return 1
+`)
+
 // peekScript reads one subject's state without changing it.
 //
 // KEYS: rpm, tpm, leases. ARGV: subject base. Reply: now, rpm TAT-now, tpm

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,8 +33,9 @@ type governance struct {
 	lock      *fileLock    // on the state file or the spill directory
 	ownerLock *fileLock    // on [ownership] state_file
 
-	// local is the in-process limiter when there is no Redis; shared the
-	// Redis one when there is. A reload seeds the budgets it adds there.
+	// local is the in-process limiter (without Redis) or the fallback
+	// (with it); shared is the Redis one. A reload raises the budgets it
+	// adds in both.
 	local  *ratelimit.Local
 	shared *ratelimit.Redis
 	// current is the running configuration, which a reload replaces: the
@@ -223,24 +221,20 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	if err != nil {
 		return fail(err)
 	}
-	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl, shared: shared, current: current}, nil
+	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl, local: local, shared: shared, current: current}, nil
 }
 
-// reloaded takes a reloaded configuration: it becomes the one a refill
-// charges, and every budget it gives a key or team that had not that budget
-// is told what the ledger says was used already today and this month. In
-// Redis the charge's id derives from the day and the budgets added, so
-// replicas reloading the same file charge it once.
-func (g *governance) reloaded(ctx context.Context, running, next *config.Config, now time.Time) error {
+// raiseAdded tells every budget that next gives a key or team and running
+// did not what the ledger says that key or team used already today and this
+// month: the limiter counted nothing against a budget that did not exist
+// (or has not since it was removed). The counters are raised to the
+// ledger's figures, never added to, so raising again (after the requests of
+// the old configuration have billed) or from every replica raises once.
+// next also becomes the configuration a refill charges.
+func (g *governance) raiseAdded(ctx context.Context, running, next *config.Config, now time.Time) error {
 	g.current.Store(next)
 	fresh := addedBudgets(running, next)
 	if len(fresh.Keys)+len(fresh.Teams) == 0 {
-		return nil
-	}
-	if g.local != nil {
-		return seedBudgets(ctx, g.local, g.ledger, fresh, now)
-	}
-	if g.shared == nil {
 		return nil
 	}
 	now = now.UTC()
@@ -249,12 +243,17 @@ func (g *governance) reloaded(ctx context.Context, running, next *config.Config,
 	if err != nil {
 		return fmt.Errorf("reading this month's spend for the budgets the reload added: %w", err)
 	}
-	added, err := json.Marshal([2]any{fresh.Keys, fresh.Teams})
-	if err != nil {
-		return err
+	for s, u := range budgetUsage(rows, fresh, now) {
+		if g.local != nil {
+			g.local.RaiseTo(s, now, u.dayTokens, u.dayCost, u.monthCost)
+		}
+		if g.shared != nil {
+			if err := g.shared.RaiseTo(ctx, s, now, u.dayTokens, u.dayCost, u.monthCost); err != nil {
+				return err
+			}
+		}
 	}
-	sum := sha256.Sum256(added)
-	return refillBudgets(ctx, g.shared, rows, fresh, now, "reload:"+now.Format(time.DateOnly)+":"+hex.EncodeToString(sum[:8]))
+	return nil
 }
 
 // warnIfRedisForgets warns when Redis keeps its data only in memory: a

@@ -78,29 +78,59 @@ func (rl *reloader) serve(doc []byte, name string) ([]string, error) {
 func (rl *reloader) apply(next *config.Config, changed []string) error {
 	rg := rl.rg
 	var sched *probe.Scheduler
+	failed := true // until the swap
 	restartProbe := slices.Contains(changed, "probe") || slices.Contains(changed, "upstreams")
 	if restartProbe {
 		var err error
 		if sched, err = probe.New(next, rg.gw, rg.metrics, probe.Options{Logger: rg.log}); err != nil {
 			return err
 		}
+		// The running probe stops before the swap, so that it writes no
+		// series of a target the new config drops.
+		old, resume := rg.pauseProbe()
+		defer func() {
+			if failed {
+				sched = old
+			}
+			resume(sched)
+		}()
 	}
+	// The budgets next adds are raised to the ledger's figures before it
+	// serves, so that no request is admitted against an empty one, and
+	// again once every request begun before the swap has billed: those
+	// settle without the new budgets.
 	running := rg.gw.Config()
-	if err := rg.gw.Reload(next); err != nil {
+	raise := func(what string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := rg.gov.raiseAdded(ctx, running, next, time.Now()); err != nil {
+			rg.log.Error("config reload: the budgets it added do not hold today's spend "+what, "err", err)
+		}
+	}
+	raise("before the swap")
+	ended, err := rg.gw.Reload(next)
+	if err != nil {
+		rg.gov.current.Store(running)
 		return err
 	}
-	// The new config serves already: a budget it added that cannot be
-	// seeded now is logged, not a reason to take the reload back.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	if err := rg.gov.reloaded(ctx, running, next, time.Now()); err != nil {
-		rg.log.Error("config reload: the budgets it added start without today's spend", "err", err)
+	failed = false
+	if added := addedBudgets(running, next); len(added.Keys)+len(added.Teams) > 0 {
+		rg.later(func() {
+			select {
+			case <-ended:
+			case <-rg.stopping: // exchanges cut at shutdown may never end
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := rg.gov.ledger.Flush(ctx); err != nil {
+				rg.log.Warn("config reload: flushing the ledger before raising the added budgets", "err", err)
+			}
+			cancel()
+			raise("after the requests begun before it billed")
+		})
 	}
-	cancel()
 	if rg.level != nil {
 		_ = rg.level.UnmarshalText([]byte(next.Log.Level))
-	}
-	if restartProbe {
-		rg.replaceProbe(sched)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/redistest"
 	"github.com/tollgate-llm/tollgate/metrics"
+	"github.com/tollgate-llm/tollgate/proxy"
 	"github.com/tollgate-llm/tollgate/ratelimit"
 	"github.com/tollgate-llm/tollgate/spend"
 )
@@ -228,6 +231,21 @@ func (rr *reloadRun) waitMetric(series string, want float64) {
 	rr.t.Fatalf("%s = %v after 10 s, want %v\n%s", series, got, want, rr.p.stderr())
 }
 
+// waitLog waits, bounded, until the gateway's log holds n lines with
+// substr, and returns how many it holds then: its stderr is a pipe read by
+// another goroutine, behind what the gateway answered.
+func (rr *reloadRun) waitLog(substr string, n int) int {
+	rr.t.Helper()
+	got := 0
+	for range 500 {
+		if got = strings.Count(rr.p.stderr(), substr); got >= n {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond) // waiting for the pipe to be read
+	}
+	return got
+}
+
 // metric reads one series from /metrics; -1 when absent.
 func (rr *reloadRun) metric(series string) float64 {
 	rr.t.Helper()
@@ -270,6 +288,17 @@ func (rr *reloadRun) callID(ctx context.Context, id, key, model string, hdr ...s
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, b, id
+}
+
+// admin sends an admin request with the test's token and returns the
+// answer's body, failing the test on any status but 200.
+func (rr *reloadRun) admin(method, path string, body []byte) []byte {
+	rr.t.Helper()
+	b, err := adminCall(method, "http://"+rr.addr+path, reloadAdminToken, body)
+	if err != nil {
+		rr.t.Fatal(err)
+	}
+	return b
 }
 
 // logged returns the access-log line of request id, decoded.
@@ -374,11 +403,14 @@ func TestSIGHUPReloadsUnderOpenStreams(t *testing.T) {
 	other := strings.Replace(reloadDoc(addr, sa.URL, append(keys, "late"), 100000, 3, route), addr, "127.0.0.1:1", 1)
 	rr.hup(other, false)
 	expect("a key of a refused file", http.StatusUnauthorized, "late", "gpt-4o-mini")
-	// 9: the same keys written again: a success that changes nothing.
-	rr.hup(reloadDoc(addr, sa.URL, keys, 100000, 3, route), true)
+	// 9: team t, whose 200 streams are open, gets a daily token budget.
+	budget := func(doc string) string {
+		return strings.Replace(doc, "rpm = 100000\n", "rpm = 100000\ntokens_per_day = 1000000000\n", 1)
+	}
+	rr.hup(budget(reloadDoc(addr, sa.URL, keys, 100000, 3, route)), true)
 	// 10: the key that stayed removed, one added back.
 	keys = []string{"new", "leaving"}
-	rr.hup(reloadDoc(addr, sa.URL, keys, 100000, 3, route), true)
+	rr.hup(budget(reloadDoc(addr, sa.URL, keys, 100000, 3, route)), true)
 	expect("a key removed after its streams opened", http.StatusUnauthorized, "stay", "gpt-4o-mini")
 	expect("a key added back", http.StatusOK, "leaving", "gpt-4o-mini")
 
@@ -389,6 +421,35 @@ func TestSIGHUPReloadsUnderOpenStreams(t *testing.T) {
 		if r.status != http.StatusOK || !ok || !bytes.Equal(r.body, sent) {
 			t.Errorf("stream %s: status %d, %d bytes, upstream sent %d (recorded %v)", r.id, r.status, len(r.body), len(sent), ok)
 		}
+	}
+
+	// The budget added while the streams were open holds every token team
+	// t billed today, theirs too, once they have.
+	var used, billed int64
+	for range 1000 {
+		var lim proxy.LimitsReport
+		var sp proxy.SpendReport
+		if err := json.Unmarshal(rr.admin(http.MethodGet, "/admin/limits", nil), &lim); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(rr.admin(http.MethodGet, "/admin/spend?team=t", nil), &sp); err != nil {
+			t.Fatal(err)
+		}
+		used, billed = -1, sp.Total.InputTokens+sp.Total.OutputTokens
+		for _, s := range lim.Subjects {
+			for _, l := range s.Limits {
+				if s.Scope == "team" && s.ID == "t" && l.Limit == "tokens_per_day" {
+					used = l.Used
+				}
+			}
+		}
+		if used == billed {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // waiting for the raise after the streams billed
+	}
+	if used != billed || billed < streams*50 {
+		t.Errorf("team t's budget added under open streams holds %d tokens; the ledger has %d", used, billed)
 	}
 
 	for _, c := range []struct {
@@ -480,8 +541,7 @@ func TestAdminReloadAndCheckAgainst(t *testing.T) {
 
 	// log.level reloads: at "error", a reload's own info line is not
 	// written, and back at "info" it is.
-	reloadedLines := func() int { return strings.Count(rr.p.stderr(), `"msg":"config reloaded"`) }
-	before := reloadedLines()
+	before := rr.waitLog(`"msg":"config reloaded"`, 1) // the reload that added key two
 	rr.write(reloadDoc(addr, sa.URL, []string{"one", "two"}, 1000, 1, "[log]\nlevel = \"error\"\n"))
 	if s, b := admin("", ""); s != http.StatusOK {
 		t.Fatalf("reload to level error: %d %s", s, b)
@@ -490,15 +550,13 @@ func TestAdminReloadAndCheckAgainst(t *testing.T) {
 	if s, b := admin("", ""); s != http.StatusOK {
 		t.Fatalf("reload at level error: %d %s", s, b)
 	}
-	if n := reloadedLines(); n != before {
-		t.Errorf("%d info lines of reloads at level error, want none", n-before)
-	}
 	rr.write(reloadDoc(addr, sa.URL, []string{"one", "two"}, 1000, 1, ""))
 	if s, b := admin("", ""); s != http.StatusOK {
 		t.Fatalf("reload back to level info: %d %s", s, b)
 	}
-	if n := reloadedLines(); n != before+1 {
-		t.Errorf("%d info lines of reloads after level info again, want 1", n-before)
+	// The line of this reload comes after any of the two before it.
+	if n := rr.waitLog(`"msg":"config reloaded"`, before+1); n != before+1 {
+		t.Errorf("%d info lines of reloads since level error, want 1 (level info again)\n%s", n-before, rr.p.stderr())
 	}
 
 	// The probe follows a reload: on, it probes its new target.
@@ -573,7 +631,7 @@ func TestWatchConfigReloadsAChangedFile(t *testing.T) {
 	if s, _, _ := rr.call(ctx, "two", "gpt-4o-mini"); s != http.StatusUnauthorized {
 		t.Fatalf("the key the watched file removed: %d", s)
 	}
-	if n := strings.Count(rr.p.stderr(), `"trigger":"watch"`); n != 2 {
+	if n := rr.waitLog(`"trigger":"watch"`, 2); n != 2 {
 		t.Errorf("%d reloads by the watch, want 2:\n%s", n, rr.p.stderr())
 	}
 	if err := rr.p.terminate(); err != nil {
@@ -581,62 +639,174 @@ func TestWatchConfigReloadsAChangedFile(t *testing.T) {
 	}
 }
 
-// A reload that gives a team a budget it did not have starts that budget
-// from what the ledger says the team used today, not from zero; in Redis,
-// two replicas reloading the same file charge it once.
-func TestReloadSeedsTheBudgetsItAdds(t *testing.T) {
+// The budgets a reload adds start from what the ledger says their key or
+// team used today, once: raised twice (after the requests in flight
+// billed, or by every replica), given back after a reload removed them,
+// or added by replicas that ran different configurations. A reload that
+// keeps a budget leaves it alone.
+func TestReloadRaisesTheBudgetsItAddsToTheLedger(t *testing.T) {
+	budget := func(base config.Config, red, blue int64) *config.Config {
+		c := base
+		c.Teams = []config.Team{{Name: "red"}, {Name: "blue"}}
+		if red > 0 {
+			c.Teams[0].Limits.TokensPerDay = p64(red)
+		}
+		if blue > 0 {
+			c.Teams[1].Limits.TokensPerDay = p64(blue)
+		}
+		return &c
+	}
+	// Each step is a reload from running to next budgets (red, blue; 0:
+	// none); the ledger holds 1000 tokens of each team today.
+	type step struct{ fromRed, fromBlue, toRed, toBlue int64 }
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"added", []step{{0, 0, 1500, 1500}}},
+		{"added, raised again", []step{{0, 0, 1500, 1500}, {0, 0, 1500, 1500}}},
+		{"removed and given back", []step{{0, 0, 1500, 1500}, {1500, 1500, 0, 0}, {0, 0, 1600, 1600}}},
+		{"replicas from different configs", []step{{0, 0, 5000, 1500}, {5000, 0, 5000, 1500}}},
+		{"kept", []step{{0, 0, 1500, 1500}, {1500, 1500, 1500, 1500}}},
+	}
 	for _, shared := range []bool{false, true} {
-		t.Run(map[bool]string{false: "local", true: "redis"}[shared], func(t *testing.T) {
-			cfg := govConfig("http://127.0.0.1:1")
-			if shared {
-				cfg.Redis.Addrs = []string{redistest.Start(t).Addr()}
-			}
-			cfg.Spend.StateFile = filepath.Join(t.TempDir(), "spend.json")
-			cfg.Redis.SpillDir = t.TempDir()
-			m, err := metrics.New(prometheus.NewRegistry(), &cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gov, err := openGovernance(&cfg, m, slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer gov.Close()
-			now := time.Now().UTC()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			gov.ledger.Add(spend.Key{Day: now.Format(time.DateOnly), KeyID: "a", Team: "red", Model: "claude-x"},
-				spend.Totals{Requests: 3, Input: 600, Output: 400, CostMicros: 7800}, now)
-			if err := gov.ledger.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
-			next := cfg
-			next.Teams = []config.Team{{Name: "red", Limits: config.Limits{TokensPerDay: p64(1500)}}, {Name: "blue"}}
-			replicas := 1
-			if shared {
-				replicas = 2 // the second reload stands for another replica's
-			}
-			for range replicas {
-				if err := gov.reloaded(ctx, &cfg, &next, now); err != nil {
+		for _, tc := range cases {
+			t.Run(map[bool]string{false: "local/", true: "redis/"}[shared]+tc.name, func(t *testing.T) {
+				cfg := govConfig("http://127.0.0.1:1")
+				if shared {
+					cfg.Redis.Addrs = []string{redistest.Start(t).Addr()}
+				}
+				cfg.Spend.StateFile = filepath.Join(t.TempDir(), "spend.json")
+				cfg.Redis.SpillDir = t.TempDir()
+				m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+				if err != nil {
 					t.Fatal(err)
 				}
+				gov, err := openGovernance(&cfg, m, slog.New(slog.DiscardHandler))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer gov.Close()
+				now := time.Now().UTC()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				for _, k := range []spend.Key{{KeyID: "a", Team: "red"}, {KeyID: "b", Team: "blue"}} {
+					k.Day, k.Model = now.Format(time.DateOnly), "claude-x"
+					gov.ledger.Add(k, spend.Totals{Requests: 3, Input: 600, Output: 400, CostMicros: 7800}, now)
+				}
+				if err := gov.ledger.Flush(ctx); err != nil {
+					t.Fatal(err)
+				}
+				var last *config.Config
+				for _, st := range tc.steps {
+					last = budget(cfg, st.toRed, st.toBlue)
+					if err := gov.raiseAdded(ctx, budget(cfg, st.fromRed, st.fromBlue), last, now); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var subjects []ratelimit.Subject
+				for _, tm := range last.Teams {
+					subjects = append(subjects, ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: tm.Name, Limits: ratelimit.LimitsFrom(tm.Limits)})
+				}
+				states, err := gov.limiter.Peek(ctx, subjects)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(states) != 2 {
+					t.Fatalf("%d budget states, want 2: %+v", len(states), states)
+				}
+				for _, st := range states {
+					if st.Kind != ratelimit.KindTokensPerDay || st.Used != 1000 {
+						t.Errorf("team %s: %+v, want tokens_per_day used 1000 (the ledger's, once)", st.ID, st)
+					}
+				}
+				if g := gov.current.Load(); g != last {
+					t.Error("the refill's configuration is not the last reloaded")
+				}
+			})
+		}
+	}
+}
+
+// Reloads that restart the probe, checks, and a shutdown racing them, in
+// the process: under -race nothing may be reported, no probe may run after
+// the shutdown, and the shutdown must end.
+func TestReloadRacesChecksAndShutdown(t *testing.T) {
+	t.Setenv("ADMIN_TOKEN", reloadAdminToken)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer up.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gateway.toml")
+	probeOn := func(model string) string {
+		return reloadDoc("127.0.0.1:0", up.URL, []string{"k1"}, 100, 1,
+			fmt.Sprintf("[probe]\nenabled = true\ninterval_seconds = 1\nrequests = 1\ntimeout_seconds = 1\n\n[[probe.targets]]\nupstream = \"a\"\nmodel = %q\n", model))
+	}
+	docs := []string{probeOn("gpt-a"), probeOn("gpt-b")}
+	docs[0] = strings.Replace(docs[0], `state_file = "spend.json"`, fmt.Sprintf("state_file = %q", filepath.Join(dir, "spend.json")), 1)
+	docs[1] = strings.Replace(docs[1], `state_file = "spend.json"`, fmt.Sprintf("state_file = %q", filepath.Join(dir, "spend.json")), 1)
+	if err := os.WriteFile(path, []byte(docs[0]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg, err := startGateway(cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &reloader{rg: rg, path: path}
+	rg.reloader.Store(rl)
+	rg.startProbe()
+
+	var wg sync.WaitGroup
+	var reloaded atomic.Int64
+	stop := make(chan struct{})
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 40; i++ {
+			select {
+			case <-stop:
+				return
+			default:
 			}
-			red := ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: "red", Limits: ratelimit.LimitsFrom(next.Teams[0].Limits)}
-			states, err := gov.limiter.Peek(ctx, []ratelimit.Subject{red})
-			if err != nil {
-				t.Fatal(err)
+			_ = os.WriteFile(path, []byte(docs[(i+1)%2]), 0o600)
+			if ch, err := rl.reload("test"); err == nil && len(ch) > 0 {
+				reloaded.Add(1)
 			}
-			if len(states) != 1 || states[0].Kind != ratelimit.KindTokensPerDay || states[0].Used != 1000 {
-				t.Fatalf("team red after the reload: %+v, want tokens_per_day used 1000 (the ledger's)", states)
-			}
-			// A reload that keeps the budget seeds nothing more.
-			again := next
-			if err := gov.reloaded(ctx, &next, &again, now); err != nil {
-				t.Fatal(err)
-			}
-			if states, _ := gov.limiter.Peek(ctx, []ratelimit.Subject{red}); states[0].Used != 1000 {
-				t.Fatalf("a reload keeping the budget changed it: used %d", states[0].Used)
-			}
-		})
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 40; i++ {
+			_, _ = rl.check([]byte(docs[i%2]), "x")
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- rg.shutdown(0, 2*time.Second) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("shutdown did not end with reloads racing it")
+	}
+	close(stop)
+	wg.Wait()
+	rg.probeMu.Lock()
+	running := rg.probeDone != nil
+	rg.probeMu.Unlock()
+	if running {
+		t.Error("a probe runs after the shutdown")
+	}
+	if reloaded.Load() == 0 {
+		t.Error("no reload took effect")
 	}
 }

@@ -45,6 +45,13 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// SIGHUP reloads the config file, as nginx taught: without this its
+	// default action would end the process at once, cutting every stream.
+	// It is caught from here on; one sent while the gateway starts is
+	// taken once it serves.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	level := new(slog.LevelVar)
 	ops, access := newLoggers(cfg.Log, level, stdout, stderr)
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
@@ -62,11 +69,6 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	gw.startProbe()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// SIGHUP reloads the config file, as nginx taught: without this its
-	// default action would end the process at once, cutting every stream.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	if cfg.Server.WatchConfig {
 		watchCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -108,10 +110,18 @@ type runningGateway struct {
 	// gateway serves from a config file.
 	level    *slog.LevelVar
 	reloader atomic.Pointer[reloader]
+	// afterReload are the reloads' work left for when the requests of the
+	// replaced configuration have ended; shutdown closes stopping once the
+	// exchanges are done, and waits for that work before the limiter and
+	// the ledger close.
+	afterMu      sync.Mutex
+	afterReload  sync.WaitGroup
+	afterStopped bool
+	stopping     chan struct{}
 
 	// The synthetic probe: nil when [probe] is off. startProbe runs it;
 	// stopProbe cancels it and waits for its requests to end; a reload
-	// replaces it (replaceProbe). probeMu holds them apart; probeOver is
+	// replaces it (pauseProbe). probeMu holds them apart; probeOver is
 	// set at shutdown, after which no probe starts.
 	probeMu     sync.Mutex
 	probe       *probe.Scheduler
@@ -133,7 +143,8 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
-	rg := &runningGateway{registry: reg, metrics: m, gov: gov, log: ops, done: make(chan error, 1), addr: ln.Addr().String()}
+	rg := &runningGateway{registry: reg, metrics: m, gov: gov, log: ops, done: make(chan error, 1), addr: ln.Addr().String(),
+		stopping: make(chan struct{})}
 	reload := func(doc []byte, name string) ([]string, error) {
 		rl := rg.reloader.Load()
 		if rl == nil {
@@ -222,18 +233,34 @@ func (rg *runningGateway) stopProbeLocked() {
 	rg.probeDone = nil
 }
 
-// replaceProbe stops the running probe and, if it was started (the demo
-// starts it after its burst), starts sched (nil: [probe] is now off) in
-// its place.
-func (rg *runningGateway) replaceProbe(sched *probe.Scheduler) {
+// pauseProbe stops the running probe, holding the probe's lock until the
+// function it returns is called with the scheduler to run in its place
+// (nil: [probe] is now off; the paused one, old, when a reload failed). A
+// probe that was not started (the demo starts it after its burst) is not
+// started by it.
+func (rg *runningGateway) pauseProbe() (old *probe.Scheduler, resume func(sched *probe.Scheduler)) {
 	rg.probeMu.Lock()
-	defer rg.probeMu.Unlock()
-	running := rg.probeDone != nil
+	running := rg.probeDone != nil || rg.reloader.Load() != nil
+	old = rg.probe
 	rg.stopProbeLocked()
-	rg.probe = sched
-	if running || rg.reloader.Load() != nil {
-		rg.startProbeLocked()
+	return old, func(sched *probe.Scheduler) {
+		defer rg.probeMu.Unlock()
+		rg.probe = sched
+		if running {
+			rg.startProbeLocked()
+		}
 	}
+}
+
+// later runs f in the background until shutdown, which waits for it before
+// the limiter and the ledger close; after shutdown began it does nothing.
+func (rg *runningGateway) later(f func()) {
+	rg.afterMu.Lock()
+	defer rg.afterMu.Unlock()
+	if rg.afterStopped {
+		return
+	}
+	rg.afterReload.Go(f)
 }
 
 // shutdown marks the gateway not ready, keeps accepting requests for delay
@@ -272,6 +299,11 @@ func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 		rg.log.Error("closing limits and spend with exchanges still open", "err", werr)
 	}
 	wcancel()
+	rg.afterMu.Lock()
+	rg.afterStopped = true
+	close(rg.stopping)
+	rg.afterMu.Unlock()
+	rg.afterReload.Wait()
 	// Every exchange is settled and in the ledger: its last flush loses
 	// nothing.
 	if gerr := rg.gov.Close(); gerr != nil {
