@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/otlptest"
+	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/tracing"
 )
 
@@ -486,4 +488,70 @@ func TestTraceRejectedRequest(t *testing.T) {
 		s.GetName() != "chat" {
 		t.Errorf("span %q, status %v, attributes %v", s.GetName(), s.GetStatus(), s.Attrs())
 	}
+}
+
+// BenchmarkStreamTracing sends whole streamed requests (64 tokens) through
+// the gateway over loopback with tracing off, on with a collector that
+// takes the spans (OTLP/HTTP), and on with the collector down (a closed
+// port: every export fails and its spans are dropped and counted). The
+// relay must not slow down in either case.
+func BenchmarkStreamTracing(b *testing.B) {
+	const tokens = 64
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: tokens}))
+	defer mock.Close()
+	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hello"}]}`
+	rcv := otlptest.StartHTTP(b)
+	for _, c := range []struct{ name, endpoint string }{
+		{"off", ""}, {"on", rcv.Endpoint}, {"collector_down", closedPortURLTB(b)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var tr *tracing.Tracer
+			if c.endpoint != "" {
+				tr = newTestTracer(b, config.TracingHTTP, c.endpoint, func(t *config.Tracing) { t.ExportTimeoutSeconds = 1 })
+			}
+			g := bareGatewayWith(b, mock.URL, nil, func(o *Options) {
+				if tr != nil {
+					o.Tracer = tr.Tracer()
+				}
+			})
+			gw := httptest.NewServer(g.Handler())
+			defer gw.Close()
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+			defer client.CloseIdleConnections()
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 || n < 1000 {
+					b.Fatalf("status %d, %d bytes, %v", resp.StatusCode, n, err)
+				}
+			}
+			b.StopTimer()
+			if tr != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = tr.ForceFlush(ctx) // against the closed port: fails at once, counted
+				cancel()
+				full, failed := tr.Dropped()
+				b.ReportMetric(float64(full+failed)/float64(b.N), "dropped/op")
+			}
+		})
+	}
+}
+
+// closedPortURLTB is closedPortURL for benchmarks.
+func closedPortURLTB(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		tb.Fatal(err)
+	}
+	return "http://" + addr
 }
