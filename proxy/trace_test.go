@@ -555,3 +555,24 @@ func closedPortURLTB(tb testing.TB) string {
 	}
 	return "http://" + addr
 }
+
+// TestTracingOffAllocatesNothing: without a Tracer every tracing hook of
+// the request path is a nil check, allocating nothing.
+func TestTracingOffAllocatesNothing(t *testing.T) {
+	g := bareGateway(t, "http://127.0.0.1:1", nil)
+	ex := &exchange{g: g, r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)}
+	up := g.upstreams[0]
+	h := http.Header{}
+	allocs := testing.AllocsPerRun(100, func() {
+		ex.startTrace()
+		ex.startAttemptSpan(up, false, nil)
+		ex.injectTrace(h)
+		ex.traceRetryWait("mock", time.Millisecond, "server_error")
+		ex.traceSkip("mock", "breaker_open")
+		ex.endAttemptSpan(200, "ok")
+		ex.endTrace()
+	})
+	if allocs != 0 || ex.tr != nil || len(h) != 0 {
+		t.Errorf("tracing off: %v allocations a request, state %v, header %v", allocs, ex.tr, h)
+	}
+}
