@@ -234,8 +234,50 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 	if rec.QueueWait > 0 {
 		a = append(a, tracing.QueueWaitMs.Float64(ms(rec.QueueWait)))
 	}
+	a = ex.responseAttributes(a)
 	if ex.g.traceContent {
 		a = ex.contentAttributes(a)
+	}
+	return a
+}
+
+// responseAttributes adds gen_ai.response.id, .model and .finish_reasons
+// read from a non-streamed success's body, the bounded copy the gateway
+// keeps for its usage (a stream's events are not kept, so a stream's span
+// has none of them).
+func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyValue {
+	rec := &ex.rec
+	if rec.Stream || rec.Status/100 != 2 || rec.Dialect == llm.DialectNone || len(ex.captured) == 0 {
+		return a
+	}
+	var f struct {
+		ID      string `json:"id"`
+		Model   string `json:"model"`
+		Choices []struct {
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+		StopReason *string `json:"stop_reason"` // Anthropic
+	}
+	if json.Unmarshal(ex.captured, &f) != nil {
+		return a
+	}
+	if f.ID != "" {
+		a = append(a, tracing.ResponseID.String(f.ID))
+	}
+	if f.Model != "" {
+		a = append(a, tracing.ResponseModel.String(f.Model))
+	}
+	var reasons []string
+	for _, c := range f.Choices {
+		if c.FinishReason != nil {
+			reasons = append(reasons, *c.FinishReason)
+		}
+	}
+	if f.StopReason != nil {
+		reasons = append(reasons, *f.StopReason)
+	}
+	if len(reasons) > 0 {
+		a = append(a, tracing.ResponseFinishReasons.StringSlice(reasons))
 	}
 	return a
 }

@@ -576,3 +576,36 @@ func TestTracingOffAllocatesNothing(t *testing.T) {
 		t.Errorf("tracing off: %v allocations a request, state %v, header %v", allocs, ex.tr, h)
 	}
 }
+
+// TestTraceNonStreamedResponseAttributes: a non-streamed answer's id, model
+// and finish reasons are on the span; no stream attribute is.
+func TestTraceNonStreamedResponseAttributes(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	tr := newTestTracer(t, config.TracingHTTP, rcv.Endpoint, nil)
+	up := newFixedUpstream(http.StatusInternalServerError, "", "")
+	up.okAuth = "Bearer ok"
+	tg := tracedGateway(t, up, tr, nil)
+	resp, _ := post(t, tg.URL+"/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`,
+		map[string]string{"Authorization": "Bearer ok"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	tg.record(t)
+	flush(t, tr)
+	reqs, _ := splitSpans(rcv.Spans())
+	if len(reqs) != 1 {
+		t.Fatalf("%d request spans", len(reqs))
+	}
+	a := reqs[0].Attrs()
+	if a["gen_ai.response.id"] != "chatcmpl-fixed" || a["gen_ai.response.model"] != "gpt-4o-mini" ||
+		fmt.Sprint(a["gen_ai.response.finish_reasons"]) != "[stop]" {
+		t.Errorf("response attributes: id %v, model %v, finish reasons %v", a["gen_ai.response.id"],
+			a["gen_ai.response.model"], a["gen_ai.response.finish_reasons"])
+	}
+	if _, ok := a["gen_ai.request.stream"]; ok {
+		t.Errorf("non-streamed request has gen_ai.request.stream")
+	}
+	if a["gen_ai.usage.input_tokens"] != int64(1) || a["gen_ai.usage.output_tokens"] != int64(1) {
+		t.Errorf("usage %v / %v", a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"])
+	}
+}

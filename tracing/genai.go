@@ -25,9 +25,10 @@ const (
 	// RequestStream is set, true, if and only if the request streams.
 	RequestStream    = attribute.Key("gen_ai.request.stream")
 	RequestMaxTokens = attribute.Key("gen_ai.request.max_tokens")
-	ResponseModel    = attribute.Key("gen_ai.response.model")
-	ResponseID       = attribute.Key("gen_ai.response.id")
-	// ResponseFinishReasons is a string array.
+	// ResponseModel, ResponseID and ResponseFinishReasons (a string array)
+	// are read from a non-streamed answer's body; a stream's span lacks them.
+	ResponseModel         = attribute.Key("gen_ai.response.model")
+	ResponseID            = attribute.Key("gen_ai.response.id")
 	ResponseFinishReasons = attribute.Key("gen_ai.response.finish_reasons")
 	// ResponseTimeToFirstChunk is in seconds (double).
 	ResponseTimeToFirstChunk = attribute.Key("gen_ai.response.time_to_first_chunk")
