@@ -20,6 +20,7 @@ import (
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/otlptest"
+	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/tracing"
 )
@@ -607,5 +608,26 @@ func TestTraceNonStreamedResponseAttributes(t *testing.T) {
 	}
 	if a["gen_ai.usage.input_tokens"] != int64(1) || a["gen_ai.usage.output_tokens"] != int64(1) {
 		t.Errorf("usage %v / %v", a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"])
+	}
+}
+
+// TestTraceProbeHasNoSpan: the synthetic probe's requests make no span and
+// send the upstream no traceparent.
+func TestTraceProbeHasNoSpan(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	tr := newTestTracer(t, config.TracingHTTP, rcv.Endpoint, nil)
+	up := &headerUpstream{}
+	tg := tracedGateway(t, up, tr, nil)
+	res, err := tg.gw.Probe(testCtx(t), llm.ProbeTarget{Upstream: "mock", Model: "m", Dialect: llm.DialectOpenAI,
+		Prompt: "hi", MaxTokens: 8})
+	if err != nil || res.Result != "ok" {
+		t.Fatalf("probe: %+v, %v", res, err)
+	}
+	flush(t, tr)
+	if spans := rcv.Spans(); len(spans) != 0 {
+		t.Errorf("%d spans for a probe, want none", len(spans))
+	}
+	if hs := up.got(); len(hs) != 1 || hs[0].Get("traceparent") != "" {
+		t.Errorf("probe's upstream requests %d, traceparent %q", len(hs), hs[0].Get("traceparent"))
 	}
 }
