@@ -527,6 +527,7 @@ export_timeout_seconds = 2.5
 	for _, want := range []string{
 		"# redis password: $REDIS_PASSWORD = <secret>\n",
 		"# admin token: $TOLLGATE_ADMIN_TOKEN = <secret>\n",
+		"# tracing headers: $OTLP_HEADERS = <secret>\n",
 	} {
 		if !strings.Contains(red, want) {
 			t.Errorf("Redacted() lacks %q:\n%s", want, red)
