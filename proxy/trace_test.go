@@ -392,6 +392,9 @@ func TestTraceStalledCollectorDropsAndCounts(t *testing.T) {
 		_ = tr.ForceFlush(ctx)
 	}()
 	rcv.WaitExport(t)
+	// The exporter is held. The queue is empty, or holds the first
+	// request's second span if a timed export took the first one alone.
+	full0, _ := tr.Dropped()
 
 	const n = 10
 	for i := range n {
@@ -401,11 +404,12 @@ func TestTraceStalledCollectorDropsAndCounts(t *testing.T) {
 		}
 		tg.record(t)
 	}
-	// 2 spans a request (request and attempt); the queue holds one.
-	if full, _ := tr.Dropped(); full != 2*n-1 {
-		t.Errorf("%d spans dropped for a full queue, want %d", full, 2*n-1)
+	// 2 spans a request (request and attempt); the queue holds one at most.
+	full, _ := tr.Dropped()
+	if d := full - full0; d != 2*n-1 && d != 2*n {
+		t.Errorf("%d spans dropped for a full queue, want %d or %d", d, 2*n-1, 2*n)
 	}
-	wantMetric(t, tg, "tollgate_tracing_dropped_spans_total", map[string]string{"reason": "queue_full"}, 2*n-1)
+	wantMetric(t, tg, "tollgate_tracing_dropped_spans_total", map[string]string{"reason": "queue_full"}, float64(full))
 	rcv.Unstall()
 }
 
