@@ -31,6 +31,9 @@ type Config struct {
 
 	// Probe is the synthetic probe (probe.go).
 	Probe Probe `toml:"probe"`
+
+	// Tracing is the OpenTelemetry export of traces (tracing.go).
+	Tracing Tracing `toml:"tracing"`
 }
 
 // Server is the [server] table: the gateway's own listener.

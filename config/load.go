@@ -72,7 +72,8 @@ func Default() Config {
 			ResponseTTLHours: 720,
 			StateFile:        "tollgate-ownership.jsonl",
 		},
-		Probe: defaultProbe(),
+		Probe:   defaultProbe(),
+		Tracing: defaultTracing(),
 	}
 }
 
@@ -327,6 +328,7 @@ func (c *Config) resolveSecrets(getenv func(string) string) {
 	}
 	c.Redis.Password = Secret(readEnv(getenv, c.Redis.PasswordEnv))
 	c.Admin.Token = Secret(readEnv(getenv, c.Admin.TokenEnv))
+	c.Tracing.Headers = Secret(readEnv(getenv, c.Tracing.HeadersEnv))
 }
 
 // readEnv returns the value of the variable name, or "" when name is empty or

@@ -27,6 +27,8 @@ func TestDefault(t *testing.T) {
 		Ownership: Ownership{ResponseTTLHours: 720, StateFile: "tollgate-ownership.jsonl"},
 		Probe: Probe{Enabled: false, IntervalSeconds: 300, Requests: 10, Concurrency: 2, MaxTokens: 16,
 			TimeoutSeconds: 60, Prompt: "Reply with the single word: ok"},
+		Tracing: Tracing{Protocol: "http/protobuf", SampleRatio: 1, ServiceName: "tollgate", QueueSize: 2048,
+			ExportTimeoutSeconds: 10},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
@@ -422,11 +424,24 @@ model = "gpt-4o-mini"
 upstream = "local-vllm_2"
 model = "Qwen/Qwen2.5-72B"
 dialect = "anthropic"
+
+[tracing]
+enabled = true
+protocol = "grpc"
+endpoint = "otel-collector:4317"
+insecure = true
+headers_env = "OTLP_HEADERS"
+sample_ratio = 0.25
+service_name = "tollgate-eu"
+capture_content = true
+queue_size = 100
+export_timeout_seconds = 2.5
 `
 	env := map[string]string{
 		"OPENAI_API_KEY":       "sk-test-1",
 		"TOLLGATE_ADMIN_TOKEN": "admin-token-0123456789",
 		"REDIS_PASSWORD":       "redis-pw-secret",
+		"OTLP_HEADERS":         "authorization=Bearer otlp-secret",
 	}
 	c := mustParse(t, doc, env)
 	second := DefaultUpstream()
@@ -489,6 +504,9 @@ dialect = "anthropic"
 				{Upstream: "openai", Model: "gpt-4o-mini", Dialect: "openai"},
 				{Upstream: "local-vllm_2", Model: "Qwen/Qwen2.5-72B", Dialect: "anthropic"},
 			}},
+		Tracing: Tracing{Enabled: true, Protocol: "grpc", Endpoint: "otel-collector:4317", Insecure: true,
+			HeadersEnv: "OTLP_HEADERS", Headers: "authorization=Bearer otlp-secret", SampleRatio: 0.25,
+			ServiceName: "tollgate-eu", CaptureContent: true, QueueSize: 100, ExportTimeoutSeconds: 2.5},
 	}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("Parse =\n%+v\nwant\n%+v", *c, want)
@@ -509,6 +527,7 @@ dialect = "anthropic"
 	for _, want := range []string{
 		"# redis password: $REDIS_PASSWORD = <secret>\n",
 		"# admin token: $TOLLGATE_ADMIN_TOKEN = <secret>\n",
+		"# tracing headers: $OTLP_HEADERS = <secret>\n",
 	} {
 		if !strings.Contains(red, want) {
 			t.Errorf("Redacted() lacks %q:\n%s", want, red)

@@ -56,6 +56,8 @@ func (c *Config) Redacted() string {
 	writeSecret(&b, c.Redis.PasswordEnv, c.Redis.Password, "none")
 	b.WriteString("# admin token: ")
 	writeSecret(&b, c.Admin.TokenEnv, c.Admin.Token, "none; the admin API is off")
+	b.WriteString("# tracing headers: ")
+	writeSecret(&b, c.Tracing.HeadersEnv, c.Tracing.Headers, "none beyond OTEL_EXPORTER_OTLP_HEADERS")
 	return b.String()
 }
 

@@ -65,6 +65,7 @@ func (c *Config) Validate() error {
 	c.Log.validate(&v)
 	c.validateGovernance(&v)
 	c.validateProbe(&v)
+	c.validateTracing(&v)
 	return errors.Join(v.errs...)
 }
 

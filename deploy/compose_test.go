@@ -32,6 +32,7 @@ import (
 var composeServices = map[string]string{
 	"gateway": "", "redis": "", "prometheus": "", "grafana": "",
 	"mock": "demo", "bench": "demo",
+	"jaeger": "tracing",
 }
 
 // composeGatewayConfigs are the configs docker-compose.yml can mount, chosen
@@ -289,6 +290,20 @@ func TestComposeFile(t *testing.T) {
 					t.Errorf("%s: %s is not in the gateway service's environment", name, v)
 				}
 			}
+		}
+	})
+
+	t.Run("demo config sends traces to the jaeger service's OTLP/HTTP port", func(t *testing.T) {
+		tc := cfg.Tracing
+		u, err := url.Parse(tc.Endpoint)
+		if err != nil || !tc.Enabled || tc.Protocol != "http/protobuf" || u.Scheme != "http" ||
+			u.Hostname() != "jaeger" || u.Port() != "4318" {
+			t.Errorf("demo [tracing]: enabled %v, protocol %q, endpoint %q; want OTLP/HTTP to http://jaeger:4318",
+				tc.Enabled, tc.Protocol, tc.Endpoint)
+		}
+		jaeger := asMap(services["jaeger"])
+		if env := asMap(jaeger["environment"]); fmt.Sprint(env["COLLECTOR_OTLP_ENABLED"]) != "true" {
+			t.Errorf("jaeger environment %v: want COLLECTOR_OTLP_ENABLED true", env)
 		}
 	})
 

@@ -302,6 +302,9 @@ type Observer interface {
 // the request path and handed, once, to the sinks (metrics, access log).
 type Record struct {
 	RequestID string
+	// TraceID is the W3C trace id of the exchange's span, in hex, when it
+	// was sampled; "" when tracing is off.
+	TraceID string
 	// UpstreamRequestID is the upstream's own id for the exchange (OpenAI
 	// x-request-id, Anthropic request-id), to join with provider logs.
 	UpstreamRequestID string

@@ -37,6 +37,9 @@ func logRecord(l *slog.Logger, rec *llm.Record, probe bool) {
 	if rec.UpstreamRequestID != "" {
 		attrs = append(attrs, slog.String("upstream_request_id", rec.UpstreamRequestID))
 	}
+	if rec.TraceID != "" {
+		attrs = append(attrs, slog.String("trace_id", rec.TraceID))
+	}
 	if rec.Stream {
 		attrs = streamAttrs(attrs, rec)
 	}

@@ -154,6 +154,7 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 	}
 	req.Header = upstreamRequestHeaders(r.Header)
 	req.Header.Set(requestIDHeader, ex.rec.RequestID)
+	ex.injectTrace(req.Header)
 	if ex.probe != nil {
 		req.Header.Set(ProbeHeader, "1")
 	}

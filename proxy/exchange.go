@@ -75,6 +75,9 @@ type exchange struct {
 	// probe, set for a synthetic probe (Gateway.Probe), is its one target:
 	// tried once, with no retry and no fallback. nil for a caller's request.
 	probe []target
+
+	// tr is the exchange's spans (trace.go); nil when tracing is off.
+	tr *exchangeTrace
 }
 
 // dialectHandler serves POST /v1/chat/completions and POST /v1/messages.
@@ -103,6 +106,7 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, route llm.Route
 	ex.rec.Timing.In = g.now()
 	ex.rec.Route, ex.rec.Dialect = route, d
 	ex.rec.RequestID = requestIDFrom(r.Context())
+	ex.startTrace()
 	inflight := g.metrics.Inflight(route)
 	inflight.Inc()
 	defer inflight.Dec()

@@ -34,6 +34,7 @@ func (ex *exchange) finish() {
 	if g.accessLog != nil {
 		logRecord(g.accessLog, rec, false)
 	}
+	ex.endTrace()
 	if g.onRecord != nil {
 		g.onRecord(rec)
 	}

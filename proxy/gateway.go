@@ -19,6 +19,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/dashboard"
@@ -70,6 +71,12 @@ type Options struct {
 	// Stats receives every finished record and every inter-token gap (the
 	// live windows) and serves GET /stats. If nil, /stats answers 404.
 	Stats StatsSink
+	// Tracer starts a span for every request and one for each of its
+	// upstream attempts (package tracing builds it from [tracing]); the
+	// trace context goes upstream as W3C traceparent. If nil, tracing is
+	// off and costs nothing: no span, no allocation. Probe requests are
+	// never traced.
+	Tracer trace.Tracer
 }
 
 // StatsSink keeps live figures of the gateway's traffic (package stats).
@@ -93,6 +100,9 @@ type Gateway struct {
 	transport http.RoundTripper // Options.Transport
 	limiter   ratelimit.Limiter
 	ledger    spend.Ledger
+	// tracer is Options.Tracer; traceContent is [tracing] capture_content.
+	tracer       trace.Tracer
+	traceContent bool
 
 	// gen is the running configuration's generation; Reload replaces it.
 	gen      atomic.Pointer[generation]
@@ -125,7 +135,10 @@ func New(opts Options) (*Gateway, error) {
 		ledger:    opts.Ledger,
 		stats:     opts.Stats,
 		reload:    opts.Reload,
+		tracer:    opts.Tracer,
 	}
+	// [tracing] is read at start only, as the Tracer is built then.
+	g.traceContent = opts.Tracer != nil && opts.Config.Tracing.CaptureContent
 	if g.log == nil {
 		g.log = slog.Default()
 	}

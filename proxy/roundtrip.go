@@ -196,10 +196,12 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 		mayRetry := rt.retryOK && (n+1 < up.policy.maxAttempts || !rt.bypass && rt.hasNext(ti, ex.callerKeyUp))
 		start := g.now()
 		ex.rec.Retrying = start.Sub(rt.firstStart)
+		ex.startAttemptSpan(up, bypassed, rt.body)
 		res := ex.attemptWith(t, tk, rt.body, mayRetry)
 		rt.sent = true
 		ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Status: res.status, Result: res.result,
 			Duration: g.now().Sub(start), BreakerBypass: bypassed})
+		ex.endAttemptSpan(res.status, res.result)
 		g.metrics.UpstreamAttempt(up.cfg.Name, res.result)
 		if res.done {
 			ex.reportRetryWait(up)
@@ -218,6 +220,7 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 			return false
 		}
 		g.metrics.UpstreamRetry(up.cfg.Name, res.result)
+		ex.traceRetryWait(up.cfg.Name, wait, res.result)
 		if !ex.sleep(wait) {
 			ex.clientGone()
 			return true
@@ -325,6 +328,7 @@ func (ex *exchange) reportRetryWait(up *upstream) {
 func (ex *exchange) skip(up *upstream, why string) {
 	ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Result: why})
 	ex.g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
+	ex.traceSkip(up.cfg.Name, why)
 }
 
 // sleep waits d on a timer against the caller's context; false when the

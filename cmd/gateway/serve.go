@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -25,6 +26,7 @@ import (
 	"github.com/tollgate-llm/tollgate/probe"
 	"github.com/tollgate-llm/tollgate/proxy"
 	"github.com/tollgate-llm/tollgate/stats"
+	"github.com/tollgate-llm/tollgate/tracing"
 )
 
 func runServe(args []string, stdout, stderr io.Writer) error {
@@ -100,6 +102,7 @@ type runningGateway struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	gov      *governance
+	tracer   *tracing.Tracer // nil when [tracing] is off
 	log      *slog.Logger
 	cancel   func()     // cancels every request's base context, with proxy.ErrShutdown
 	done     chan error // Serve's result
@@ -139,12 +142,17 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	if err != nil {
 		return nil, fmt.Errorf("registering metrics: %w", err)
 	}
-	gov, err := openGovernance(cfg, m, ops)
+	tracer, err := startTracing(cfg, reg, ops)
 	if err != nil {
 		return nil, err
 	}
-	rg := &runningGateway{registry: reg, metrics: m, gov: gov, log: ops, done: make(chan error, 1), addr: ln.Addr().String(),
-		stopping: make(chan struct{})}
+	gov, err := openGovernance(cfg, m, ops)
+	if err != nil {
+		stopTracing(tracer, ops)
+		return nil, err
+	}
+	rg := &runningGateway{registry: reg, metrics: m, gov: gov, tracer: tracer, log: ops, done: make(chan error, 1),
+		addr: ln.Addr().String(), stopping: make(chan struct{})}
 	reload := func(doc []byte, name string) ([]string, error) {
 		rl := rg.reloader.Load()
 		if rl == nil {
@@ -152,11 +160,16 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		}
 		return rl.serve(doc, name)
 	}
-	gw, err := proxy.New(proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
+	opts := proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
 		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: stats.New(nil),
-		Reload: reload})
+		Reload: reload}
+	if tracer != nil {
+		opts.Tracer = tracer.Tracer()
+	}
+	gw, err := proxy.New(opts)
 	if err != nil {
 		_ = gov.Close()
+		stopTracing(tracer, ops)
 		return nil, err
 	}
 	if bc := gw.BudgetCollector(prometheus.Labels(cfg.Metrics.Labels)); bc != nil {
@@ -165,6 +178,7 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	sched, err := probe.New(cfg, gw, m, probe.Options{Logger: ops})
 	if err != nil {
 		_ = gov.Close()
+		stopTracing(tracer, ops)
 		return nil, err
 	}
 	baseCtx, cancelCause := context.WithCancelCause(context.Background())
@@ -304,6 +318,8 @@ func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 	close(rg.stopping)
 	rg.afterMu.Unlock()
 	rg.afterReload.Wait()
+	// Every exchange has ended its span: the last export loses none.
+	stopTracing(rg.tracer, rg.log)
 	// Every exchange is settled and in the ledger: its last flush loses
 	// nothing.
 	if gerr := rg.gov.Close(); gerr != nil {
@@ -320,4 +336,41 @@ func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 	}
 	rg.log.Info("stopped")
 	return nil
+}
+
+// tracingFlushTimeout bounds the export of the spans still queued at
+// shutdown: a collector that is down must not hold the exit.
+const tracingFlushTimeout = 5 * time.Second
+
+// startTracing builds the trace pipeline of an enabled [tracing] table and
+// registers tollgate_tracing_dropped_spans_total; nil when it is off.
+func startTracing(cfg *config.Config, reg *prometheus.Registry, ops *slog.Logger) (*tracing.Tracer, error) {
+	tc := cfg.Tracing
+	if !tc.Enabled {
+		return nil, nil
+	}
+	tr, err := tracing.New(context.Background(), tc, tracing.Options{Logger: ops, Version: version})
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(tr.Collector())
+	// What the SDK cannot return to a caller (partial exports, say) goes to
+	// the operational log, not to stderr in its own format.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { ops.Warn("tracing", "err", err) }))
+	ops.Info("tracing on", "protocol", tc.Protocol, "endpoint", tc.Endpoint, "sample_ratio", tc.SampleRatio,
+		"capture_content", tc.CaptureContent)
+	return tr, nil
+}
+
+// stopTracing flushes and stops tr (nil: nothing to do), within
+// tracingFlushTimeout.
+func stopTracing(tr *tracing.Tracer, ops *slog.Logger) {
+	if tr == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), tracingFlushTimeout)
+	defer cancel()
+	if err := tr.Shutdown(ctx); err != nil {
+		ops.Warn("tracing: spans not exported at shutdown", "err", err)
+	}
 }

@@ -1,0 +1,373 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/tracing"
+)
+
+// exchangeTrace is an exchange's tracing state, nil when tracing is off
+// (Options.Tracer nil) and for the synthetic probe, so that neither
+// allocates anything for it.
+//
+// The request's span starts at t_in (handle) and ends at t_end (finish);
+// every attribute it carries is set at the end from the finished record,
+// the one the access log writes, so the two agree by construction. Each
+// request sent upstream is a child span from just before its request is
+// built to the attempt's end; its context is the traceparent the upstream
+// gets. Upstreams skipped and retry waits are events on the request's span.
+type exchangeTrace struct {
+	ctx     context.Context // carries span
+	span    trace.Span
+	attempt trace.Span // the attempt in progress, nil between attempts
+	n       int        // attempts started
+	content string     // the request's messages (capture_content)
+	cut     bool       // content was cut at tracing.ContentLimit
+}
+
+// startTrace starts the request's span, continuing the caller's W3C trace
+// context if it sent one, and puts the trace id on the record (the access
+// log's trace_id).
+func (ex *exchange) startTrace() {
+	tr := ex.g.tracer
+	if tr == nil {
+		return
+	}
+	parent := tracing.Propagator.Extract(ex.r.Context(), propagation.HeaderCarrier(ex.r.Header))
+	// The name wants the model, read later from the body: SetName at the end.
+	ctx, span := tr.Start(parent, tracing.OpForward, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(ex.rec.Timing.In))
+	ex.tr = &exchangeTrace{ctx: ctx, span: span}
+	if sc := span.SpanContext(); sc.IsSampled() {
+		ex.rec.TraceID = sc.TraceID().String()
+	}
+}
+
+// startAttemptSpan starts the span of an attempt on up; body is the
+// request as the caller sent it (captured once, with capture_content).
+func (ex *exchange) startAttemptSpan(up *upstream, bypass bool, body []byte) {
+	t := ex.tr
+	if t == nil {
+		return
+	}
+	if ex.g.traceContent && t.n == 0 {
+		t.content, t.cut = requestContent(body)
+	}
+	t.n++
+	attrs := []attribute.KeyValue{tracing.Upstream.String(up.cfg.Name), tracing.AttemptNumber.Int(t.n)}
+	if bypass {
+		attrs = append(attrs, tracing.BreakerBypass.Bool(true))
+	}
+	_, t.attempt = ex.g.tracer.Start(t.ctx, tracing.SpanAttempt, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithTimestamp(ex.g.now()), trace.WithAttributes(attrs...))
+}
+
+// endAttemptSpan ends the attempt's span with the upstream's status (0:
+// none) and the attempt's result, the upstream_attempts_total label.
+func (ex *exchange) endAttemptSpan(status int, result string) {
+	t := ex.tr
+	if t == nil || t.attempt == nil {
+		return
+	}
+	if status != 0 {
+		t.attempt.SetAttributes(tracing.HTTPResponseStatusCode.Int(status))
+	}
+	t.attempt.SetAttributes(tracing.AttemptResult.String(result))
+	if result != resultOK {
+		t.attempt.SetAttributes(tracing.ErrorType.String(result))
+		t.attempt.SetStatus(codes.Error, result)
+	}
+	t.attempt.End(trace.WithTimestamp(ex.g.now()))
+	t.attempt = nil
+}
+
+// injectTrace puts the current attempt's trace context (else the
+// request's) on the upstream request, in place of the caller's.
+func (ex *exchange) injectTrace(h http.Header) {
+	t := ex.tr
+	if t == nil {
+		return
+	}
+	ctx := t.ctx
+	if t.attempt != nil {
+		ctx = trace.ContextWithSpan(ctx, t.attempt)
+	}
+	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// traceRetryWait marks the start of a wait of d before the next attempt on
+// upstream, after an attempt that ended with result.
+func (ex *exchange) traceRetryWait(upstream string, d time.Duration, result string) {
+	if ex.tr == nil {
+		return
+	}
+	ex.tr.span.AddEvent(tracing.EventRetryWait, trace.WithTimestamp(ex.g.now()), trace.WithAttributes(
+		tracing.Upstream.String(upstream), tracing.RetryWaitMs.Float64(ms(d)), tracing.RetryReason.String(result)))
+}
+
+// traceSkip marks an upstream passed over without an attempt.
+func (ex *exchange) traceSkip(upstream, why string) {
+	if ex.tr == nil {
+		return
+	}
+	ex.tr.span.AddEvent(tracing.EventSkipped, trace.WithTimestamp(ex.g.now()), trace.WithAttributes(
+		tracing.Upstream.String(upstream), tracing.AttemptResult.String(why)))
+}
+
+// endTrace ends the request's span at t_end with the finished record's
+// figures. An attempt span a panic left open ends with it.
+func (ex *exchange) endTrace() {
+	t := ex.tr
+	if t == nil {
+		return
+	}
+	if t.attempt != nil {
+		ex.endAttemptSpan(0, "panic")
+	}
+	rec := &ex.rec
+	op := operationName(rec.Route, ex.r.URL.Path)
+	name := op
+	if rec.Model != "" {
+		name = op + " " + rec.Model
+	}
+	t.span.SetName(name)
+	if t.span.IsRecording() {
+		t.span.SetAttributes(ex.spanAttributes(op)...)
+	}
+	if rec.Outcome != llm.OutcomeOK {
+		t.span.SetStatus(codes.Error, rec.Outcome.String())
+	}
+	t.span.End(trace.WithTimestamp(rec.Timing.End))
+}
+
+// spanAttributes returns the request span's attributes: the GenAI
+// conventions' that apply, then tollgate's own, all from the record (as the
+// access log writes them: same fields, same conditions).
+func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
+	rec := &ex.rec
+	a := make([]attribute.KeyValue, 0, 40)
+	a = append(a, tracing.OperationName.String(op))
+	if p := ex.providerName(); p != "" {
+		a = append(a, tracing.ProviderName.String(p))
+	}
+	if rec.Model != "" {
+		a = append(a, tracing.RequestModel.String(rec.Model))
+	}
+	if rec.Stream {
+		a = append(a, tracing.RequestStream.Bool(true))
+	}
+	if ex.info.MaxTokens > 0 {
+		a = append(a, tracing.RequestMaxTokens.Int64(ex.info.MaxTokens))
+	}
+	if rec.Usage.HasInput {
+		a = append(a, tracing.UsageInputTokens.Int64(rec.Usage.Input),
+			tracing.UsageCacheReadInputTokens.Int64(rec.Usage.CacheRead),
+			tracing.UsageCacheCreationInputTokens.Int64(rec.Usage.CacheWrite))
+	}
+	if rec.Usage.HasOutput || rec.Estimated {
+		a = append(a, tracing.UsageOutputTokens.Int64(rec.Usage.Output),
+			tracing.UsageReasoningOutputTokens.Int64(rec.Usage.Reasoning),
+			tracing.TokensEstimated.Bool(rec.Estimated))
+	}
+	if !rec.Timing.FirstTokenOut.IsZero() {
+		a = append(a, tracing.ResponseTimeToFirstChunk.Float64(rec.TTFT().Seconds()),
+			tracing.TTFTMs.Float64(ms(rec.TTFT())))
+	}
+	if rec.Outcome != llm.OutcomeOK {
+		a = append(a, tracing.ErrorType.String(errorType(rec)))
+	}
+	a = append(a,
+		tracing.HTTPResponseStatusCode.Int(rec.Status),
+		tracing.RequestID.String(rec.RequestID),
+		tracing.Key.String(rec.KeyID),
+		tracing.Route.String(rec.Route.String()),
+		tracing.Outcome.String(rec.Outcome.String()),
+		tracing.E2EMs.Float64(ms(rec.E2E())),
+		tracing.OverheadMs.Float64(ms(rec.Overhead())),
+		tracing.BytesOut.Int64(rec.BytesOut),
+		tracing.InputBucket.String(rec.InputBucket),
+		tracing.Goodput.String(rec.Goodput.String()),
+	)
+	if rec.Upstream != "" {
+		a = append(a, tracing.Upstream.String(rec.Upstream))
+	}
+	if rec.Team != "" {
+		a = append(a, tracing.Team.String(rec.Team))
+	}
+	if rec.UpstreamRequestID != "" {
+		a = append(a, tracing.UpstreamRequestID.String(rec.UpstreamRequestID))
+	}
+	if rec.Stream {
+		a = append(a, tracing.TokenEvents.Int(rec.TokenEvents))
+		if !rec.Timing.FirstToken.IsZero() && !rec.Timing.UpSent.IsZero() {
+			a = append(a, tracing.UpstreamTTFT.Float64(ms(rec.UpstreamTTFT())))
+		}
+		if tpot, ok := rec.TPOT(); ok {
+			a = append(a, tracing.TPOTMs.Float64(ms(tpot)))
+		}
+	}
+	if rec.CostMicros > 0 {
+		a = append(a, tracing.CostMicros.Int64(rec.CostMicros))
+	}
+	if rec.Interruption != llm.InterruptNone {
+		a = append(a, tracing.Interruption.String(rec.Interruption.String()))
+	}
+	if rec.Rejection != llm.RejectNone {
+		a = append(a, tracing.Rejection.String(rec.Rejection.String()))
+	}
+	if rec.AttemptCount > 0 {
+		a = append(a, tracing.AttemptCount.Int(rec.AttemptCount))
+	}
+	if rec.RetryWait > 0 {
+		a = append(a, tracing.RetryWaitMs.Float64(ms(rec.RetryWait)))
+	}
+	if rec.QueueWait > 0 {
+		a = append(a, tracing.QueueWaitMs.Float64(ms(rec.QueueWait)))
+	}
+	a = ex.responseAttributes(a)
+	if ex.g.traceContent {
+		a = ex.contentAttributes(a)
+	}
+	return a
+}
+
+// responseAttributes adds gen_ai.response.id, .model and .finish_reasons
+// read from a non-streamed success's body, the bounded copy the gateway
+// keeps for its usage (a stream's events are not kept, so a stream's span
+// has none of them).
+func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyValue {
+	rec := &ex.rec
+	if rec.Stream || rec.Status/100 != 2 || rec.Dialect == llm.DialectNone || len(ex.captured) == 0 {
+		return a
+	}
+	var f struct {
+		ID      string `json:"id"`
+		Model   string `json:"model"`
+		Choices []struct {
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+		StopReason *string `json:"stop_reason"` // Anthropic
+	}
+	if json.Unmarshal(ex.captured, &f) != nil {
+		return a
+	}
+	if f.ID != "" {
+		a = append(a, tracing.ResponseID.String(f.ID))
+	}
+	if f.Model != "" {
+		a = append(a, tracing.ResponseModel.String(f.Model))
+	}
+	var reasons []string
+	for _, c := range f.Choices {
+		if c.FinishReason != nil {
+			reasons = append(reasons, *c.FinishReason)
+		}
+	}
+	if f.StopReason != nil {
+		reasons = append(reasons, *f.StopReason)
+	}
+	if len(reasons) > 0 {
+		a = append(a, tracing.ResponseFinishReasons.StringSlice(reasons))
+	}
+	return a
+}
+
+// contentAttributes adds the captured request messages and a non-streamed
+// answer's body (capture_content), each bounded.
+func (ex *exchange) contentAttributes(a []attribute.KeyValue) []attribute.KeyValue {
+	t := ex.tr
+	cut := t.cut
+	if t.content != "" {
+		a = append(a, tracing.RequestContent.String(t.content))
+	}
+	if !ex.rec.Stream && len(ex.captured) > 0 {
+		body := ex.captured
+		if len(body) > tracing.ContentLimit {
+			body, cut = body[:tracing.ContentLimit], true
+		}
+		a = append(a, tracing.ResponseContent.String(string(body)))
+	}
+	if cut {
+		a = append(a, tracing.ContentTruncated.Bool(true))
+	}
+	return a
+}
+
+// requestContent returns the request's messages as JSON ("messages", or a
+// Responses request's "input"; with an Anthropic "system" prompt, both in
+// one object), cut at tracing.ContentLimit.
+func requestContent(body []byte) (string, bool) {
+	var f struct {
+		Messages json.RawMessage `json:"messages"`
+		Input    json.RawMessage `json:"input"`
+		System   json.RawMessage `json:"system"`
+	}
+	if json.Unmarshal(body, &f) != nil {
+		return "", false
+	}
+	c := f.Messages
+	if len(c) == 0 {
+		c = f.Input
+	}
+	if len(f.System) > 0 {
+		if b, err := json.Marshal(map[string]json.RawMessage{"system": f.System, "messages": c}); err == nil {
+			c = b
+		}
+	}
+	if len(c) > tracing.ContentLimit {
+		return string(c[:tracing.ContentLimit]), true
+	}
+	return string(c), false
+}
+
+// operationName is gen_ai.operation.name: "chat" for the dialect routes, a
+// well-known name for the forwarded embeddings and legacy completions
+// paths, else tollgate's own.
+func operationName(route llm.Route, path string) string {
+	switch route {
+	case llm.RouteChatCompletions, llm.RouteMessages, llm.RouteResponses, llm.RouteResponsesRetrieve:
+		return tracing.OpChat
+	}
+	switch strings.TrimSuffix(path, "/") {
+	case "/v1/embeddings":
+		return tracing.OpEmbeddings
+	case "/v1/completions":
+		return tracing.OpTextCompletion
+	}
+	return tracing.OpForward
+}
+
+// providerName is gen_ai.provider.name: the API the request speaks, or for
+// a forwarded request the first one its upstream serves.
+func (ex *exchange) providerName() string {
+	d := ex.rec.Dialect
+	if d == llm.DialectNone && ex.up != nil && len(ex.up.cfg.Dialects) > 0 {
+		d, _ = llm.ParseDialect(ex.up.cfg.Dialects[0])
+	}
+	switch d {
+	case llm.DialectOpenAI, llm.DialectResponses:
+		return tracing.ProviderOpenAI
+	case llm.DialectAnthropic:
+		return tracing.ProviderAnthropic
+	}
+	return ""
+}
+
+// errorType is error.type for a failed exchange: the upstream's error type
+// when it named one, else the outcome (low cardinality either way).
+func errorType(rec *llm.Record) string {
+	if rec.ErrorType != "" {
+		return rec.ErrorType
+	}
+	return rec.Outcome.String()
+}
