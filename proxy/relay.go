@@ -296,6 +296,7 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 	withheld := false
 	if ev := l.st.fr.Event(); ev != nil {
 		obs := l.st.tap.Observe(ev, now)
+		ex.traceEvent(ev)
 		if ex.pendingClaim != storedNone {
 			// Before it is written: the caller must not hold the id of a
 			// response its team does not own yet.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -12,7 +13,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/sseparse"
 	"github.com/tollgate-llm/tollgate/tracing"
 )
 
@@ -33,6 +36,12 @@ type exchangeTrace struct {
 	n       int        // attempts started
 	content string     // the request's messages (capture_content)
 	cut     bool       // content was cut at tracing.ContentLimit
+
+	// A stream's response id, model and finish reasons, read from its
+	// events as they are relayed (traceEvent); a non-streamed answer's come
+	// from its body at the end.
+	respID, respModel string
+	reasons           []string
 }
 
 // startTrace starts the request's span, continuing the caller's W3C trace
@@ -241,13 +250,91 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 	return a
 }
 
-// responseAttributes adds gen_ai.response.id, .model and .finish_reasons
+// traceEvent reads a relayed stream event for the span's response
+// attributes: the response's id and model from the event that opens it
+// (an OpenAI chunk, Anthropic's message_start, a Responses
+// response.created), its finish reasons from the events that carry them
+// (an OpenAI chunk's choices, Anthropic's message_delta, a Responses
+// terminal event's status or incomplete reason). With tracing off it is a
+// nil check.
+func (ex *exchange) traceEvent(ev *sseparse.Event) {
+	t := ex.tr
+	if t == nil || len(ev.Data) == 0 || ev.Data[0] != '{' {
+		return
+	}
+	str := func(obj []byte, key string) string {
+		v, _ := jsonscan.Get(obj, key)
+		s, ok := jsonscan.String(v)
+		if !ok || len(s) == 0 {
+			return ""
+		}
+		return string(jsonscan.AppendUnescape(nil, s))
+	}
+	opened := func(obj []byte) {
+		if t.respID == "" {
+			t.respID, t.respModel = str(obj, "id"), str(obj, "model")
+		}
+	}
+	switch ex.rec.Dialect {
+	case llm.DialectOpenAI:
+		opened(ev.Data)
+		if !bytes.Contains(ev.Data, []byte(`"finish_reason":"`)) && !bytes.Contains(ev.Data, []byte(`"finish_reason": "`)) {
+			return
+		}
+		choices, _ := jsonscan.Get(ev.Data, "choices")
+		for it := jsonscan.Array(choices); it.Next(); {
+			if r := str(it.Value(), "finish_reason"); r != "" {
+				t.reasons = append(t.reasons, r)
+			}
+		}
+	case llm.DialectAnthropic:
+		switch string(ev.Type) {
+		case "message_start":
+			msg, _ := jsonscan.Get(ev.Data, "message")
+			opened(msg)
+		case "message_delta":
+			delta, _ := jsonscan.Get(ev.Data, "delta")
+			if r := str(delta, "stop_reason"); r != "" {
+				t.reasons = append(t.reasons, r)
+			}
+		}
+	case llm.DialectResponses:
+		switch string(ev.Type) {
+		case "response.created", "response.completed", "response.incomplete", "response.failed":
+			resp, _ := jsonscan.Get(ev.Data, "response")
+			opened(resp)
+			if string(ev.Type) == "response.created" {
+				return
+			}
+			details, _ := jsonscan.Get(resp, "incomplete_details")
+			if r := str(details, "reason"); r != "" {
+				t.reasons = append(t.reasons, r)
+			} else if r := str(resp, "status"); r != "" {
+				t.reasons = append(t.reasons, r)
+			}
+		}
+	}
+}
+
+// responseAttributes adds gen_ai.response.id, .model and .finish_reasons:
+// a stream's, read from its events as they were relayed (traceEvent), or
 // read from a non-streamed success's body, the bounded copy the gateway
-// keeps for its usage (a stream's events are not kept, so a stream's span
-// has none of them).
+// keeps for its usage.
 func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyValue {
 	rec := &ex.rec
-	if rec.Stream || rec.Status/100 != 2 || rec.Dialect == llm.DialectNone || len(ex.captured) == 0 {
+	if t := ex.tr; rec.Stream {
+		if t.respID != "" {
+			a = append(a, tracing.ResponseID.String(t.respID))
+		}
+		if t.respModel != "" {
+			a = append(a, tracing.ResponseModel.String(t.respModel))
+		}
+		if len(t.reasons) > 0 {
+			a = append(a, tracing.ResponseFinishReasons.StringSlice(t.reasons))
+		}
+		return a
+	}
+	if rec.Status/100 != 2 || rec.Dialect == llm.DialectNone || len(ex.captured) == 0 {
 		return a
 	}
 	var f struct {

@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate-llm/tollgate/internal/otlptest"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/sseparse"
 	"github.com/tollgate-llm/tollgate/tracing"
 )
 
@@ -573,6 +574,7 @@ func TestTracingOffAllocatesNothing(t *testing.T) {
 		ex.startAttemptSpan(up, false, nil)
 		ex.injectTrace(h)
 		ex.traceRetryWait("mock", time.Millisecond, "server_error")
+		ex.traceEvent(&sseparse.Event{Data: []byte(`{"id":"x","model":"m","choices":[{"finish_reason":"stop"}]}`)})
 		ex.traceSkip("mock", "breaker_open")
 		ex.endAttemptSpan(200, "ok")
 		ex.endTrace()
@@ -633,5 +635,44 @@ func TestTraceProbeHasNoSpan(t *testing.T) {
 	}
 	if hs := up.got(); len(hs) != 1 || hs[0].Get("traceparent") != "" {
 		t.Errorf("probe's upstream requests %d, traceparent %q", len(hs), hs[0].Get("traceparent"))
+	}
+}
+
+// A stream's span carries its response's id, model and finish reasons, read
+// from the events as they were relayed, in each dialect: the same the
+// caller's stream carried (mockllm speaks each wire format).
+func TestTraceStreamedResponseAttributes(t *testing.T) {
+	cases := []struct {
+		path, body, reasons string
+	}{
+		{"/v1/chat/completions", `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`, "[stop]"},
+		{"/v1/messages", `{"model":"claude-test","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "[end_turn]"},
+		{"/v1/responses", `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`, "[completed]"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.path, func(t *testing.T) {
+			rcv := otlptest.StartHTTP(t)
+			tr := newTestTracer(t, config.TracingHTTP, rcv.Endpoint, nil)
+			tg := tracedGateway(t, mockllm.New(mockllm.Options{OutputTokens: 3}), tr, nil)
+			resp, body := post(t, tg.URL+tc.path, tc.body, map[string]string{"Authorization": "Bearer sk-x", "Anthropic-Version": "2023-06-01"})
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			tg.record(t)
+			flush(t, tr)
+			reqs, _ := splitSpans(rcv.Spans())
+			if len(reqs) != 1 {
+				t.Fatalf("%d request spans", len(reqs))
+			}
+			a := reqs[0].Attrs()
+			id, _ := a["gen_ai.response.id"].(string)
+			model, _ := a["gen_ai.response.model"].(string)
+			if id == "" || !strings.Contains(string(body), `"`+id+`"`) || model == "" || !strings.Contains(string(body), `"model":"`+model+`"`) {
+				t.Errorf("response id %q and model %q: not those the stream carried:\n%s", id, model, body)
+			}
+			if got := fmt.Sprint(a["gen_ai.response.finish_reasons"]); got != tc.reasons {
+				t.Errorf("finish reasons %s, want %s", got, tc.reasons)
+			}
+		})
 	}
 }

@@ -26,7 +26,8 @@ const (
 	RequestStream    = attribute.Key("gen_ai.request.stream")
 	RequestMaxTokens = attribute.Key("gen_ai.request.max_tokens")
 	// ResponseModel, ResponseID and ResponseFinishReasons (a string array)
-	// are read from a non-streamed answer's body; a stream's span lacks them.
+	// are read from a non-streamed answer's body, or from a stream's events
+	// as they are relayed.
 	ResponseModel         = attribute.Key("gen_ai.response.model")
 	ResponseID            = attribute.Key("gen_ai.response.id")
 	ResponseFinishReasons = attribute.Key("gen_ai.response.finish_reasons")
