@@ -301,3 +301,25 @@ func TestReloadEndsWhenEveryEarlierExchangeHas(t *testing.T) {
 		t.Fatalf("after the last stream: first reload's ended %v, second's %v; want both", closed(endedOne), closed(endedTwo))
 	}
 }
+
+// BenchmarkGenerationBeginEnd: what taking and releasing the running
+// configuration costs an exchange (one atomic load and two atomic adds on
+// a counter every exchange of the generation shares), alone and from every
+// core at once.
+func BenchmarkGenerationBeginEnd(b *testing.B) {
+	g := bareGateway(b, "http://127.0.0.1:1", nil)
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			g.begin().end()
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				g.begin().end()
+			}
+		})
+	})
+}
