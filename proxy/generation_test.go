@@ -61,10 +61,10 @@ const reloadStreamBody = `{"model":"gpt-4o-mini","stream":true,"stream_options":
 
 func bearer(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
 
-// A stream open across a reload finishes byte-exact, on the upstream, key
-// and prices it began with; the next requests see the new config at once:
-// the removed key is refused, the added one admitted on the new upstream
-// and billed at the new price.
+// A stream open across a reload finishes byte-exact, on the upstream (which
+// the reload removed), key and prices it began with; the next requests see
+// the new config at once: the removed key is refused, the added one
+// admitted on the new upstream and billed at the new price.
 func TestReloadLeavesExchangesInFlightUnderTheirConfig(t *testing.T) {
 	fx := newReloadFixture(t)
 	tg := fx.tg
@@ -76,7 +76,8 @@ func TestReloadLeavesExchangesInFlightUnderTheirConfig(t *testing.T) {
 	fx.old.waitArrived(t)
 
 	next := fx.config(t, func(c *config.Config) {
-		c.Upstreams[0].BaseURL = fx.newURL
+		// "main" removed, "next" added in its place.
+		c.Upstreams[0].Name, c.Upstreams[0].BaseURL = "next", fx.newURL
 		c.Models[0].InputUSDPerMTok, c.Models[0].OutputUSDPerMTok = 10, 20
 		c.Keys = []config.Key{{Name: "beta", SHA256: sha(keyBeta), Team: "search"}}
 	})
@@ -100,8 +101,9 @@ func TestReloadLeavesExchangesInFlightUnderTheirConfig(t *testing.T) {
 		t.Fatalf("added key: %d, body differs at %s", resp.StatusCode, firstDiff(body, want))
 	}
 	added := tg.record(t)
-	if added.KeyID != "beta" || added.CostMicros != 19*10+8*20 {
-		t.Errorf("added key's record: key %q cost %d µ$, want beta at the new price, %d", added.KeyID, added.CostMicros, 19*10+8*20)
+	if added.KeyID != "beta" || added.CostMicros != 19*10+8*20 || added.Upstream != "next" {
+		t.Errorf("added key's record: key %q cost %d µ$ upstream %q, want beta at the new price, %d, on next",
+			added.KeyID, added.CostMicros, added.Upstream, 19*10+8*20)
 	}
 	if got := fx.new.requests.Load(); got != 1 {
 		t.Errorf("the new upstream got %d requests, want 1", got)
@@ -113,9 +115,9 @@ func TestReloadLeavesExchangesInFlightUnderTheirConfig(t *testing.T) {
 		t.Fatalf("the stream in flight: %v %v, body differs at %s", r.err, r.resp, firstDiff(r.body, want))
 	}
 	old := tg.record(t)
-	if old.KeyID != "alpha" || old.Outcome != llm.OutcomeOK || old.CostMicros != 19*1+8*2 {
-		t.Errorf("the stream in flight: key %q outcome %s cost %d µ$, want alpha ok at the old price, %d",
-			old.KeyID, old.Outcome, old.CostMicros, 19*1+8*2)
+	if old.KeyID != "alpha" || old.Outcome != llm.OutcomeOK || old.CostMicros != 19*1+8*2 || old.Upstream != "main" {
+		t.Errorf("the stream in flight: key %q outcome %s cost %d µ$ upstream %q, want alpha ok at the old price, %d, on the removed main",
+			old.KeyID, old.Outcome, old.CostMicros, old.Upstream, 19*1+8*2)
 	}
 	if got := fx.old.requests.Load(); got != 1 {
 		t.Errorf("the old upstream got %d requests, want only the one in flight", got)
