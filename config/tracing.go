@@ -27,9 +27,9 @@ type Tracing struct {
 	// is plain text by itself). Default false.
 	Insecure bool `toml:"insecure"`
 	// HeadersEnv names an environment variable holding headers sent with
-	// every export, as "key1=value1,key2=value2" (the format of
-	// OTEL_EXPORTER_OTLP_HEADERS, which the exporters also read by
-	// themselves). Default "": none beyond OTEL_EXPORTER_OTLP_HEADERS.
+	// every export, as "key1=value1,key2=value2", values percent-decoded
+	// (the format of OTEL_EXPORTER_OTLP_HEADERS, which the exporters also
+	// read by themselves). Default "": none beyond OTEL_EXPORTER_OTLP_HEADERS.
 	HeadersEnv string `toml:"headers_env"`
 	// Headers is what HeadersEnv's variable holds (a secret: collectors take
 	// API keys there); read at load, never printed.

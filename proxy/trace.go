@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -72,6 +73,9 @@ func (ex *exchange) startAttemptSpan(up *upstream, bypass bool, body []byte) {
 	if ex.g.traceContent && t.n == 0 {
 		t.content, t.cut = requestContent(body)
 	}
+	// What the response is comes from the attempt that serves it, not
+	// from one that opened a stream and broke.
+	t.respID, t.respModel, t.reasons = "", "", t.reasons[:0]
 	t.n++
 	attrs := []attribute.KeyValue{tracing.Upstream.String(up.cfg.Name), tracing.AttemptNumber.Int(t.n)}
 	if bypass {
@@ -111,6 +115,11 @@ func (ex *exchange) injectTrace(h http.Header) {
 	if t.attempt != nil {
 		ctx = trace.ContextWithSpan(ctx, t.attempt)
 	}
+	// The caller's own go: a tracestate the propagator did not take (the
+	// caller's traceparent invalid, or the tracestate malformed) would
+	// otherwise ride along with a trace it does not belong to.
+	h.Del("Traceparent")
+	h.Del("Tracestate")
 	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
@@ -149,14 +158,36 @@ func (ex *exchange) endTrace() {
 	if rec.Model != "" {
 		name = op + " " + rec.Model
 	}
-	t.span.SetName(name)
+	t.span.SetName(strings.ToValidUTF8(name, "\uFFFD"))
 	if t.span.IsRecording() {
-		t.span.SetAttributes(ex.spanAttributes(op)...)
+		t.span.SetAttributes(validUTF8(ex.spanAttributes(op))...)
 	}
 	if rec.Outcome != llm.OutcomeOK {
 		t.span.SetStatus(codes.Error, rec.Outcome.String())
 	}
 	t.span.End(trace.WithTimestamp(rec.Timing.End))
+}
+
+// validUTF8 replaces the bytes of string attributes that are not UTF-8
+// (an upstream's id or error type, content cut inside a character) with
+// U+FFFD: OTLP's protobuf encoding refuses such a string, and with it the
+// whole batch of spans it travels in.
+func validUTF8(attrs []attribute.KeyValue) []attribute.KeyValue {
+	for i, kv := range attrs {
+		switch kv.Value.Type() {
+		case attribute.STRING:
+			if v := kv.Value.AsString(); !utf8.ValidString(v) {
+				attrs[i] = kv.Key.String(strings.ToValidUTF8(v, "\uFFFD"))
+			}
+		case attribute.STRINGSLICE:
+			vs := kv.Value.AsStringSlice()
+			for j, v := range vs {
+				vs[j] = strings.ToValidUTF8(v, "\uFFFD")
+			}
+			attrs[i] = kv.Key.StringSlice(vs)
+		}
+	}
+	return attrs
 }
 
 // spanAttributes returns the request span's attributes: the GenAI
@@ -250,6 +281,10 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 	return a
 }
 
+// maxTracedChoices bounds the finish reasons a stream's span keeps: one per
+// choice index below it.
+const maxTracedChoices = 128
+
 // traceEvent reads a relayed stream event for the span's response
 // attributes: the response's id and model from the event that opens it
 // (an OpenAI chunk, Anthropic's message_start, a Responses
@@ -281,11 +316,21 @@ func (ex *exchange) traceEvent(ev *sseparse.Event) {
 		if !bytes.Contains(ev.Data, []byte(`"finish_reason":"`)) && !bytes.Contains(ev.Data, []byte(`"finish_reason": "`)) {
 			return
 		}
+		// One reason per choice, by its index: a provider may repeat it
+		// (on the usage chunk, say).
 		choices, _ := jsonscan.Get(ev.Data, "choices")
 		for it := jsonscan.Array(choices); it.Next(); {
-			if r := str(it.Value(), "finish_reason"); r != "" {
-				t.reasons = append(t.reasons, r)
+			c := it.Value()
+			r := str(c, "finish_reason")
+			iv, _ := jsonscan.Get(c, "index")
+			i, ok := jsonscan.Int(iv)
+			if r == "" || !ok || i < 0 || i >= maxTracedChoices {
+				continue
 			}
+			for int64(len(t.reasons)) <= i {
+				t.reasons = append(t.reasons, "")
+			}
+			t.reasons[i] = r
 		}
 	case llm.DialectAnthropic:
 		switch string(ev.Type) {
@@ -295,7 +340,7 @@ func (ex *exchange) traceEvent(ev *sseparse.Event) {
 		case "message_delta":
 			delta, _ := jsonscan.Get(ev.Data, "delta")
 			if r := str(delta, "stop_reason"); r != "" {
-				t.reasons = append(t.reasons, r)
+				t.reasons = append(t.reasons[:0], r)
 			}
 		}
 	case llm.DialectResponses:
@@ -308,9 +353,9 @@ func (ex *exchange) traceEvent(ev *sseparse.Event) {
 			}
 			details, _ := jsonscan.Get(resp, "incomplete_details")
 			if r := str(details, "reason"); r != "" {
-				t.reasons = append(t.reasons, r)
+				t.reasons = append(t.reasons[:0], r)
 			} else if r := str(resp, "status"); r != "" {
-				t.reasons = append(t.reasons, r)
+				t.reasons = append(t.reasons[:0], r)
 			}
 		}
 	}
@@ -329,8 +374,14 @@ func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyVa
 		if t.respModel != "" {
 			a = append(a, tracing.ResponseModel.String(t.respModel))
 		}
-		if len(t.reasons) > 0 {
-			a = append(a, tracing.ResponseFinishReasons.StringSlice(t.reasons))
+		var reasons []string
+		for _, r := range t.reasons {
+			if r != "" {
+				reasons = append(reasons, r)
+			}
+		}
+		if len(reasons) > 0 {
+			a = append(a, tracing.ResponseFinishReasons.StringSlice(reasons))
 		}
 		return a
 	}
@@ -344,6 +395,11 @@ func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyVa
 			FinishReason *string `json:"finish_reason"`
 		} `json:"choices"`
 		StopReason *string `json:"stop_reason"` // Anthropic
+		// Responses: why it stopped short, else its status.
+		Status            string `json:"status"`
+		IncompleteDetails *struct {
+			Reason string `json:"reason"`
+		} `json:"incomplete_details"`
 	}
 	if json.Unmarshal(ex.captured, &f) != nil {
 		return a
@@ -362,6 +418,14 @@ func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyVa
 	}
 	if f.StopReason != nil {
 		reasons = append(reasons, *f.StopReason)
+	}
+	if rec.Dialect == llm.DialectResponses {
+		switch {
+		case f.IncompleteDetails != nil && f.IncompleteDetails.Reason != "":
+			reasons = append(reasons, f.IncompleteDetails.Reason)
+		case f.Status != "":
+			reasons = append(reasons, f.Status)
+		}
 	}
 	if len(reasons) > 0 {
 		a = append(a, tracing.ResponseFinishReasons.StringSlice(reasons))

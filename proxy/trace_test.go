@@ -18,6 +18,9 @@ import (
 
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"sync/atomic"
+	"unicode/utf8"
+
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/otlptest"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -674,5 +677,192 @@ func TestTraceStreamedResponseAttributes(t *testing.T) {
 				t.Errorf("finish reasons %s, want %s", got, tc.reasons)
 			}
 		})
+	}
+}
+
+// TestTraceContentCutAtRuneBoundaryDoesNotLoseBatch: with capture_content,
+// a prompt of non-ASCII text longer than tracing.ContentLimit is cut in the
+// middle of a rune; the span must still be exported (valid UTF-8), and the
+// other spans of its batch with it.
+func TestTraceContentCutAtRuneBoundaryDoesNotLoseBatch(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	tr := newTestTracer(t, config.TracingHTTP, rcv.Endpoint, nil)
+	tg := tracedGateway(t, &headerUpstream{}, tr, func(c *config.Config) {
+		c.Tracing.CaptureContent = true
+		c.Server.MaxBodyBytes = 1 << 20
+	})
+	// `[{"role":"user","content":"` is 27 bytes: 16384-27 is odd, so the
+	// cut falls inside a 2-byte é.
+	big := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"` +
+		strings.Repeat("é", 10000) + `"}]}`
+	post(t, tg.URL+"/v1/chat/completions", tracedBody, nil)
+	tg.record(t)
+	post(t, tg.URL+"/v1/chat/completions", big, nil)
+	tg.record(t)
+	flush(t, tr)
+	_, failed := tr.Dropped()
+	reqs, _ := splitSpans(rcv.Spans())
+	if len(reqs) != 2 || failed != 0 {
+		t.Fatalf("%d request spans exported, %d spans dropped as export_failed; want 2 and 0", len(reqs), failed)
+	}
+	for _, s := range reqs {
+		if c, ok := s.Attrs()["tollgate.request.content"].(string); ok && !utf8.ValidString(c) {
+			t.Errorf("request content is not valid UTF-8")
+		}
+	}
+}
+
+var _ = http.StatusOK
+var _ = tracing.ContentLimit
+
+// TestTraceRestartedTraceDropsCallersTracestate: a caller's traceparent
+// that is not valid starts a new trace here; the upstream must not get the
+// caller's tracestate, which belongs to a trace it is no longer in, beside
+// the new traceparent.
+func TestTraceRestartedTraceDropsCallersTracestate(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	tr := newTestTracer(t, config.TracingHTTP, rcv.Endpoint, nil)
+	up := &headerUpstream{}
+	tg := tracedGateway(t, up, tr, nil)
+	post(t, tg.URL+"/v1/chat/completions", tracedBody, map[string]string{
+		"traceparent": "00-not-a-valid-traceparent-01", "tracestate": callerState})
+	tg.record(t)
+	h := up.got()
+	if len(h) != 1 {
+		t.Fatalf("%d upstream requests", len(h))
+	}
+	tp, ts := h[0].Get("traceparent"), h[0].Values("tracestate")
+	if strings.Contains(tp, "not-a-valid") {
+		t.Fatalf("caller's traceparent forwarded raw: %q", tp)
+	}
+	if len(ts) != 0 {
+		t.Errorf("upstream got traceparent %q (a new trace) with the caller's tracestate %q", tp, ts)
+	}
+}
+
+// TestTraceResponsesFinishReasonsStreamedOrNot: the same Responses request
+// through the same upstream, streamed and not: both spans carry the
+// response's finish reasons (the stream's come from its terminal event's
+// status; a non-streamed answer has the same status in its body).
+func TestTraceResponsesFinishReasonsStreamedOrNot(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	tr := newTestTracer(t, config.TracingHTTP, rcv.Endpoint, nil)
+	tg := tracedGateway(t, mockllm.New(mockllm.Options{OutputTokens: 3}), tr, nil)
+	for _, stream := range []string{"true", "false"} {
+		resp, _ := post(t, tg.URL+"/v1/responses", `{"model":"gpt-4o-mini","stream":`+stream+`,"input":"hi"}`, nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream=%s: status %d", stream, resp.StatusCode)
+		}
+		tg.record(t)
+	}
+	flush(t, tr)
+	reqs, _ := splitSpans(rcv.Spans())
+	if len(reqs) != 2 {
+		t.Fatalf("%d request spans", len(reqs))
+	}
+	for _, s := range reqs {
+		a := s.Attrs()
+		t.Logf("stream=%v id=%v model=%v finish_reasons=%v", a["gen_ai.request.stream"], a["gen_ai.response.id"],
+			a["gen_ai.response.model"], a["gen_ai.response.finish_reasons"])
+		if a["gen_ai.response.finish_reasons"] == nil {
+			t.Errorf("span (stream=%v) has no gen_ai.response.finish_reasons", a["gen_ai.request.stream"])
+		}
+	}
+}
+
+// brokenFirstStream answers its first request with an Anthropic stream
+// that opens (message_start of msg_first) and breaks before any token, and
+// every later one with mockllm's whole stream.
+type brokenFirstStream struct {
+	n    atomic.Int32
+	next http.Handler
+}
+
+func (u *brokenFirstStream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if u.n.Add(1) > 1 {
+		u.next.ServeHTTP(w, r)
+		return
+	}
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_first\","+
+		"\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-broken\",\"content\":[],\"stop_reason\":null,"+
+		"\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n")
+	w.(http.Flusher).Flush()
+	panic(http.ErrAbortHandler) // the connection breaks before the first token
+}
+
+// TestTraceRetriedStreamHasServedResponseID: a stream whose first attempt
+// opened (message_start) and broke before anything reached the caller is
+// retried; the span's gen_ai.response.id and .model must be those of the
+// response the caller got, not the abandoned attempt's.
+func TestTraceRetriedStreamHasServedResponseID(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	tr := newTestTracer(t, config.TracingHTTP, rcv.Endpoint, nil)
+	up := &brokenFirstStream{next: mockllm.New(mockllm.Options{OutputTokens: 3})}
+	tg := tracedGateway(t, up, tr, nil)
+	resp, body := post(t, tg.URL+"/v1/messages",
+		`{"model":"claude-sonnet-4","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	rec := tg.record(t)
+	if resp.StatusCode != http.StatusOK || rec.AttemptCount < 2 {
+		t.Fatalf("status %d, %d attempts; want 200 after a retry", resp.StatusCode, rec.AttemptCount)
+	}
+	if strings.Contains(string(body), "msg_first") {
+		t.Fatalf("the caller got the broken attempt's events")
+	}
+	flush(t, tr)
+	reqs, _ := splitSpans(rcv.Spans())
+	if len(reqs) != 1 {
+		t.Fatalf("%d request spans", len(reqs))
+	}
+	a := reqs[0].Attrs()
+	if a["gen_ai.response.id"] == "msg_first" || a["gen_ai.response.model"] == "claude-broken" {
+		t.Errorf("span names the abandoned attempt's response: id %v, model %v (the caller got %.120q)",
+			a["gen_ai.response.id"], a["gen_ai.response.model"], body)
+	}
+}
+
+// TestTraceUpstreamInvalidUTF8IDDoesNotLoseBatch: capture_content off; an
+// upstream's stream opens with a response id holding a byte that is not
+// UTF-8. That span must not make the export of its batch (another
+// request's span here) fail.
+func TestTraceUpstreamInvalidUTF8IDDoesNotLoseBatch(t *testing.T) {
+	for _, proto := range []string{config.TracingHTTP, config.TracingGRPC} {
+		t.Run(proto, func(t *testing.T) { upstreamInvalidUTF8ID(t, proto) })
+	}
+}
+
+func upstreamInvalidUTF8ID(t *testing.T, proto string) {
+	rcv := otlptest.StartHTTP(t)
+	if proto == config.TracingGRPC {
+		rcv = otlptest.StartGRPC(t)
+	}
+	tr := newTestTracer(t, proto, rcv.Endpoint, nil)
+	var n atomic.Int32
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		id := "chatcmpl-ok"
+		if n.Add(1) == 2 {
+			id = "chatcmpl-\xff"
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, d := range []string{
+			`{"id":"` + id + `","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}`,
+			`{"id":"` + id + `","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+			`{"id":"` + id + `","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`,
+			`[DONE]`} {
+			_, _ = io.WriteString(w, "data: "+d+"\n\n")
+		}
+	})
+	tg := tracedGateway(t, up, tr, nil)
+	for range 2 {
+		post(t, tg.URL+"/v1/chat/completions", tracedBody, nil)
+		tg.record(t)
+	}
+	flush(t, tr)
+	_, failed := tr.Dropped()
+	reqs, _ := splitSpans(rcv.Spans())
+	if failed != 0 || len(reqs) != 2 {
+		t.Fatalf("%d request spans exported, %d spans dropped as export_failed; want 2 and 0", len(reqs), failed)
 	}
 }

@@ -91,15 +91,20 @@ func (p *queueProcessor) ForceFlush(ctx context.Context) error {
 }
 
 // Shutdown exports what is queued and shuts the exporter down, waiting at
-// most until ctx ends. Spans that end after it are dropped.
+// most until ctx ends. Spans that end after it are dropped. Past ctx, the
+// exporter is shut down all the same (with ctx ended, it cancels an export
+// in flight and closes its connection), and what was still queued is
+// counted as dropped.
 func (p *queueProcessor) Shutdown(ctx context.Context) error {
 	p.once.Do(func() { close(p.stop) })
 	select {
 	case <-p.done:
+		return p.exp.Shutdown(ctx)
 	case <-ctx.Done():
+		p.exportFailed.Add(uint64(len(p.queue)))
+		_ = p.exp.Shutdown(ctx)
 		return ctx.Err()
 	}
-	return p.exp.Shutdown(ctx)
 }
 
 // run is the export goroutine.

@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"sync/atomic"
+
 	"github.com/tollgate-llm/tollgate/config"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -184,5 +186,41 @@ func TestParseHeaders(t *testing.T) {
 	}
 	if _, err := parseHeaders("Bearer secret-token"); err == nil || strings.Contains(err.Error(), "secret-token") {
 		t.Errorf("malformed headers: %v", err)
+	}
+}
+
+// shutdownCounting is a stalled exporter that counts its Shutdown calls
+// and, like the OTLP exporters, aborts the export in flight when shut down.
+type shutdownCounting struct {
+	*stalledExporter
+	shut atomic.Int32
+}
+
+func (e *shutdownCounting) Shutdown(context.Context) error {
+	if e.shut.Add(1) == 1 {
+		close(e.release)
+	}
+	return nil
+}
+
+// TestShutdownPastDeadlineStillStopsExporter: when the collector stalls
+// past Shutdown's context, the exporter is still shut down (the OTLP
+// exporters then kill the export in flight and close their connection);
+// else the export goroutine and the exporter's connection outlive the
+// pipeline by up to export_timeout_seconds.
+func TestShutdownPastDeadlineStillStopsExporter(t *testing.T) {
+	exp := &shutdownCounting{stalledExporter: newStalledExporter()}
+	tr := newTestTracer(t, testConfig(16), exp)
+	endSpans(tr, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_ = tr.Shutdown(ctx)
+	n := exp.shut.Load()
+	if n == 0 {
+		close(exp.release) // let the worker end for goleak
+	}
+	<-tr.proc.done
+	if n != 1 {
+		t.Fatalf("exporter Shutdown called %d times once Shutdown's context ended, want 1", n)
 	}
 }

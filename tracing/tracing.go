@@ -133,8 +133,9 @@ func newExporter(ctx context.Context, c config.Tracing) (sdktrace.SpanExporter, 
 	return otlptracehttp.New(ctx, opts...)
 }
 
-// parseHeaders reads "k1=v1,k2=v2", the OTEL_EXPORTER_OTLP_HEADERS format
-// (values may be percent-encoded there; here they are taken as written).
+// parseHeaders reads "k1=v1,k2=v2", the OTEL_EXPORTER_OTLP_HEADERS format:
+// values are percent-decoded as the SDK decodes that variable, so a value
+// copied from a vendor's instructions ("Basic%20...") works in both.
 // Errors never quote the value: it holds credentials.
 func parseHeaders(s string) (map[string]string, error) {
 	if strings.TrimSpace(s) == "" {
@@ -146,7 +147,12 @@ func parseHeaders(s string) (map[string]string, error) {
 		if k = strings.TrimSpace(k); !ok || k == "" {
 			return nil, fmt.Errorf("headers: entry %d is not key=value", i+1)
 		}
-		h[k] = strings.TrimSpace(v)
+		v = strings.TrimSpace(v)
+		dv, err := url.PathUnescape(v)
+		if err != nil {
+			return nil, fmt.Errorf("headers: the value of entry %d (%s) is not percent-encoded properly", i+1, k)
+		}
+		h[k] = dv
 	}
 	return h, nil
 }

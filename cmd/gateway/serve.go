@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"sync"
@@ -318,16 +319,16 @@ func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 	close(rg.stopping)
 	rg.afterMu.Unlock()
 	rg.afterReload.Wait()
-	// Every exchange has ended its span: the last export loses none.
-	stopTracing(rg.tracer, rg.log)
 	// Every exchange is settled and in the ledger: its last flush loses
-	// nothing.
+	// nothing. It goes before the traces, which may wait on a collector.
 	if gerr := rg.gov.Close(); gerr != nil {
 		rg.log.Error("closing limits and spend", "err", gerr)
 		if serveErr == nil {
 			serveErr = gerr
 		}
 	}
+	// Every exchange has ended its span: the last export loses none.
+	stopTracing(rg.tracer, rg.log)
 	if serveErr != nil {
 		return serveErr
 	}
@@ -357,9 +358,20 @@ func startTracing(cfg *config.Config, reg *prometheus.Registry, ops *slog.Logger
 	// What the SDK cannot return to a caller (partial exports, say) goes to
 	// the operational log, not to stderr in its own format.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { ops.Warn("tracing", "err", err) }))
-	ops.Info("tracing on", "protocol", tc.Protocol, "endpoint", tc.Endpoint, "sample_ratio", tc.SampleRatio,
+	ops.Info("tracing on", "protocol", tc.Protocol, "endpoint", withoutUserinfo(tc.Endpoint), "sample_ratio", tc.SampleRatio,
 		"capture_content", tc.CaptureContent)
 	return tr, nil
+}
+
+// withoutUserinfo is endpoint for a log line: a URL's user:password@ is
+// left out.
+func withoutUserinfo(endpoint string) string {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.User == nil {
+		return endpoint
+	}
+	u.User = nil
+	return u.String()
 }
 
 // stopTracing flushes and stops tr (nil: nothing to do), within

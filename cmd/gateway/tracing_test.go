@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"os"
+	"path/filepath"
+
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/otlptest"
 	"github.com/tollgate-llm/tollgate/mockllm"
@@ -64,5 +67,58 @@ func TestServeTracing(t *testing.T) {
 	}
 	if len(names) != 2 || !strings.Contains(strings.Join(names, ","), "chat gpt-4o-mini") {
 		t.Errorf("spans exported by the shutdown: %q, want the request's and its attempt's", names)
+	}
+}
+
+// TestServeShutdownSavesLedgerBeforeWaitingOnCollector: with a collector
+// that accepts and never answers, shutdown must not hold the ledger's last
+// save (spend state) behind the 5 s it gives the spans: money first, traces
+// after.
+func TestServeShutdownSavesLedgerBeforeWaitingOnCollector(t *testing.T) {
+	rcv := otlptest.StartHTTP(t)
+	rcv.Stall()
+	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: 3}))
+	defer mock.Close()
+	dir := t.TempDir()
+	state := filepath.Join(dir, "spend.json")
+	cfg := config.DemoConfig(mock.URL)
+	cfg.Auth.RequireKey = false
+	cfg.Spend.StateFile = state
+	cfg.Spend.FlushIntervalSeconds = 3600
+	cfg.Tracing.Enabled, cfg.Tracing.Endpoint = true, rcv.Endpoint
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Post("http://"+gw.addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	before, _ := os.Stat(state)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- gw.shutdown(0, 2*time.Second) }()
+	saved := time.Duration(-1)
+	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if fi, err := os.Stat(state); err == nil && (before == nil || !fi.ModTime().Equal(before.ModTime())) {
+			saved = time.Since(start)
+			break
+		}
+	}
+	<-done
+	t.Logf("shutdown took %v; spend state saved after %v", time.Since(start), saved)
+	if saved < 0 || saved > 2*time.Second {
+		t.Errorf("the spend state was saved %v into the shutdown (-1: never), behind the stalled collector", saved)
 	}
 }
