@@ -866,3 +866,20 @@ func upstreamInvalidUTF8ID(t *testing.T, proto string) {
 		t.Fatalf("%d request spans exported, %d spans dropped as export_failed; want 2 and 0", len(reqs), failed)
 	}
 }
+
+// With tracing on, reading a stream's events for the span allocates
+// nothing per token event once the response is named: only the id, model
+// and finish reason strings, once a stream.
+func TestTraceEventAllocatesNothingPerTokenEvent(t *testing.T) {
+	ex := &exchange{tr: &exchangeTrace{}}
+	ex.rec.Dialect = llm.DialectOpenAI
+	open := &sseparse.Event{Data: []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}`)}
+	token := &sseparse.Event{Data: []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}`)}
+	ex.traceEvent(open)
+	if allocs := testing.AllocsPerRun(200, func() { ex.traceEvent(token) }); allocs != 0 {
+		t.Errorf("%v allocations per token event with tracing on, want 0", allocs)
+	}
+	if ex.tr.respID != "chatcmpl-1" || ex.tr.respModel != "gpt-4o-mini" {
+		t.Errorf("named %q %q", ex.tr.respID, ex.tr.respModel)
+	}
+}
