@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -88,9 +89,16 @@ func (c *Config) validateTracing(v *validator) {
 			v.add("tracing.endpoint", "%q: scheme %q is not http or https", t.Endpoint, u.Scheme)
 		case u.Host == "":
 			v.add("tracing.endpoint", "%q has no host", t.Endpoint)
+		case u.Port() != "" && !validPort(u.Port()):
+			v.add("tracing.endpoint", "%q: port %q is not a number from 1 to 65535", t.Endpoint, u.Port())
+		case t.Insecure && u.Scheme == "https":
+			v.add("tracing.insecure", "is true but tracing.endpoint %q is an https URL: drop insecure, or write the endpoint as http://", t.Endpoint)
 		}
-	} else if t.Endpoint != "" && (strings.ContainsAny(t.Endpoint, " /") || !strings.Contains(t.Endpoint, ":")) {
-		v.add("tracing.endpoint", "%q is neither host:port nor an http(s) URL", t.Endpoint)
+	} else if t.Endpoint != "" {
+		host, port, err := net.SplitHostPort(t.Endpoint)
+		if err != nil || host == "" || strings.ContainsAny(t.Endpoint, " /") || !validPort(port) {
+			v.add("tracing.endpoint", "%q is neither host:port (a port from 1 to 65535) nor an http(s) URL", t.Endpoint)
+		}
 	}
 	if t.HeadersEnv != "" && v.envVar("tracing.headers_env", t.HeadersEnv, t.Headers, "headers") {
 		for _, kv := range strings.Split(t.Headers.Reveal(), ",") {
@@ -106,5 +114,13 @@ func (c *Config) validateTracing(v *validator) {
 		v.add("tracing.service_name", "must not be empty")
 	}
 	v.atLeast("tracing.queue_size", int64(t.QueueSize), 1)
+	// The queue is allocated at start, a slot per span: a typo of a few
+	// zeros must not take the memory of the host.
+	if t.QueueSize > maxTracingQueue {
+		v.add("tracing.queue_size", "%d is over %d spans", t.QueueSize, maxTracingQueue)
+	}
 	v.duration("tracing.export_timeout_seconds", t.ExportTimeoutSeconds, time.Second, false)
 }
+
+// maxTracingQueue bounds [tracing] queue_size.
+const maxTracingQueue = 1 << 20
