@@ -489,15 +489,15 @@ func fastRetry(u *config.Upstream) {
 }
 
 // closedPortURL returns the URL of a loopback port nobody listens on.
-func closedPortURL(t *testing.T) string {
-	t.Helper()
+func closedPortURL(tb testing.TB) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	if err := ln.Close(); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return "http://" + addr
 }

@@ -366,51 +366,49 @@ func (ex *exchange) traceEvent(ev *sseparse.Event) {
 // read from a non-streamed success's body, the bounded copy the gateway
 // keeps for its usage.
 func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyValue {
-	rec := &ex.rec
-	if t := ex.tr; rec.Stream {
-		if t.respID != "" {
-			a = append(a, tracing.ResponseID.String(t.respID))
-		}
-		if t.respModel != "" {
-			a = append(a, tracing.ResponseModel.String(t.respModel))
-		}
-		var reasons []string
-		for _, r := range t.reasons {
+	var id, model string
+	var reasons []string
+	if rec := &ex.rec; rec.Stream {
+		id, model = ex.tr.respID, ex.tr.respModel
+		for _, r := range ex.tr.reasons {
 			if r != "" {
 				reasons = append(reasons, r)
 			}
 		}
-		if len(reasons) > 0 {
-			a = append(a, tracing.ResponseFinishReasons.StringSlice(reasons))
-		}
-		return a
+	} else if rec.Status/100 == 2 && rec.Dialect != llm.DialectNone && len(ex.captured) > 0 {
+		id, model, reasons = answerResponse(rec.Dialect, ex.captured)
 	}
-	if rec.Status/100 != 2 || rec.Dialect == llm.DialectNone || len(ex.captured) == 0 {
-		return a
+	if id != "" {
+		a = append(a, tracing.ResponseID.String(id))
 	}
+	if model != "" {
+		a = append(a, tracing.ResponseModel.String(model))
+	}
+	if len(reasons) > 0 {
+		a = append(a, tracing.ResponseFinishReasons.StringSlice(reasons))
+	}
+	return a
+}
+
+// answerResponse reads a non-streamed answer's id, model and finish
+// reasons from its body: an OpenAI answer's choices, an Anthropic
+// stop_reason, a Responses answer's incomplete reason or else its status.
+func answerResponse(d llm.Dialect, body []byte) (id, model string, reasons []string) {
 	var f struct {
 		ID      string `json:"id"`
 		Model   string `json:"model"`
 		Choices []struct {
 			FinishReason *string `json:"finish_reason"`
 		} `json:"choices"`
-		StopReason *string `json:"stop_reason"` // Anthropic
-		// Responses: why it stopped short, else its status.
-		Status            string `json:"status"`
+		StopReason        *string `json:"stop_reason"` // Anthropic
+		Status            string  `json:"status"`      // Responses
 		IncompleteDetails *struct {
 			Reason string `json:"reason"`
 		} `json:"incomplete_details"`
 	}
-	if json.Unmarshal(ex.captured, &f) != nil {
-		return a
+	if json.Unmarshal(body, &f) != nil {
+		return "", "", nil
 	}
-	if f.ID != "" {
-		a = append(a, tracing.ResponseID.String(f.ID))
-	}
-	if f.Model != "" {
-		a = append(a, tracing.ResponseModel.String(f.Model))
-	}
-	var reasons []string
 	for _, c := range f.Choices {
 		if c.FinishReason != nil {
 			reasons = append(reasons, *c.FinishReason)
@@ -419,7 +417,7 @@ func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyVa
 	if f.StopReason != nil {
 		reasons = append(reasons, *f.StopReason)
 	}
-	if rec.Dialect == llm.DialectResponses {
+	if d == llm.DialectResponses {
 		switch {
 		case f.IncompleteDetails != nil && f.IncompleteDetails.Reason != "":
 			reasons = append(reasons, f.IncompleteDetails.Reason)
@@ -427,10 +425,7 @@ func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyVa
 			reasons = append(reasons, f.Status)
 		}
 	}
-	if len(reasons) > 0 {
-		a = append(a, tracing.ResponseFinishReasons.StringSlice(reasons))
-	}
-	return a
+	return f.ID, f.Model, reasons
 }
 
 // contentAttributes adds the captured request messages and a non-streamed

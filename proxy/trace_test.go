@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -511,7 +510,7 @@ func BenchmarkStreamTracing(b *testing.B) {
 	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hello"}]}`
 	rcv := otlptest.StartHTTP(b)
 	for _, c := range []struct{ name, endpoint string }{
-		{"off", ""}, {"on", rcv.Endpoint}, {"collector_down", closedPortURLTB(b)},
+		{"off", ""}, {"on", rcv.Endpoint}, {"collector_down", closedPortURL(b)},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var tr *tracing.Tracer
@@ -549,20 +548,6 @@ func BenchmarkStreamTracing(b *testing.B) {
 			}
 		})
 	}
-}
-
-// closedPortURLTB is closedPortURL for benchmarks.
-func closedPortURLTB(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	return "http://" + addr
 }
 
 // TestTracingOffAllocatesNothing: without a Tracer every tracing hook of

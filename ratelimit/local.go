@@ -432,14 +432,8 @@ func (l *Local) RaiseTo(s Subject, at time.Time, dayTokens, dayCostMicros, month
 		return
 	}
 	e := l.get(s)
-	_, rem := dayWindow(at)
-	if end := at.UnixNano() + int64(rem); e.dayEnd < end {
-		e.dayEnd, e.dayTokens, e.dayCost, e.dayTokensRes, e.dayCostRes = end, 0, 0, 0, 0
-	}
-	_, rem = monthWindow(at)
-	if end := at.UnixNano() + int64(rem); e.monthEnd < end {
-		e.monthEnd, e.monthCost, e.monthCostRes = end, 0, 0
-	}
+	e.rollDay(at, at.UnixNano())
+	e.rollMonth(at, at.UnixNano())
 	if lim.TokensPerDay > 0 {
 		e.dayTokens = max(e.dayTokens, dayTokens)
 	}

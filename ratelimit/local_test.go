@@ -927,3 +927,31 @@ func TestLocalHeldBudgetRetryAfter(t *testing.T) {
 		t.Fatalf("December 1, 00:00:20: %+v, want RetryAfter 50s", d)
 	}
 }
+
+// TestLocalRaiseTo: RaiseTo brings a budget's windows up to the figures
+// given and never lowers them, so raising twice raises once; usage counted
+// in the windows stays when it is above; a window without a budget is not
+// raised; an ended day is rolled over first.
+func TestLocalRaiseTo(t *testing.T) {
+	c := &localClock{t: lt0}
+	l := NewLocal(LocalOptions{Now: c.Now})
+	defer l.Close()
+	team := lteam("raised", Limits{TokensPerDay: 1000, CostPerMonthMicros: 8000})
+	l.Seed(team, lt0.Add(-24*time.Hour), 900, 0, 0) // yesterday's tokens: rolled away
+	l.RaiseTo(team, lt0, 300, 5000, 2000)
+	l.RaiseTo(team, lt0, 300, 5000, 2000) // again: nothing more
+	l.RaiseTo(team, lt0, 100, 0, 1000)    // lower figures: nothing lowered
+	for _, w := range []struct {
+		k    Kind
+		used int64
+	}{{KindTokensPerDay, 300}, {KindCostPerMonth, 2000}} {
+		if st := peekLocal(t, l, team, w.k); st.Used != w.used {
+			t.Errorf("%s after RaiseTo: %+v, want used %d", w.k, st, w.used)
+		}
+	}
+	withDayCost := team
+	withDayCost.Limits.CostPerDayMicros = 9000
+	if st := peekLocal(t, l, withDayCost, KindCostPerDay); st.Used != 0 {
+		t.Errorf("cost_per_day, which had no budget when raised: used %d, want 0", st.Used)
+	}
+}

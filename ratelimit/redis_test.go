@@ -1028,3 +1028,36 @@ func TestRedisHeldBudgetRetryAfter(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisRaiseTo: RaiseTo brings a budget's counters up to the figures
+// given in one script, idempotently (two replicas raising to the same
+// figures raise once), never lowers them, and leaves a window without a
+// budget alone.
+func TestRedisRaiseTo(t *testing.T) {
+	rl := NewRedis(startRedis(t), RedisOptions{})
+	defer rl.Close()
+	ctx := context.Background()
+	now := time.Now()
+	team := Subject{Scope: ScopeTeam, ID: "raised", Limits: Limits{TokensPerDay: 1000, CostPerMonthMicros: 8000}}
+	for _, fig := range [][3]int64{{300, 5000, 2000}, {300, 5000, 2000}, {100, 0, 1000}} {
+		if err := rl.RaiseTo(ctx, team, now, fig[0], fig[1], fig[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withDayCost := team
+	withDayCost.Limits.CostPerDayMicros = 9000
+	sts, err := rl.Peek(ctx, []Subject{withDayCost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[Kind]int64{KindTokensPerDay: 300, KindCostPerDay: 0, KindCostPerMonth: 2000}
+	for _, st := range sts {
+		if w, ok := want[st.Kind]; ok && st.Used != w {
+			t.Errorf("%s after RaiseTo: used %d, want %d", st.Kind, st.Used, w)
+		}
+		delete(want, st.Kind)
+	}
+	if len(want) != 0 {
+		t.Errorf("budgets missing from Peek: %v", want)
+	}
+}

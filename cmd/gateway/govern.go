@@ -230,18 +230,19 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 // (or has not since it was removed). The counters are raised to the
 // ledger's figures, never added to, so raising again (after the requests of
 // the old configuration have billed) or from every replica raises once.
-// next also becomes the configuration a refill charges.
-func (g *governance) raiseAdded(ctx context.Context, running, next *config.Config, now time.Time) error {
+// next also becomes the configuration a refill charges. added says whether
+// next adds any budget.
+func (g *governance) raiseAdded(ctx context.Context, running, next *config.Config, now time.Time) (added bool, err error) {
 	g.current.Store(next)
 	fresh := addedBudgets(running, next)
 	if len(fresh.Keys)+len(fresh.Teams) == 0 {
-		return nil
+		return false, nil
 	}
 	now = now.UTC()
 	monthStart := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).Format(time.DateOnly)
 	rows, err := g.ledger.Query(ctx, spend.Filter{From: monthStart, To: now.Format(time.DateOnly)})
 	if err != nil {
-		return fmt.Errorf("reading this month's spend for the budgets the reload added: %w", err)
+		return true, fmt.Errorf("reading this month's spend for the budgets the reload added: %w", err)
 	}
 	for s, u := range budgetUsage(rows, fresh, now) {
 		if g.local != nil {
@@ -249,11 +250,11 @@ func (g *governance) raiseAdded(ctx context.Context, running, next *config.Confi
 		}
 		if g.shared != nil {
 			if err := g.shared.RaiseTo(ctx, s, now, u.dayTokens, u.dayCost, u.monthCost); err != nil {
-				return err
+				return true, err
 			}
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // warnIfRedisForgets warns when Redis keeps its data only in memory: a

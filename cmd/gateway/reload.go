@@ -100,21 +100,23 @@ func (rl *reloader) apply(next *config.Config, changed []string) error {
 	// again once every request begun before the swap has billed: those
 	// settle without the new budgets.
 	running := rg.gw.Config()
-	raise := func(what string) {
+	raise := func(what string) (added bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := rg.gov.raiseAdded(ctx, running, next, time.Now()); err != nil {
+		added, err := rg.gov.raiseAdded(ctx, running, next, time.Now())
+		if err != nil {
 			rg.log.Error("config reload: the budgets it added do not hold today's spend "+what, "err", err)
 		}
+		return added
 	}
-	raise("before the swap")
+	added := raise("before the swap")
 	ended, err := rg.gw.Reload(next)
 	if err != nil {
 		rg.gov.current.Store(running)
 		return err
 	}
 	failed = false
-	if added := addedBudgets(running, next); len(added.Keys)+len(added.Teams) > 0 {
+	if added {
 		rg.later(func() {
 			select {
 			case <-ended:

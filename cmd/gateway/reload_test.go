@@ -700,7 +700,7 @@ func TestReloadRaisesTheBudgetsItAddsToTheLedger(t *testing.T) {
 				var last *config.Config
 				for _, st := range tc.steps {
 					last = budget(cfg, st.toRed, st.toBlue)
-					if err := gov.raiseAdded(ctx, budget(cfg, st.fromRed, st.fromBlue), last, now); err != nil {
+					if _, err := gov.raiseAdded(ctx, budget(cfg, st.fromRed, st.fromBlue), last, now); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -28,18 +28,7 @@ func TestServeTracing(t *testing.T) {
 	defer mock.Close()
 	cfg := config.DemoConfig(mock.URL)
 	cfg.Auth.RequireKey = false
-	cfg.Tracing.Enabled, cfg.Tracing.Endpoint = true, rcv.Endpoint
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := startTraced(t, &cfg, rcv.Endpoint)
 	base := "http://" + gw.addr
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := client.Post(base+"/v1/chat/completions", "application/json",
@@ -85,18 +74,7 @@ func TestServeShutdownSavesLedgerBeforeWaitingOnCollector(t *testing.T) {
 	cfg.Auth.RequireKey = false
 	cfg.Spend.StateFile = state
 	cfg.Spend.FlushIntervalSeconds = 3600
-	cfg.Tracing.Enabled, cfg.Tracing.Endpoint = true, rcv.Endpoint
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := startGateway(&cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := startTraced(t, &cfg, rcv.Endpoint)
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := client.Post("http://"+gw.addr+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`))
@@ -121,4 +99,23 @@ func TestServeShutdownSavesLedgerBeforeWaitingOnCollector(t *testing.T) {
 	if saved < 0 || saved > 2*time.Second {
 		t.Errorf("the spend state was saved %v into the shutdown (-1: never), behind the stalled collector", saved)
 	}
+}
+
+// startTraced starts a gateway on cfg, exporting its traces to endpoint,
+// on a free loopback port; the test shuts it down.
+func startTraced(t *testing.T, cfg *config.Config, endpoint string) *runningGateway {
+	t.Helper()
+	cfg.Tracing.Enabled, cfg.Tracing.Endpoint = true, endpoint
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := startGateway(cfg, ln, slog.New(slog.DiscardHandler), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gw
 }
