@@ -34,6 +34,9 @@ type Config struct {
 
 	// Tracing is the OpenTelemetry export of traces (tracing.go).
 	Tracing Tracing `toml:"tracing"`
+
+	// Conversations are the figures per conversation (conversations.go).
+	Conversations Conversations `toml:"conversations"`
 }
 
 // Server is the [server] table: the gateway's own listener.

@@ -29,7 +29,14 @@ func readShipped(t *testing.T) (doc, withKeys, withExamples string) {
 	}
 	doc = string(b)
 	withKeys = regexp.MustCompile(`(?m)^# (api_key_env = )`).ReplaceAllString(doc, "$1")
-	return doc, withKeys, uncommentExamples(t, withKeys)
+	withExamples = uncommentExamples(t, withKeys)
+	// The example team's budget per conversation needs conversations on.
+	on := strings.Replace(withExamples, "[conversations]\n# Turn conversation tracking on. Default false.\nenabled = false",
+		"[conversations]\n# Turn conversation tracking on. Default false.\nenabled = true", 1)
+	if on == withExamples {
+		t.Fatal("gateway.toml's [conversations] does not start with its enabled = false")
+	}
+	return doc, withKeys, on
 }
 
 // exampleStartRE is the first line of an example block in gateway.toml.

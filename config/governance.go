@@ -37,6 +37,10 @@ type Team struct {
 	// a team may use has a price. Empty: any model.
 	Models []string `toml:"models"`
 	Limits
+	// MaxCostPerConversationUSD is a budget in US dollars per conversation
+	// ([conversations] must be on): a turn whose cost, estimated as for the
+	// other budgets, would take its conversation past it is refused.
+	MaxCostPerConversationUSD *float64 `toml:"max_cost_per_conversation_usd"`
 }
 
 // Key is one [[keys]] table: a gateway key (mode "keys"), or in mode

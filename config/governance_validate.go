@@ -62,6 +62,10 @@ func (c *Config) validateGovernance(v *validator) {
 			}
 		}
 		t.Limits.validate(v, key, priced)
+		v.costLimit(key+".max_cost_per_conversation_usd", t.MaxCostPerConversationUSD, priced)
+		if t.MaxCostPerConversationUSD != nil && !c.Conversations.Enabled {
+			v.add(key+".max_cost_per_conversation_usd", "needs [conversations] enabled = true: without it no conversation is tracked and the budget would never be spent")
+		}
 	}
 
 	keys := make(map[string]int, len(c.Keys))

@@ -73,7 +73,8 @@ func Default() Config {
 			StateFile:        "tollgate-ownership.jsonl",
 		},
 		Probe:   defaultProbe(),
-		Tracing: defaultTracing(),
+		Tracing:       defaultTracing(),
+		Conversations: defaultConversations(),
 	}
 }
 
@@ -124,6 +125,7 @@ func DemoConfig(baseURL string) Config {
 	c.Upstreams = []Upstream{u}
 	c.Spend.StateFile = ""
 	c.Ownership.StateFile = ""
+	c.Conversations.StateFile = ""
 	c.Redis.SpillDir = ""
 	c.normalize()
 	return c

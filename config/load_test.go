@@ -29,6 +29,8 @@ func TestDefault(t *testing.T) {
 			TimeoutSeconds: 60, Prompt: "Reply with the single word: ok"},
 		Tracing: Tracing{Protocol: "http/protobuf", SampleRatio: 1, ServiceName: "tollgate", QueueSize: 2048,
 			ExportTimeoutSeconds: 10},
+		Conversations: Conversations{Header: "X-Conversation-Id", IdleTimeoutSeconds: 1800, MaxActive: 100000,
+			StateFile: "tollgate-conversations.json", FlushIntervalSeconds: 1},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
@@ -391,6 +393,7 @@ concurrency = 32
 tokens_per_day = 50000000
 cost_per_day_usd = 100
 cost_per_month_usd = 2000.5
+max_cost_per_conversation_usd = 1.5
 
 [[teams]]
 name = "ops"
@@ -436,6 +439,14 @@ service_name = "tollgate-eu"
 capture_content = true
 queue_size = 100
 export_timeout_seconds = 2.5
+
+[conversations]
+enabled = true
+header = "X-Session"
+idle_timeout_seconds = 600
+max_active = 5000
+state_file = "/var/lib/tollgate/conversations.json"
+flush_interval_seconds = 0.5
 `
 	env := map[string]string{
 		"OPENAI_API_KEY":       "sk-test-1",
@@ -490,7 +501,7 @@ export_timeout_seconds = 2.5
 		Teams: []Team{
 			{Name: "research", Models: []string{"gpt-4o-mini*", "claude-sonnet-4*"}, Limits: Limits{
 				RPM: i64(600), TPM: i64(2000000), Concurrency: i64(32), TokensPerDay: i64(50000000),
-				CostPerDayUSD: f64(100), CostPerMonthUSD: f64(2000.5)}},
+				CostPerDayUSD: f64(100), CostPerMonthUSD: f64(2000.5)}, MaxCostPerConversationUSD: f64(1.5)},
 			{Name: "ops"},
 		},
 		Keys: []Key{
@@ -507,6 +518,8 @@ export_timeout_seconds = 2.5
 		Tracing: Tracing{Enabled: true, Protocol: "grpc", Endpoint: "otel-collector:4317", Insecure: true,
 			HeadersEnv: "OTLP_HEADERS", Headers: "authorization=Bearer otlp-secret", SampleRatio: 0.25,
 			ServiceName: "tollgate-eu", CaptureContent: true, QueueSize: 100, ExportTimeoutSeconds: 2.5},
+		Conversations: Conversations{Enabled: true, Header: "X-Session", IdleTimeoutSeconds: 600, MaxActive: 5000,
+			StateFile: "/var/lib/tollgate/conversations.json", FlushIntervalSeconds: 0.5},
 	}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("Parse =\n%+v\nwant\n%+v", *c, want)
@@ -676,8 +689,8 @@ func TestDemoConfig(t *testing.T) {
 	if len(c.Upstreams) != 1 || c.Upstreams[0].Name != "mock" || c.Upstreams[0].BaseURL != "http://127.0.0.1:7777" {
 		t.Errorf("upstreams = %+v", c.Upstreams)
 	}
-	// The demo writes no spend, ownership or spill file and needs no key.
-	if c.Spend.StateFile != "" || c.Ownership.StateFile != "" || c.Redis.SpillDir != "" ||
+	// The demo writes no spend, ownership, conversation or spill file and needs no key.
+	if c.Spend.StateFile != "" || c.Ownership.StateFile != "" || c.Conversations.StateFile != "" || c.Redis.SpillDir != "" ||
 		c.Auth.Mode != "passthrough" || len(c.Keys) != 0 {
 		t.Errorf("DemoConfig state_file = %q, ownership state_file = %q, spill_dir = %q, mode = %q, %d keys; "+
 			"want \"\", \"\", \"\", passthrough, none",
@@ -685,7 +698,7 @@ func TestDemoConfig(t *testing.T) {
 	}
 	want := Default()
 	want.Upstreams = c.Upstreams
-	want.Spend.StateFile, want.Ownership.StateFile, want.Redis.SpillDir = "", "", ""
+	want.Spend.StateFile, want.Ownership.StateFile, want.Conversations.StateFile, want.Redis.SpillDir = "", "", "", ""
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("DemoConfig differs from Default() outside its upstream, state file and spill dir")
 	}

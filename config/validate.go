@@ -66,6 +66,7 @@ func (c *Config) Validate() error {
 	c.validateGovernance(&v)
 	c.validateProbe(&v)
 	c.validateTracing(&v)
+	c.Conversations.validate(&v)
 	return errors.Join(v.errs...)
 }
 
