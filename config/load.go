@@ -72,7 +72,7 @@ func Default() Config {
 			ResponseTTLHours: 720,
 			StateFile:        "tollgate-ownership.jsonl",
 		},
-		Probe:   defaultProbe(),
+		Probe:         defaultProbe(),
 		Tracing:       defaultTracing(),
 		Conversations: defaultConversations(),
 	}
