@@ -181,6 +181,13 @@ func (l *Local) Record(t Turn) {
 	}
 }
 
+// Active returns the number of active conversations.
+func (l *Local) Active() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.order.Len()
+}
+
 // Get implements Store.
 func (l *Local) Get(_ context.Context, key string) (Conversation, error) {
 	l.mu.Lock()

@@ -175,6 +175,9 @@ const (
 	// RejectHeadersTooLarge: the request's headers exceed
 	// server.max_header_bytes.
 	RejectHeadersTooLarge
+	// RejectCostPerConversation: the turn would take its conversation past
+	// its team's max_cost_per_conversation_usd.
+	RejectCostPerConversation
 	// RejectOther is any other refusal.
 	RejectOther
 )
@@ -195,6 +198,7 @@ var rejectionNames = [...]string{
 	RejectOwnershipUnavailable: "ownership_unavailable",
 	RejectNonCanonicalPath:     "non_canonical_path",
 	RejectHeadersTooLarge:      "headers_too_large",
+	RejectCostPerConversation:  "cost_per_conversation",
 	RejectOther:                "other",
 }
 

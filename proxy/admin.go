@@ -25,19 +25,13 @@ const adminTimeout = 5 * time.Second
 // adminRoutes mounts GET /admin/spend and GET /admin/limits behind the admin
 // token. Without a token configured they are not mounted (404).
 func (g *Gateway) adminRoutes(r chi.Router) {
-	token := g.Config().Admin.Token.Reveal()
-	if token == "" {
+	if !g.hasAdmin {
 		return
 	}
-	// Comparing digests keeps the comparison constant-time whatever the
-	// presented token's length.
-	want := sha256.Sum256([]byte(token))
 	r.Route("/admin", func(r chi.Router) {
 		r.Use(func(next http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-				sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
-				if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+				if !g.isAdmin(r) {
 					w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate admin"`)
 					adminError(w, http.StatusUnauthorized, "missing or wrong admin token: send \"Authorization: Bearer <token>\"")
 					return
@@ -48,7 +42,15 @@ func (g *Gateway) adminRoutes(r chi.Router) {
 		r.Get("/spend", g.adminSpend)
 		r.Get("/limits", g.adminLimits)
 		r.Post("/reload", g.adminReload)
+		r.Get("/conversations/{id}", g.adminConversation)
 	})
+}
+
+// isAdmin reports whether r presents the admin token as its bearer token.
+func (g *Gateway) isAdmin(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+	return ok && g.hasAdmin && subtle.ConstantTimeCompare(sum[:], g.adminToken[:]) == 1
 }
 
 // maxReloadBody caps the config document POST /admin/reload?check=true

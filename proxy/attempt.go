@@ -48,6 +48,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	body = ex.bodyFor(t, body)
 	// Each attempt that succeeds upstream creates its own stored object.
 	ex.pendingClaim = ex.claims()
+	ex.conv.pendingLink = ex.linksResponse()
 
 	// The attempt lives in the caller's context: a caller that hangs up
 	// cancels it. No http.Client.Timeout: it would cap streams.

@@ -79,7 +79,7 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 	defer g.bufPool.Put(bp)
 	buf := *bp
 	rc := http.NewResponseController(ex.w)
-	if ex.pendingClaim != storedNone && ex.rec.Status == http.StatusOK && capture > 0 {
+	if (ex.pendingClaim != storedNone || ex.conv.pendingLink) && ex.rec.Status == http.StatusOK && capture > 0 {
 		// The answer names a new stored object: hold it until the object
 		// is recorded as the caller's, so the caller never holds an id
 		// its team cannot use yet.

@@ -76,6 +76,9 @@ type exchange struct {
 	// tried once, with no retry and no fallback. nil for a caller's request.
 	probe []target
 
+	// conv is the conversation the exchange is a turn of (conversation.go).
+	conv convTurn
+
 	// tr is the exchange's spans (trace.go); nil when tracing is off.
 	tr *exchangeTrace
 }
@@ -211,6 +214,12 @@ func (ex *exchange) serve() {
 	if aerr := ex.checkStored(); aerr != nil {
 		ex.fail(aerr, llm.OutcomeRejected)
 		return
+	}
+	if d != llm.DialectNone && !replay || ex.metered {
+		if aerr := ex.identifyConversation(); aerr != nil {
+			ex.fail(aerr, llm.OutcomeBadRequest)
+			return
+		}
 	}
 	// No label of its own yet for a name nobody has served: the gateway
 	// or the upstream may still refuse it (see servedBy).

@@ -27,6 +27,7 @@ func (ex *exchange) finish() {
 	if ex.modelLabel == "" {
 		ex.modelLabel = g.metrics.Model(rec.Model)
 	}
+	ex.recordTurn()
 	g.metrics.Observe(rec, ex.modelLabel)
 	if g.stats != nil {
 		g.stats.Observe(rec, ex.modelLabel)

@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/dashboard"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
@@ -71,6 +73,14 @@ type Options struct {
 	// Stats receives every finished record and every inter-token gap (the
 	// live windows) and serves GET /stats. If nil, /stats answers 404.
 	Stats StatsSink
+	// Conversations keeps the figures of each conversation (package
+	// conversation). Required when [conversations] is on, ignored when it
+	// is off. The caller closes it, after Wait.
+	Conversations conversation.Store
+	// OnOutcome, if set, receives every outcome posted for a conversation
+	// (POST /tollgate/conversations/{id}/outcome) with the conversation's
+	// team and its cost so far: the metrics and /stats of outcomes.
+	OnOutcome func(team string, o conversation.Outcome, costMicros int64)
 	// Tracer starts a span for every request and one for each of its
 	// upstream attempts (package tracing builds it from [tracing]); the
 	// trace context goes upstream as W3C traceparent. If nil, tracing is
@@ -109,13 +119,20 @@ type Gateway struct {
 	reloadMu sync.Mutex
 	chainMu  sync.Mutex // the generations' chain (generation.ended)
 
-	owners   ownership.Store
-	stats    StatsSink
-	reload   func(check []byte, name string) ([]string, error)
-	draining atomic.Bool
-	open     atomic.Int64 // exchanges whose finish has not run yet
-	bufPool  sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read
-	states   sync.Pool    // *streamState
+	owners ownership.Store
+	// conv is the conversation store, nil when [conversations] is off;
+	// onOutcome is Options.OnOutcome.
+	conv      conversation.Store
+	onOutcome func(team string, o conversation.Outcome, costMicros int64)
+	// adminToken is the SHA-256 of [admin] token, hasAdmin whether one is set.
+	adminToken [sha256.Size]byte
+	hasAdmin   bool
+	stats      StatsSink
+	reload     func(check []byte, name string) ([]string, error)
+	draining   atomic.Bool
+	open       atomic.Int64 // exchanges whose finish has not run yet
+	bufPool    sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read
+	states     sync.Pool    // *streamState
 }
 
 // New builds a Gateway from opts.
@@ -155,6 +172,17 @@ func New(opts Options) (*Gateway, error) {
 		if g.owners, err = ownership.NewLocal(ownership.LocalOptions{}); err != nil {
 			return nil, err
 		}
+	}
+	if opts.Config.Conversations.Enabled {
+		if opts.Conversations == nil {
+			return nil, errors.New("proxy: [conversations] is on and Options.Conversations is nil")
+		}
+		g.conv, g.onOutcome = opts.Conversations, opts.OnOutcome
+	}
+	if token := opts.Config.Admin.Token.Reveal(); token != "" {
+		// Comparing digests keeps the comparison constant-time whatever
+		// the presented token's length.
+		g.adminToken, g.hasAdmin = sha256.Sum256([]byte(token)), true
 	}
 	g.bufPool.New = func() any {
 		b := make([]byte, relayBufSize)
@@ -207,6 +235,7 @@ func (g *Gateway) Handler() http.Handler {
 		r.Method(http.MethodGet, "/dashboard/*", dash)
 	}
 	g.adminRoutes(r)
+	r.Post("/tollgate/conversations/{id}/outcome", g.conversationOutcome)
 	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))
 	r.Post("/v1/messages", g.dialectHandler(llm.RouteMessages, llm.DialectAnthropic))
 	r.Post("/v1/responses", g.dialectHandler(llm.RouteResponses, llm.DialectResponses))

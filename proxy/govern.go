@@ -44,6 +44,8 @@ type teamEntry struct {
 	patterns []string // empty: any model
 	subject  ratelimit.Subject
 	limited  bool
+	// maxConvMicros is max_cost_per_conversation_usd, 0 for none.
+	maxConvMicros int64
 }
 
 // newGovernance indexes the configuration. The config is validated, so every
@@ -66,6 +68,9 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 			patterns: t.Models,
 			subject:  ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: t.Name, Limits: lim},
 			limited:  lim != (ratelimit.Limits{}),
+		}
+		if p := t.MaxCostPerConversationUSD; p != nil {
+			gv.teams[t.Name].maxConvMicros = config.USDToMicros(*p)
 		}
 	}
 	for i := range cfg.Keys {
@@ -184,7 +189,8 @@ func (ex *exchange) admit() bool {
 		return false
 	}
 	subjects := ex.subjects()
-	if len(subjects) == 0 {
+	convBudget := ex.conv.key != "" && ex.key != nil && ex.key.team != nil && ex.key.team.maxConvMicros > 0
+	if len(subjects) == 0 && !convBudget {
 		return true
 	}
 	maxTok := ex.info.MaxTokens
@@ -210,6 +216,18 @@ func (ex *exchange) admit() bool {
 				return false
 			}
 		}
+		if convBudget {
+			ex.rec.Rejection = llm.RejectUnpricedModel
+			ex.fail(errUnpricedModel("team "+strconv.Quote(ex.key.team.name)+"'s conversations", ex.rec.Model),
+				llm.OutcomeRejected)
+			return false
+		}
+	}
+	if convBudget && !ex.checkConversationBudget(cost) {
+		return false
+	}
+	if len(subjects) == 0 {
+		return true
 	}
 	dec, err := gv.limiter.Admit(ex.r.Context(), ratelimit.Request{
 		Subjects: subjects, Tokens: satAdd(prompt, maxTok), CostMicros: cost,

@@ -32,6 +32,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/mockllm"
@@ -1120,6 +1121,17 @@ type govWorld struct {
 	limiter ratelimit.Limiter
 	ledger  *spend.Local
 	clock   *fakeClock // nil: real time
+	// conv is the conversation store when the world's config turns
+	// [conversations] on; outcomes are what the gateway's OnOutcome got.
+	conv     *conversation.Local
+	outcomes chan postedOutcome
+}
+
+// postedOutcome is one call of Options.OnOutcome.
+type postedOutcome struct {
+	team       string
+	o          conversation.Outcome
+	costMicros int64
 }
 
 // newGovWorld builds a world: two teams ("search" and "ads") with keys
@@ -1185,8 +1197,29 @@ func newGovWorldWith(t *testing.T, mo mockllm.Options, frozen bool, edit func(*c
 		if now != nil {
 			o.Now = now
 		}
+		if cc := o.Config.Conversations; cc.Enabled {
+			w.conv = newConversations(t, cc, now)
+			w.outcomes = make(chan postedOutcome, 16)
+			o.Conversations = w.conv
+			o.OnOutcome = func(team string, oc conversation.Outcome, cost int64) {
+				w.outcomes <- postedOutcome{team, oc, cost}
+			}
+		}
 	})
 	return w
+}
+
+// newConversations is an in-memory conversation store for cc, closed in
+// t.Cleanup.
+func newConversations(t testing.TB, cc config.Conversations, now func() time.Time) *conversation.Local {
+	t.Helper()
+	l, err := conversation.NewLocal(conversation.LocalOptions{Options: conversation.Options{
+		IdleTimeout: cc.IdleTimeout(), MaxActive: cc.MaxActive, Interval: cc.FlushInterval(), Now: now}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
 }
 
 func (w *govWorld) openai(key string, opts ...option.RequestOption) *openai.Client {

@@ -297,7 +297,7 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 	if ev := l.st.fr.Event(); ev != nil {
 		obs := l.st.tap.Observe(ev, now)
 		ex.traceEvent(ev)
-		if ex.pendingClaim != storedNone {
+		if ex.pendingClaim != storedNone || ex.conv.pendingLink {
 			// Before it is written: the caller must not hold the id of a
 			// response its team does not own yet.
 			switch {
@@ -314,7 +314,7 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 					return l.endStream(errIDConflict, nil), true, false
 				}
 			case obs.TokenBearing:
-				ex.pendingClaim = storedNone
+				ex.pendingClaim, ex.conv.pendingLink = storedNone, false
 				ex.g.log.Warn("stream without response.created before its first token: its owner is not recorded",
 					"request_id", ex.rec.RequestID)
 			}

@@ -176,8 +176,9 @@ func (ex *exchange) claims() storedKind {
 // (id, decoded by the tap), before that event is written. It reports
 // whether another team owns the id (claimID).
 func (ex *exchange) claimCreated(id []byte) (conflict bool) {
+	kind := ex.pendingClaim
 	ex.pendingClaim = storedNone
-	return ex.claimID(storedResponse, string(id))
+	return ex.newStored(kind, string(id))
 }
 
 // claimAnswer records the object a non-streamed answer (a response, a
@@ -189,10 +190,26 @@ func (ex *exchange) claimAnswer(body []byte) (conflict bool) {
 	raw, _ := jsonscan.Get(body, "id")
 	s, ok := jsonscan.String(raw)
 	if !ok || len(s) == 0 {
-		ex.g.log.Warn("stored object without an id: its owner is not recorded", "request_id", ex.rec.RequestID)
+		ex.conv.pendingLink = false
+		ex.g.log.Warn("stored object without an id: its owner and conversation are not recorded", "request_id", ex.rec.RequestID)
 		return false
 	}
-	return ex.claimID(kind, string(jsonscan.AppendUnescape(nil, s)))
+	return ex.newStored(kind, string(jsonscan.AppendUnescape(nil, s)))
+}
+
+// newStored records a new stored object the answer names before the caller
+// sees it: its owner (kind, when it must be claimed; storedNone when not)
+// and, for a response, its conversation. It reports whether another team
+// owns the id (claimID), in which case nothing else is recorded.
+func (ex *exchange) newStored(kind storedKind, id string) (conflict bool) {
+	if kind != storedNone && ex.claimID(kind, id) {
+		ex.conv.pendingLink = false
+		return true
+	}
+	if ex.conv.pendingLink {
+		ex.linkResponse(id)
+	}
+	return false
 }
 
 // claimID records id, of a new object of kind, as the caller's. A claim

@@ -1,0 +1,441 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// conversationTimeout bounds one call to the conversation store on the
+// request path (Resolve, Cost, Link).
+const conversationTimeout = time.Second
+
+// convTurn is the conversation an exchange is a turn of.
+type convTurn struct {
+	// key is the conversation's store key (conversation.Key); "" while
+	// unknown: a Responses request that names no conversation and continues
+	// none takes its new response's id (linkResponse).
+	key string
+	// pendingLink: the answer names a new stored response, to be linked to
+	// the conversation before the caller sees its id, so that a next turn
+	// naming it as previous_response_id finds the conversation.
+	pendingLink bool
+	// fromResponse: the conversation is named by the Responses API (its
+	// own id or chain), so a turn without a key yet gets one from its
+	// response.
+	fromResponse bool
+}
+
+// identifyConversation names the conversation a governed model request is
+// a turn of, when [conversations] is on: the configured header, else the
+// W3C baggage entry session.id, else on the Responses API its
+// "conversation", else the chain of previous_response_id (the conversation
+// its previous response belongs to, else that response's own id: the
+// first of the chain). A Responses request that names none starts a
+// conversation named by its own new response. The id is the caller's:
+// the key is scoped to the caller's team (conversation.Key).
+func (ex *exchange) identifyConversation() *apiError {
+	g := ex.g
+	if g.conv == nil {
+		return nil
+	}
+	cc := &ex.gen.cfg.Conversations
+	owner := ex.owner()
+	id, source := ex.r.Header.Get(cc.Header), cc.Header
+	if id == "" {
+		id, source = baggageSessionID(ex.r.Header.Values("Baggage")), "baggage session.id"
+	}
+	if id != "" {
+		if !conversation.ValidID(id) {
+			return errBadRequest("the conversation id in "+source+" must be 1 to "+
+				strconv.Itoa(conversation.MaxIDLen)+" bytes without control characters", "")
+		}
+		ex.conv.key = conversation.Key(owner, id)
+	}
+	if ex.rec.Route != llm.RouteResponses {
+		return nil
+	}
+	ex.conv.fromResponse = true
+	switch {
+	case ex.conv.key != "":
+	case ex.info.Conversation != "":
+		ex.conv.key = conversation.Key(owner, ex.info.Conversation)
+	case ex.info.PreviousResponseID != "":
+		ctx, cancel := context.WithTimeout(ex.r.Context(), conversationTimeout)
+		key, err := g.conv.Resolve(ctx, ex.info.PreviousResponseID)
+		cancel()
+		if err != nil {
+			g.log.Warn("conversation store unavailable: the turn starts its chain's conversation afresh",
+				"request_id", ex.rec.RequestID, "err", err)
+		}
+		if key == "" {
+			key = conversation.Key(owner, ex.info.PreviousResponseID)
+		}
+		ex.conv.key = key
+	}
+	return nil
+}
+
+// baggageSessionID returns the session.id entry of W3C baggage headers,
+// percent-decoded; "" when there is none.
+func baggageSessionID(values []string) string {
+	for _, v := range values {
+		for member := range strings.SplitSeq(v, ",") {
+			kv, _, _ := strings.Cut(member, ";") // properties follow a ';'
+			k, val, ok := strings.Cut(kv, "=")
+			if !ok || strings.TrimSpace(k) != "session.id" {
+				continue
+			}
+			if dec, err := url.PathUnescape(strings.TrimSpace(val)); err == nil {
+				return dec
+			}
+		}
+	}
+	return ""
+}
+
+// checkConversationBudget refuses a turn whose estimated cost would take
+// its conversation past its team's max_cost_per_conversation_usd. cost is
+// the turn's estimate (as the other budgets reserve it). A store that
+// cannot be asked admits the turn, unless [ratelimit] on_redis_error is
+// "deny".
+func (ex *exchange) checkConversationBudget(cost int64) bool {
+	k := ex.key
+	if ex.conv.key == "" || k == nil || k.team == nil || k.team.maxConvMicros <= 0 {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ex.r.Context(), conversationTimeout)
+	spent, err := ex.g.conv.Cost(ctx, ex.conv.key)
+	cancel()
+	if err != nil {
+		if ex.gen.cfg.RateLimit.OnRedisError != "deny" {
+			ex.g.log.Warn("conversation store unavailable: the conversation's budget is not checked",
+				"request_id", ex.rec.RequestID, "err", err)
+			return true
+		}
+		ex.g.log.Error("conversation store unavailable", "request_id", ex.rec.RequestID, "err", err)
+		ex.w.Header().Set("Retry-After", "1")
+		ex.rec.Rejection = llm.RejectLimiterUnavailable
+		ex.fail(errLimiterUnavailable(), llm.OutcomeRejected)
+		return false
+	}
+	if satAdd(spent, cost) <= k.team.maxConvMicros {
+		return true
+	}
+	ex.g.metrics.Rejected("conversation", "cost_per_conversation", ex.rec.Team)
+	ex.w.Header().Set("X-Should-Retry", "false")
+	e := errConversationBudget(k.team.name, k.team.maxConvMicros, spent, cost)
+	ex.rec.ErrorType = e.Kind
+	ex.rec.Rejection = llm.RejectCostPerConversation
+	ex.fail(e, llm.OutcomeRejected)
+	return false
+}
+
+// linksResponse reports whether this attempt's answer names a new stored
+// response that must be linked to the exchange's conversation.
+func (ex *exchange) linksResponse() bool {
+	return ex.g.conv != nil && ex.conv.fromResponse && !ex.info.NoStore && ex.probe == nil
+}
+
+// linkResponse links a new stored response to the exchange's conversation
+// (a first turn's conversation is named by it) before its id reaches the
+// caller. A link that fails is logged: the chain's next turn then starts a
+// conversation of its own.
+func (ex *exchange) linkResponse(id string) {
+	ex.conv.pendingLink = false
+	if id == "" {
+		return
+	}
+	if ex.conv.key == "" {
+		ex.conv.key = conversation.Key(ex.owner(), id)
+	}
+	// The caller may be gone; the response exists upstream all the same.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), conversationTimeout)
+	defer cancel()
+	if err := ex.g.conv.Link(ctx, id, ex.conv.key); err != nil {
+		ex.g.log.Warn("linking a response to its conversation failed: a turn continuing it starts another",
+			"request_id", ex.rec.RequestID, "err", err)
+	}
+}
+
+// recordTurn folds a finished exchange into its conversation: every
+// request that was admitted and sent upstream is a turn (a refused one is
+// not), with what the record says it used, cost and waited.
+func (ex *exchange) recordTurn() {
+	rec := &ex.rec
+	if ex.g.conv == nil || ex.conv.key == "" || rec.AttemptCount == 0 {
+		return
+	}
+	ex.g.conv.Record(conversation.Turn{
+		Key:  ex.conv.key,
+		Team: rec.Team,
+		At:   rec.Timing.End,
+		Tokens: conversation.Tokens{Input: rec.Usage.Input, Output: rec.Usage.Output,
+			CacheRead: rec.Usage.CacheRead, CacheWrite: rec.Usage.CacheWrite, Reasoning: rec.Usage.Reasoning},
+		CostMicros: rec.CostMicros,
+		TTFT:       rec.TTFT(),
+		Error:      rec.Outcome != llm.OutcomeOK,
+	})
+}
+
+func errConversationBudget(team string, limit, spent, cost int64) *apiError {
+	return &apiError{Status: http.StatusTooManyRequests, Kind: "insufficient_quota", Code: "insufficient_quota",
+		AnthropicKind: "rate_limit_error",
+		Msg: "Conversation budget spent for team " + strconv.Quote(team) + ": Limit " + usd(limit) +
+			" per conversation, Used " + usd(spent) + " by this conversation, this turn may cost up to " + usd(cost) +
+			". This is the conversation's budget, not a rate limit: retrying will not succeed; start a new conversation."}
+}
+
+// maxOutcomeBody caps the body of POST /tollgate/conversations/{id}/outcome.
+const maxOutcomeBody = 64 << 10
+
+// outcomeRequest is the body of POST /tollgate/conversations/{id}/outcome.
+type outcomeRequest struct {
+	Completed *bool    `json:"completed"`
+	Score     *float64 `json:"score"`
+	Feedback  *string  `json:"feedback"`
+}
+
+// ConversationReport is one conversation's figures, as GET
+// /admin/conversations/{id} and the outcome API answer them.
+type ConversationReport struct {
+	// ID is the id the request named; Key is the conversation's key,
+	// which the gateway's logs and files know it by.
+	ID              string              `json:"id"`
+	Key             string              `json:"key"`
+	Team            string              `json:"team"`
+	Turns           int64               `json:"turns"`
+	Errors          int64               `json:"errors"`
+	Tokens          conversation.Tokens `json:"tokens"`
+	CostUSD         float64             `json:"cost_usd"`
+	CostMicros      int64               `json:"cost_micros"`
+	FirstSeen       time.Time           `json:"first_seen"`
+	LastSeen        time.Time           `json:"last_seen"`
+	DurationSeconds float64             `json:"duration_seconds"`
+	// TTFTMs is the TTFT of each of its first turns, in milliseconds;
+	// null for a turn without one (an error, a non-streamed answer).
+	TTFTMs  []*float64            `json:"ttft_ms"`
+	Outcome *conversation.Outcome `json:"outcome"`
+}
+
+func reportOf(id string, c *conversation.Conversation) ConversationReport {
+	rep := ConversationReport{ID: id, Key: c.Key, Team: c.Team, Turns: c.Turns, Errors: c.Errors, Tokens: c.Tokens,
+		CostUSD: float64(c.CostMicros) / 1e6, CostMicros: c.CostMicros, FirstSeen: c.First, LastSeen: c.Last,
+		DurationSeconds: c.Duration().Seconds(), TTFTMs: make([]*float64, len(c.TTFTs)), Outcome: c.Outcome}
+	for i, d := range c.TTFTs {
+		if d > 0 {
+			ms := float64(d) / float64(time.Millisecond)
+			rep.TTFTMs[i] = &ms
+		}
+	}
+	return rep
+}
+
+// conversationOwner is the owner an admin request names with ?team= or
+// ?key= (a key without a team); neither names callers without a [[keys]]
+// entry.
+func conversationOwner(cfg *config.Config, q url.Values) (string, *apiError) {
+	team, key := q.Get("team"), q.Get("key")
+	switch {
+	case team != "" && key != "":
+		return "", errBadRequest("give team or key, not both", "")
+	case team != "":
+		if cfg.Team(team) == nil {
+			return "", errBadRequest("team "+strconv.Quote(team)+" is not one of this gateway's [[teams]]", "team")
+		}
+		return "team:" + team, nil
+	case key != "":
+		for i := range cfg.Keys {
+			if k := &cfg.Keys[i]; k.Name == key {
+				if k.Team != "" {
+					return "team:" + k.Team, nil
+				}
+				return "key:" + key, nil
+			}
+		}
+		return "", errBadRequest("key "+strconv.Quote(key)+" is not one of this gateway's [[keys]]", "key")
+	}
+	return "", nil
+}
+
+// adminConversation serves GET /admin/conversations/{id}: an active
+// conversation's figures (404 when there is none).
+func (g *Gateway) adminConversation(w http.ResponseWriter, r *http.Request) {
+	d := guessDialect(r)
+	id := conversationID(r)
+	if e := g.checkConversationAPI(id); e != nil {
+		writeError(w, d, requestIDFrom(r.Context()), e)
+		return
+	}
+	owner, e := conversationOwner(g.Config(), r.URL.Query())
+	if e != nil {
+		writeError(w, d, requestIDFrom(r.Context()), e)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+	defer cancel()
+	c, err := g.conv.Get(ctx, conversation.Key(owner, id))
+	if e := conversationError(err); e != nil {
+		writeError(w, d, requestIDFrom(r.Context()), e)
+		return
+	}
+	writeJSON(w, http.StatusOK, reportOf(id, &c))
+}
+
+// conversationID is the path's {id}. The router matches the escaped path
+// when there is one, so its parameter is unescaped then.
+func conversationID(r *http.Request) string {
+	id := chi.URLParam(r, "id")
+	if r.URL.RawPath == "" {
+		return id
+	}
+	id, err := url.PathUnescape(id)
+	if err != nil {
+		return ""
+	}
+	return id
+}
+
+// checkConversationAPI answers a conversation API request that cannot be
+// served: tracking off, or an id that names none.
+func (g *Gateway) checkConversationAPI(id string) *apiError {
+	switch {
+	case g.conv == nil:
+		return &apiError{Status: http.StatusNotFound, Kind: "invalid_request_error", Code: "conversations_off",
+			AnthropicKind: "not_found_error",
+			Msg:           "conversation tracking is off: set [conversations] enabled = true in the gateway's config"}
+	case !conversation.ValidID(id):
+		return errBadRequest("a conversation id is 1 to "+strconv.Itoa(conversation.MaxIDLen)+
+			" bytes without control characters", "id")
+	}
+	return nil
+}
+
+// conversationError phrases a store's error for the conversation API.
+func conversationError(err error) *apiError {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, conversation.ErrUnknown):
+		return &apiError{Status: http.StatusNotFound, Kind: "invalid_request_error", Code: "conversation_not_found",
+			AnthropicKind: "not_found_error",
+			Msg: "no active conversation has this id for this team: it never had a turn through this gateway, " +
+				"or it ended (idle past [conversations] idle_timeout_seconds)"}
+	case errors.Is(err, conversation.ErrOutcomeSet):
+		return &apiError{Status: http.StatusConflict, Kind: "invalid_request_error", Code: "outcome_already_recorded",
+			AnthropicKind: "invalid_request_error",
+			Msg:           "this conversation's outcome was recorded already; an outcome is recorded once"}
+	}
+	return &apiError{Status: http.StatusServiceUnavailable, Kind: "server_error", Code: "conversations_unavailable",
+		AnthropicKind: "api_error", Msg: "the conversation store cannot be reached right now; retry shortly"}
+}
+
+// conversationOutcome serves POST /tollgate/conversations/{id}/outcome:
+// the application's verdict on a conversation, {"completed": true|false,
+// "score": 0..1, "feedback": "..."} (score and feedback optional),
+// recorded once. The caller names the conversation as its turns did, with
+// its gateway key (the key's team owns it); the admin token names the
+// owner with ?team= or ?key=. The path is the gateway's own, so it never
+// shadows an upstream API such as /v1/conversations.
+func (g *Gateway) conversationOutcome(w http.ResponseWriter, r *http.Request) {
+	rid := requestIDFrom(r.Context())
+	d := guessDialect(r)
+	id := conversationID(r)
+	if e := g.checkConversationAPI(id); e != nil {
+		writeError(w, d, rid, e)
+		return
+	}
+	owner, e := g.outcomeOwner(r)
+	if e == nil {
+		var o conversation.Outcome
+		if o, e = readOutcome(w, r); e == nil {
+			o.At = g.now()
+			ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+			c, err := g.conv.SetOutcome(ctx, conversation.Key(owner, id), o)
+			cancel()
+			if e = conversationError(err); e == nil {
+				if g.onOutcome != nil {
+					g.onOutcome(c.Team, *c.Outcome, c.CostMicros)
+				}
+				writeJSON(w, http.StatusOK, reportOf(id, &c))
+				return
+			}
+		}
+	}
+	if e.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate"`)
+	}
+	writeError(w, d, rid, e)
+}
+
+// outcomeOwner is the owner of the conversation an outcome request names:
+// the admin token's ?team= or ?key=, else the caller key's.
+func (g *Gateway) outcomeOwner(r *http.Request) (string, *apiError) {
+	if g.isAdmin(r) {
+		return conversationOwner(g.Config(), r.URL.Query())
+	}
+	key, hasKey, malformed := callerKey(r.Header)
+	switch {
+	case malformed:
+		return "", errUnauthorized("malformed Authorization header: expected \"Bearer <key>\"")
+	case !hasKey:
+		return "", errUnauthorized("missing API key: send the gateway key the conversation's turns were sent with " +
+			"(\"Authorization: Bearer <key>\" or \"x-api-key: <key>\"), or the admin token")
+	}
+	gen := g.begin()
+	defer gen.end()
+	sum, kid := keyHash(key)
+	k := gen.gov.lookup(sum, true)
+	switch {
+	case k != nil:
+		return k.owner, nil
+	case gen.gov.keysMode:
+		return "", errUnauthorized("invalid API key (id " + kid + "): it is not one of this gateway's keys")
+	}
+	return "", nil
+}
+
+// readOutcome decodes and checks an outcome body: one JSON object with
+// "completed", and optionally "score" (0 to 1) and "feedback".
+func readOutcome(w http.ResponseWriter, r *http.Request) (conversation.Outcome, *apiError) {
+	var req outcomeRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxOutcomeBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	if err == nil && dec.More() {
+		err = errors.New("data after the JSON object")
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return conversation.Outcome{}, &apiError{Status: http.StatusRequestEntityTooLarge, Kind: "invalid_request_error",
+			Code: "request_too_large", AnthropicKind: "request_too_large",
+			Msg: "an outcome body is at most " + strconv.Itoa(maxOutcomeBody) + " bytes"}
+	case err != nil:
+		return conversation.Outcome{}, errBadRequest("the body must be one JSON object "+
+			`{"completed": true|false, "score": 0..1, "feedback": "..."}: `+err.Error(), "")
+	case req.Completed == nil:
+		return conversation.Outcome{}, errBadRequest(`"completed" (true or false) is required`, "completed")
+	case req.Score != nil && !(*req.Score >= 0 && *req.Score <= 1):
+		return conversation.Outcome{}, errBadRequest(`"score" must be a number from 0 to 1`, "score")
+	case req.Feedback != nil && len(*req.Feedback) > conversation.MaxFeedbackLen:
+		return conversation.Outcome{}, errBadRequest(`"feedback" is at most `+
+			strconv.Itoa(conversation.MaxFeedbackLen)+" bytes", "feedback")
+	}
+	o := conversation.Outcome{Completed: *req.Completed, Score: req.Score}
+	if req.Feedback != nil {
+		o.Feedback = *req.Feedback
+	}
+	return o, nil
+}
