@@ -73,7 +73,7 @@ func (ex *exchange) identifyConversation() *apiError {
 		ex.conv.key = conversation.Key(owner, ex.info.Conversation)
 	case ex.info.PreviousResponseID != "":
 		ctx, cancel := context.WithTimeout(ex.r.Context(), conversationTimeout)
-		key, err := g.conv.Resolve(ctx, ex.info.PreviousResponseID)
+		key, err := g.conv.Resolve(ctx, linkName(owner, ex.info.PreviousResponseID))
 		cancel()
 		if err != nil {
 			g.log.Warn("conversation store unavailable: the turn starts its chain's conversation afresh",
@@ -86,6 +86,12 @@ func (ex *exchange) identifyConversation() *apiError {
 	}
 	return nil
 }
+
+// linkName names a response in the store's links: scoped to its owner, as
+// conversations are, so another team naming the response (where an
+// upstream account is shared without mode "keys") never continues this
+// team's conversation.
+func linkName(owner, responseID string) string { return owner + "\x00" + responseID }
 
 // baggageSessionID returns the session.id entry of W3C baggage headers,
 // percent-decoded; "" when there is none.
@@ -163,7 +169,7 @@ func (ex *exchange) linkResponse(id string) {
 	// The caller may be gone; the response exists upstream all the same.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), conversationTimeout)
 	defer cancel()
-	if err := ex.g.conv.Link(ctx, id, ex.conv.key); err != nil {
+	if err := ex.g.conv.Link(ctx, linkName(ex.owner(), id), ex.conv.key); err != nil {
 		ex.g.log.Warn("linking a response to its conversation failed: a turn continuing it starts another",
 			"request_id", ex.rec.RequestID, "err", err)
 	}
