@@ -44,7 +44,7 @@ func settleTurns(cfg *Config) error {
 	if cfg.ConversationHeader == "" {
 		cfg.ConversationHeader = DefaultConversationHeader
 	}
-	if !validHeaderName(cfg.ConversationHeader) {
+	if !ValidHeaderName(cfg.ConversationHeader) {
 		return fmt.Errorf("bench: conversation header %q: not a header name", cfg.ConversationHeader)
 	}
 	if cfg.Turns > 1 && cfg.RunID == "" {
@@ -55,8 +55,9 @@ func settleTurns(cfg *Config) error {
 	return nil
 }
 
-// validHeaderName reports whether s is an HTTP token (RFC 9110 §5.6.2).
-func validHeaderName(s string) bool {
+// ValidHeaderName reports whether s can name an HTTP header: a token (RFC
+// 9110 §5.6.2).
+func ValidHeaderName(s string) bool {
 	if s == "" {
 		return false
 	}

@@ -70,7 +70,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if err := benchModeFlags(set, *sweep, *stages, *rate, stderr, &levels, &counts); err != nil {
 		return err
 	}
-	if err := turnsFlags(set, *turns, *rate, *dialect, stderr); err != nil {
+	if err := turnsFlags(set, *turns, *rate, *dialect, *convHeader, stderr); err != nil {
 		return err
 	}
 	if *sweepGoodput <= 0 || *sweepGoodput > 1 {
@@ -246,7 +246,7 @@ func benchModeFlags(set map[string]bool, sweep, stages string, rate float64, std
 }
 
 // turnsFlags checks -turns and -conversation-header.
-func turnsFlags(set map[string]bool, turns int, rate float64, dialect string, stderr io.Writer) error {
+func turnsFlags(set map[string]bool, turns int, rate float64, dialect, header string, stderr io.Writer) error {
 	usage := func(msg string) error {
 		fmt.Fprintln(stderr, msg)
 		return errUsage
@@ -260,6 +260,8 @@ func turnsFlags(set map[string]bool, turns int, rate float64, dialect string, st
 		return usage("-conversation-header needs -turns above 1")
 	case set["conversation-header"] && dialect == "responses":
 		return usage("-conversation-header is not used with -dialect responses: its turns chain through previous_response_id")
+	case !bench.ValidHeaderName(header):
+		return usage(fmt.Sprintf("-conversation-header %q: not a header name", header))
 	}
 	return nil
 }
