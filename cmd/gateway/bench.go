@@ -57,7 +57,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	sweepGoodput := fs.Float64("sweep-goodput", bench.DefaultSweepTarget, "with -sweep: the goodput ratio a level must reach (0 to 1)")
 	sweepStop := fs.Bool("sweep-stop", true, "with -sweep: run no level after the first that breaks")
 	stages := fs.String("stages", "", "staged run: comma-separated request counts, e.g. 5,30,100, run in order; stops at the first stage with a failed request")
-	turns := fs.Int("turns", 1, "turns per conversation (1: every request stands alone); -requests still bounds the requests, so the last conversations may be cut short; not with -rate")
+	turns := fs.Int("turns", 1, "turns per conversation (1: every request stands alone); -requests still bounds the requests, so the last conversation is cut short when they are no multiple of -turns; not with -rate")
 	convHeader := fs.String("conversation-header", bench.DefaultConversationHeader, "with -turns above 1, on openai and anthropic: the header carrying each conversation's id, <run-id>-<n>")
 	gwStats := fs.String("gateway-stats", "auto", "the gateway's own figures for the run, from its /stats, beside the client's: auto (from -url's host, shown when it answers as a tollgate), off, or the gateway's base or /stats URL (failing to read it is then reported)")
 	if err := parseFlags(fs, args); err != nil {
