@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,10 @@ func settleTurns(cfg *Config) error {
 	}
 	if !ValidHeaderName(cfg.ConversationHeader) {
 		return fmt.Errorf("bench: conversation header %q: not a header name", cfg.ConversationHeader)
+	}
+	switch http.CanonicalHeaderKey(cfg.ConversationHeader) {
+	case "Authorization", "X-Api-Key", "Anthropic-Version", "Content-Type", "Accept", "User-Agent":
+		return fmt.Errorf("bench: conversation header %q: bench sends that header itself", cfg.ConversationHeader)
 	}
 	if cfg.Turns > 1 && cfg.RunID == "" {
 		var b [8]byte

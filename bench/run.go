@@ -87,8 +87,8 @@ type Config struct {
 
 	// Turns, above 1, makes each of the Concurrency workers run
 	// conversations of Turns requests in sequence (see conversation.go);
-	// Requests still bounds the requests, so the last conversations may be
-	// cut short. Zero means 1: every request stands alone. Turns above 1
+	// Requests still bounds the requests, so the last conversation is cut
+	// short when Requests is no multiple of Turns. Zero means 1: every request stands alone. Turns above 1
 	// and Rate are exclusive: a conversation's next turn follows its answer,
 	// not an arrival process.
 	Turns int

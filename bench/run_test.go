@@ -663,6 +663,7 @@ func TestConfigErrors(t *testing.T) {
 		{"turns", func(c *bench.Config) { c.Turns = -1 }, "turns"},
 		{"turns with rate", func(c *bench.Config) { c.Turns, c.Rate = 2, 1 }, "rate with turns"},
 		{"conversation header", func(c *bench.Config) { c.Turns, c.ConversationHeader = 2, "X Bad:" }, "conversation header"},
+		{"conversation header clash", func(c *bench.Config) { c.Turns, c.ConversationHeader = 2, "authorization" }, "sends that header itself"},
 		{"empty prompts", func(c *bench.Config) { c.Prompts = bench.PromptSet{} }, "prompt"},
 		{"prompt class", func(c *bench.Config) {
 			c.Prompts = bench.PromptSet{{Class: "huge", Messages: []bench.Message{{Role: "user", Content: "x"}}}}
