@@ -71,6 +71,10 @@ type responsesRequest struct {
 	Input           []Message `json:"input"`
 	MaxOutputTokens int       `json:"max_output_tokens"`
 	Stream          bool      `json:"stream"`
+	// Store and PreviousResponseID are set on the turns of a conversation
+	// only, so a single-turn body is what it always was.
+	Store              *bool  `json:"store,omitempty"`
+	PreviousResponseID string `json:"previous_response_id,omitempty"`
 }
 
 // requestBody encodes p as a streamed request in dialect d.
@@ -116,14 +120,24 @@ func (s *stampReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// turnOut is what a conversation's next turn needs from this one's answer:
+// the response id (Responses) and the start of the answer's text
+// (Chat Completions and Messages, when answer is wanted).
+type turnOut struct {
+	wantAnswer bool
+	responseID string
+	answer     []byte
+}
+
 // do sends request idx with prompt p, retrying 429 and 5xx answers, and
-// returns its sample. The figures time the last attempt (see Sample).
-func (r *runner) do(ctx context.Context, idx int, p *promptBody, queueWait time.Duration) Sample {
+// returns its sample. The figures time the last attempt (see Sample). A
+// non-nil out receives what the last attempt's stream said of the answer.
+func (r *runner) do(ctx context.Context, idx int, p *promptBody, queueWait time.Duration, out *turnOut) Sample {
 	var retried429, retried5xx int
 	var waited time.Duration
 	for attempts := 1; ; attempts++ {
 		s := Sample{Index: idx, Class: p.class, Prompt: p.index, QueueWait: queueWait}
-		retry, wait := r.attempt(ctx, p, &s, attempts)
+		retry, wait := r.attempt(ctx, p, &s, attempts, out)
 		if retry {
 			if s.Status == http.StatusTooManyRequests {
 				retried429++
@@ -149,7 +163,7 @@ func (r *runner) do(ctx context.Context, idx int, p *promptBody, queueWait time.
 
 // attempt sends the attempt-th attempt of a request and fills s with what
 // it learned. It reports whether to retry, and after how long.
-func (r *runner) attempt(ctx context.Context, p *promptBody, s *Sample, attempt int) (retry bool, wait time.Duration) {
+func (r *runner) attempt(ctx context.Context, p *promptBody, s *Sample, attempt int, out *turnOut) (retry bool, wait time.Duration) {
 	actx, cancel := context.WithTimeoutCause(ctx, r.cfg.Timeout, errAttemptTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, r.url, bytes.NewReader(p.body))
@@ -158,6 +172,9 @@ func (r *runner) attempt(ctx context.Context, p *promptBody, s *Sample, attempt 
 		return false, 0
 	}
 	r.setHeaders(req.Header)
+	if p.conversation != "" {
+		req.Header.Set(r.cfg.ConversationHeader, p.conversation)
+	}
 
 	start := time.Now()
 	s.Start = start.Sub(r.start)
@@ -206,19 +223,22 @@ func (r *runner) attempt(ctx context.Context, p *promptBody, s *Sample, attempt 
 		s.Err = ErrProtocol
 		return false, 0
 	}
-	r.readStream(actx, ctx, resp.Body, start, s)
+	r.readStream(actx, ctx, resp.Body, start, s, out)
 	return false, 0
 }
 
 // readStream reads a 200 event stream and fills s with its figures, or with
 // the way it failed.
-func (r *runner) readStream(actx, ctx context.Context, body io.Reader, start time.Time, s *Sample) {
+func (r *runner) readStream(actx, ctx context.Context, body io.Reader, start time.Time, s *Sample, out *turnOut) {
 	sr := &stampReader{r: body, last: time.Now()}
 	rd := sseparse.NewReader(sr, 0)
 	var tap sseparse.Tap
 	tap.Reset(r.cfg.Dialect)
 	var tokenTimes []time.Time
 	var rerr error
+	if out != nil {
+		out.answer, out.responseID = out.answer[:0], ""
+	}
 	for {
 		ev, err := rd.Next()
 		if err != nil {
@@ -229,7 +249,13 @@ func (r *runner) readStream(actx, ctx context.Context, body io.Reader, start tim
 		}
 		if tap.Observe(ev, sr.last).TokenBearing {
 			tokenTimes = append(tokenTimes, sr.last)
+			if out != nil && out.wantAnswer && len(out.answer) < answerCap {
+				out.answer = appendAnswer(out.answer, r.cfg.Dialect, ev.Data)
+			}
 		}
+	}
+	if out != nil {
+		out.responseID = string(tap.ResponseID())
 	}
 
 	rec := llm.Record{Dialect: r.cfg.Dialect, Stream: true, Status: http.StatusOK}

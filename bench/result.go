@@ -58,6 +58,11 @@ type Sample struct {
 	Index  int    // request number, from 0, in dispatch order
 	Class  string // input-size class of the prompt
 	Prompt int    // index of the prompt in the set
+	// Conversation and Turn place the request in a multi-turn run: the
+	// conversation's number and the turn's, both from 1. Both are zero
+	// when Config.Turns is 1.
+	Conversation int
+	Turn         int
 	// Start is the last attempt's start, from the run's start.
 	Start time.Duration
 	// QueueWait is how long the request waited for a free slot after its
@@ -268,6 +273,9 @@ type Result struct {
 	// Gateway, when set, holds the gateway's own figures for the run (see
 	// GatewayWatch); the reports show them beside the client's.
 	Gateway *GatewayStats
+	// Conversations summarises a multi-turn run's conversations; nil when
+	// Config.Turns is 1.
+	Conversations *Conversations
 }
 
 // Summary returns the summary of class (ClassAll for every request), or nil
@@ -301,6 +309,7 @@ func newResult(cfg Config, started time.Time, d time.Duration, samples []Sample)
 		Samples:  samples,
 	}
 	res.Summaries = summarize(samples, cfg.SLO, d)
+	res.Conversations = summarizeConversations(cfg, samples)
 	return res
 }
 
@@ -418,6 +427,8 @@ type jsonSample struct {
 	Index        int       `json:"index"`
 	Class        string    `json:"class"`
 	Prompt       int       `json:"prompt"`
+	Conversation int       `json:"conversation,omitempty"`
+	Turn         int       `json:"turn,omitempty"`
 	StartMs      float64   `json:"start_ms"`
 	QueueWaitMs  float64   `json:"queue_wait_ms,omitempty"`
 	Attempts     int       `json:"attempts"`
@@ -439,14 +450,15 @@ type jsonSample struct {
 }
 
 // WriteJSON writes the result as one JSON object: "run" (Info), "started",
-// "duration_s", "summaries", "gateway" (GatewayStats, when set) and
-// "samples", durations in milliseconds.
+// "duration_s", "summaries", "conversations" (of a multi-turn run),
+// "gateway" (GatewayStats, when set) and "samples", durations in
+// milliseconds.
 func (r *Result) WriteJSON(w io.Writer) error {
 	samples := make([]jsonSample, len(r.Samples))
 	for i := range r.Samples {
 		s := &r.Samples[i]
 		js := jsonSample{
-			Index: s.Index, Class: s.Class, Prompt: s.Prompt,
+			Index: s.Index, Class: s.Class, Prompt: s.Prompt, Conversation: s.Conversation, Turn: s.Turn,
 			StartMs: ms(s.Start), QueueWaitMs: ms(s.QueueWait), Attempts: s.Attempts,
 			Retried429: s.Retried429, Retried5xx: s.Retried5xx, RetryWaitMs: ms(s.RetryWait),
 			Status: s.Status, Error: s.Err, ErrorType: s.ErrorType,
@@ -470,13 +482,14 @@ func (r *Result) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	err := enc.Encode(struct {
-		Run       Info          `json:"run"`
-		Started   time.Time     `json:"started"`
-		DurationS float64       `json:"duration_s"`
-		Summaries []Summary     `json:"summaries"`
-		Gateway   *GatewayStats `json:"gateway,omitempty"`
-		Samples   []jsonSample  `json:"samples"`
-	}{r.Info, r.Started, r.Duration.Seconds(), r.Summaries, r.Gateway, samples})
+		Run           Info           `json:"run"`
+		Started       time.Time      `json:"started"`
+		DurationS     float64        `json:"duration_s"`
+		Summaries     []Summary      `json:"summaries"`
+		Conversations *Conversations `json:"conversations,omitempty"`
+		Gateway       *GatewayStats  `json:"gateway,omitempty"`
+		Samples       []jsonSample   `json:"samples"`
+	}{r.Info, r.Started, r.Duration.Seconds(), r.Summaries, r.Conversations, r.Gateway, samples})
 	if err != nil {
 		return fmt.Errorf("bench: writing JSON: %w", err)
 	}
@@ -546,6 +559,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 	})
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("bench: writing table: %w", err)
+	}
+	if r.Conversations != nil {
+		r.Conversations.writeTable(&b)
 	}
 	if r.Gateway != nil {
 		if err := r.Gateway.writeTable(&b); err != nil {

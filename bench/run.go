@@ -84,6 +84,23 @@ type Config struct {
 	// Progress, when non-nil, receives a one-line progress bar, redrawn at
 	// most ten times a second and ended with a newline.
 	Progress io.Writer
+
+	// Turns, above 1, makes each of the Concurrency workers run
+	// conversations of Turns requests in sequence (see conversation.go);
+	// Requests still bounds the requests, so the last conversation is cut
+	// short when Requests is no multiple of Turns. Zero means 1: every request stands alone. Turns above 1
+	// and Rate are exclusive: a conversation's next turn follows its answer,
+	// not an arrival process.
+	Turns int
+	// ConversationHeader names the header that carries a conversation's id
+	// on every turn on the Chat Completions and Messages dialects; empty
+	// means DefaultConversationHeader. The Responses dialect sends none: its
+	// turns chain through previous_response_id.
+	ConversationHeader string
+	// RunID prefixes the conversation ids, "<RunID>-<n>" with n from 1, so
+	// that two runs do not continue each other's conversations at the
+	// gateway; empty means a random one.
+	RunID string
 }
 
 // Defaults for the zero fields of Config.
@@ -100,11 +117,14 @@ type runner struct {
 	start  time.Time
 }
 
-// promptBody is a prompt encoded once for the run.
+// promptBody is a prompt encoded once for the run, or one turn of a
+// conversation encoded for that turn.
 type promptBody struct {
 	index int
 	class string
 	body  []byte
+	// conversation is the ConversationHeader value to send; "" sends none.
+	conversation string
 }
 
 // endpoint returns the request URL for base and dialect.
@@ -158,6 +178,9 @@ func settle(cfg Config) (Config, string, error) {
 	}
 	if cfg.Timeout < 0 {
 		return cfg, "", fmt.Errorf("bench: timeout %v: want 0 (default) or more", cfg.Timeout)
+	}
+	if err := settleTurns(&cfg); err != nil {
+		return cfg, "", err
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
@@ -255,9 +278,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	stopProgress := prog.start(cfg.Progress)
 
 	r.start = time.Now()
-	slots := make(chan struct{}, cfg.Concurrency)
-	var wg sync.WaitGroup
-	sent := 0
+	var sent int
 	// A 401 will not fix itself: after unauthorizedStop of them, no more
 	// requests are sent (those in flight finish).
 	var unauthorized atomic.Int64
@@ -270,10 +291,45 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return ctx.Err() != nil
 		}
 	}
+	record := func(i int, s Sample) {
+		samples[i] = s
+		prog.done(s.Err == "")
+		if s.Err == ErrUnauthorized && unauthorized.Add(1) == unauthorizedStop {
+			close(refused) // Add returns unauthorizedStop once
+		}
+	}
+	if cfg.Turns > 1 {
+		sent = r.conversations(ctx, bodies, order, stopped, record)
+	} else {
+		sent = r.dispatch(ctx, at, bodies, order, refused, stopped, record)
+	}
+	duration := time.Since(r.start)
+	stopProgress()
+
+	res := newResult(cfg, r.start, duration, samples[:sent])
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("bench: run interrupted after %d of %d requests: %w", sent, cfg.Requests, err)
+	}
+	// Whether or not every request was sent (the third 401 may be the
+	// last request), a run the endpoint refused is no measurement.
+	if n := int(unauthorized.Load()); n >= unauthorizedStop || n > 0 && n == sent {
+		return res, &UnauthorizedError{Answers: n, Sent: sent, Requests: cfg.Requests}
+	}
+	return res, nil
+}
+
+// dispatch sends the requests of a single-turn run, each as soon as a slot
+// frees (or at its arrival in at, when set), until Requests are sent or the
+// run stops, and returns how many it sent once they have all ended.
+func (r *runner) dispatch(ctx context.Context, at []time.Duration, bodies []promptBody, order []int,
+	refused <-chan struct{}, stopped func() bool, record func(int, Sample)) int {
+	slots := make(chan struct{}, r.cfg.Concurrency)
+	var wg sync.WaitGroup
+	sent := 0
 	timer := time.NewTimer(0)
 	<-timer.C
 dispatch:
-	for i := range cfg.Requests {
+	for i := range r.cfg.Requests {
 		arrival := r.start
 		if at != nil {
 			arrival = r.start.Add(at[i])
@@ -309,28 +365,11 @@ dispatch:
 		sent++
 		wg.Go(func() {
 			defer func() { <-slots }()
-			s := r.do(ctx, i, p, queued)
-			samples[i] = s
-			prog.done(s.Err == "")
-			if s.Err == ErrUnauthorized && unauthorized.Add(1) == unauthorizedStop {
-				close(refused) // Add returns unauthorizedStop once
-			}
+			record(i, r.do(ctx, i, p, queued, nil))
 		})
 	}
 	wg.Wait()
-	duration := time.Since(r.start)
-	stopProgress()
-
-	res := newResult(cfg, r.start, duration, samples[:sent])
-	if err := ctx.Err(); err != nil {
-		return res, fmt.Errorf("bench: run interrupted after %d of %d requests: %w", sent, cfg.Requests, err)
-	}
-	// Whether or not every request was sent (the third 401 may be the
-	// last request), a run the endpoint refused is no measurement.
-	if n := int(unauthorized.Load()); n >= unauthorizedStop || n > 0 && n == sent {
-		return res, &UnauthorizedError{Answers: n, Sent: sent, Requests: cfg.Requests}
-	}
-	return res, nil
+	return sent
 }
 
 // unauthorizedStop is how many 401 answers stop a run: enough not to stop on

@@ -660,6 +660,10 @@ func TestConfigErrors(t *testing.T) {
 		{"requests", func(c *bench.Config) { c.Requests = 0 }, "requests"},
 		{"rate", func(c *bench.Config) { c.Rate = -1 }, "rate"},
 		{"timeout", func(c *bench.Config) { c.Timeout = -1 }, "timeout"},
+		{"turns", func(c *bench.Config) { c.Turns = -1 }, "turns"},
+		{"turns with rate", func(c *bench.Config) { c.Turns, c.Rate = 2, 1 }, "rate with turns"},
+		{"conversation header", func(c *bench.Config) { c.Turns, c.ConversationHeader = 2, "X Bad:" }, "conversation header"},
+		{"conversation header clash", func(c *bench.Config) { c.Turns, c.ConversationHeader = 2, "authorization" }, "sends that header itself"},
 		{"empty prompts", func(c *bench.Config) { c.Prompts = bench.PromptSet{} }, "prompt"},
 		{"prompt class", func(c *bench.Config) {
 			c.Prompts = bench.PromptSet{{Class: "huge", Messages: []bench.Message{{Role: "user", Content: "x"}}}}

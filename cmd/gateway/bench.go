@@ -29,7 +29,11 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 			"P95, P99), output tokens/s, goodput against the SLOs and errors by kind; against a tollgate,\n"+
 			"also the gateway's own figures for the run from its /stats (-gateway-stats). The API key is\n"+
 			"read from the environment variable named by -key-env, never from the command line; neither\n"+
-			"it nor credentials in a URL (user:password@) are sent to /stats.", stderr)
+			"it nor credentials in a URL (user:password@) are sent to /stats. With -turns N above 1, each\n"+
+			"worker runs conversations of N turns, one after another: on openai and anthropic every turn\n"+
+			"carries -conversation-header and the history so far; on responses the turns chain through\n"+
+			"previous_response_id (\"store\": true) with no header. The report adds conversations\n"+
+			"started, completed, failed and cut short by -requests, and TTFT of first and later turns.", stderr)
 	def := config.Default().SLO
 	url := fs.String("url", "", "base URL of the endpoint, e.g. http://127.0.0.1:8080 (required)")
 	dialect := fs.String("dialect", "openai", "API: openai (POST /v1/chat/completions), anthropic (POST /v1/messages) or responses (POST /v1/responses); -api is the same flag")
@@ -53,6 +57,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	sweepGoodput := fs.Float64("sweep-goodput", bench.DefaultSweepTarget, "with -sweep: the goodput ratio a level must reach (0 to 1)")
 	sweepStop := fs.Bool("sweep-stop", true, "with -sweep: run no level after the first that breaks")
 	stages := fs.String("stages", "", "staged run: comma-separated request counts, e.g. 5,30,100, run in order; stops at the first stage with a failed request")
+	turns := fs.Int("turns", 1, "turns per conversation (1: every request stands alone); -requests still bounds the requests, so the last conversation is cut short when they are no multiple of -turns; not with -rate")
+	convHeader := fs.String("conversation-header", bench.DefaultConversationHeader, "with -turns above 1, on openai and anthropic: the header carrying each conversation's id, <run-id>-<n>")
 	gwStats := fs.String("gateway-stats", "auto", "the gateway's own figures for the run, from its /stats, beside the client's: auto (from -url's host, shown when it answers as a tollgate), off, or the gateway's base or /stats URL (failing to read it is then reported)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -62,6 +68,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	concurrencySet := set["concurrency"]
 	var levels, counts []int
 	if err := benchModeFlags(set, *sweep, *stages, *rate, stderr, &levels, &counts); err != nil {
+		return err
+	}
+	if err := turnsFlags(set, *turns, *rate, *dialect, *convHeader, stderr); err != nil {
 		return err
 	}
 	if *sweepGoodput <= 0 || *sweepGoodput > 1 {
@@ -80,7 +89,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := bench.Config{
 		BaseURL: *url, Model: *model, Requests: *requests, Concurrency: *concurrency, Rate: *rate,
-		MaxTokens: *maxTokens, Timeout: *timeout, Seed: *seed,
+		MaxTokens: *maxTokens, Timeout: *timeout, Seed: *seed, Turns: *turns, ConversationHeader: *convHeader,
 		SLO: llm.SLOTargets{TTFT: config.Millis(*ttft), TPOT: config.Millis(*tpot), E2E: config.Millis(*e2e)},
 	}
 	switch *dialect {
@@ -232,6 +241,27 @@ func benchModeFlags(set map[string]bool, sweep, stages string, rate float64, std
 			return usage("-stages: " + err.Error())
 		}
 		*counts = c
+	}
+	return nil
+}
+
+// turnsFlags checks -turns and -conversation-header.
+func turnsFlags(set map[string]bool, turns int, rate float64, dialect, header string, stderr io.Writer) error {
+	usage := func(msg string) error {
+		fmt.Fprintln(stderr, msg)
+		return errUsage
+	}
+	switch {
+	case turns < 1:
+		return usage(fmt.Sprintf("-turns %d: want 1 or more", turns))
+	case turns > 1 && rate != 0:
+		return usage("-rate is not allowed with -turns above 1: a conversation's next turn follows its answer")
+	case set["conversation-header"] && turns == 1:
+		return usage("-conversation-header needs -turns above 1")
+	case set["conversation-header"] && dialect == "responses":
+		return usage("-conversation-header is not used with -dialect responses: its turns chain through previous_response_id")
+	case !bench.ValidHeaderName(header):
+		return usage(fmt.Sprintf("-conversation-header %q: not a header name", header))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,5 +130,121 @@ func TestBenchAgainstGatewayStats(t *testing.T) {
 	}
 	if ttftP50 < float64(sideUpstreamTTFT.Milliseconds())*(1-rep.Sketch.RelativeError) {
 		t.Errorf("gateway TTFT P50 %.3f ms is below the upstream's scheduled 20 ms", ttftP50)
+	}
+}
+
+// headerRecorder passes requests to next and counts them by the value of
+// one header.
+type headerRecorder struct {
+	next   http.Handler
+	header string
+
+	mu     sync.Mutex
+	values map[string]int
+	total  int
+}
+
+func (h *headerRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	h.values[r.Header.Get(h.header)]++
+	h.total++
+	h.mu.Unlock()
+	h.next.ServeHTTP(w, r)
+}
+
+// TestBenchTurnsCommand runs `gateway bench -turns 3`: the upstream sees
+// each conversation's three requests under one value of the header (named
+// by -conversation-header when given), a different value per conversation,
+// and the JSON report counts the conversations sent.
+func TestBenchTurnsCommand(t *testing.T) {
+	for _, header := range []string{"", "X-Chat-Session"} {
+		name := header
+		if name == "" {
+			name = bench.DefaultConversationHeader
+		}
+		t.Run(name, func(t *testing.T) {
+			rec := &headerRecorder{next: mockllm.New(mockllm.Options{TTFT: 5 * time.Millisecond, ITL: time.Millisecond, OutputTokens: 4}),
+				header: name, values: map[string]int{}}
+			up := httptest.NewServer(rec)
+			t.Cleanup(up.Close)
+			args := []string{"bench", "-url", up.URL, "-model", "m", "-requests", "6", "-concurrency", "2", "-turns", "3",
+				"-quiet", "-json", "-gateway-stats", "off", "-max-tokens", "16"}
+			if header != "" {
+				args = append(args, "-conversation-header", header)
+			}
+			var out, errb strings.Builder
+			if code := run(args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			up.Close() // waits for the handlers
+			if rec.total != 6 || len(rec.values) != 2 || rec.values[""] != 0 {
+				t.Fatalf("upstream saw %d requests, by %s: %v; want 6 in 2 conversations", rec.total, name, rec.values)
+			}
+			for v, n := range rec.values {
+				if n != 3 {
+					t.Errorf("conversation %s: %d requests, want 3", v, n)
+				}
+			}
+			var rep struct {
+				Conversations *bench.Conversations `json:"conversations"`
+			}
+			if err := json.Unmarshal([]byte(out.String()), &rep); err != nil {
+				t.Fatal(err)
+			}
+			if c := rep.Conversations; c == nil || c.Started != 2 || c.Completed != 2 || c.TurnsPerConversation != 3 || c.Header != name {
+				t.Errorf("conversations %+v, want 2 completed of 3 turns under %s", c, name)
+			}
+		})
+	}
+}
+
+// TestBenchTurnsThroughGateway: conversations through a tollgate reach the
+// upstream whole, the Responses chain included (the mock refuses a
+// previous_response_id it did not give), and the gateway counts every turn.
+func TestBenchTurnsThroughGateway(t *testing.T) {
+	base, m := startStatsGateway(t, nil)
+	var out, errb strings.Builder
+	for _, d := range []string{"openai", "responses"} {
+		out.Reset()
+		if code := run([]string{"bench", "-url", base, "-model", "demo-gpt-note", "-requests", "6", "-concurrency", "2",
+			"-turns", "3", "-quiet", "-dialect", d, "-max-tokens", "16"}, &out, &errb); code != 0 {
+			t.Fatalf("%s: exit %d: %s\n%s", d, code, errb.String(), out.String())
+		}
+		if !strings.Contains(out.String(), "started 2, completed 2, failed 0, cut short 0; 3.00 turns per conversation") {
+			t.Errorf("%s: report:\n%s", d, out.String())
+		}
+	}
+	if got := m.Stats().Requests; got != 12 {
+		t.Errorf("upstream saw %d requests, want 12", got)
+	}
+}
+
+// TestBenchTurnsFlagErrors: -turns below 1, -turns with -rate, and
+// -conversation-header where no header is sent are usage errors, and send
+// nothing.
+func TestBenchTurnsFlagErrors(t *testing.T) {
+	m := mockllm.New(mockllm.Options{})
+	up := httptest.NewServer(m)
+	t.Cleanup(up.Close)
+	base := []string{"bench", "-url", up.URL, "-model", "m", "-quiet", "-gateway-stats", "off"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-turns", "0"}, "-turns 0: want 1 or more"},
+		{[]string{"-turns", "-2"}, "-turns -2: want 1 or more"},
+		{[]string{"-turns", "2", "-rate", "5"}, "-rate is not allowed with -turns"},
+		{[]string{"-conversation-header", "X-Chat"}, "-conversation-header needs -turns"},
+		{[]string{"-turns", "2", "-dialect", "responses", "-conversation-header", "X-Chat"}, "previous_response_id"},
+		{[]string{"-turns", "2", "-conversation-header", "X Chat"}, "not a header name"},
+	} {
+		var out, errb strings.Builder
+		code := run(append(base, c.args...), &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", c.args, code, errb.String(), c.want)
+		}
+	}
+	if got := m.Stats().Requests; got != 0 {
+		t.Errorf("usage errors sent %d requests", got)
 	}
 }
