@@ -50,7 +50,9 @@ type RedisOptions struct {
 	Logger *slog.Logger
 	// MaxPending bounds the conversations whose turns wait in memory to be
 	// sent; zero or less means 100000. Past it, a turn of another
-	// conversation is dropped, counted by Dropped and logged.
+	// conversation is dropped, counted by Dropped and logged. The batches
+	// being retried while Redis is unreachable (cut when pending was at
+	// most MaxPending) come on top, so memory holds at most twice as many.
 	MaxPending int
 }
 
@@ -73,7 +75,10 @@ type RedisOptions struct {
 // when their last turn was recorded; a key per linked response (its id
 // hashed, see linkKey) with a TTL of IdleTimeout. The scripts enforce
 // MaxActive: past it the lowest-scored conversations are removed, and the
-// replica whose batch removed them calls OnEnd(c, EndEvicted).
+// replica whose batch removed them calls OnEnd(c, EndEvicted), from the
+// call that sent it (its loop, Flush, SetOutcome or Close), outside its
+// locks. The scores are this replica's Options.Now when a turn was
+// recorded, so the replicas' clocks must agree to well within IdleTimeout.
 //
 // Times are kept to the microsecond. Get, Cost and SetOutcome add this
 // replica's unsent turns to what Redis holds (not other replicas'), and

@@ -463,3 +463,50 @@ func TestRedisResponseLinksAreHashed(t *testing.T) {
 		}
 	}
 }
+
+func TestRedisEvictionWithALostReplyEndsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	hook := &loseReply{suffix: ":b:"}
+	clock := newFakeClock()
+	var ends endCounter
+	r := newTestRedis(t, srv.Client(t, hook), RedisOptions{Options: Options{Now: clock.Now, OnEnd: ends.onEnd, MaxActive: 1}})
+	ctx := context.Background()
+	a, b := Key("", "a"), Key("", "b")
+	r.Record(Turn{Key: a, At: clock.Now(), CostMicros: 3})
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	r.Record(Turn{Key: b, At: clock.Now(), CostMicros: 1})
+	hook.armed.Store(true)
+	if err := r.Flush(ctx); err == nil || hook.lost.Load() != 1 {
+		t.Fatalf("Flush with its reply lost: %v (%d lost)", err, hook.lost.Load())
+	}
+	// Redis evicted a; the batch sent again returns it, and only once.
+	for range 2 {
+		if err := r.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ends.mu.Lock()
+	defer ends.mu.Unlock()
+	if len(ends.n) != 1 || ends.n[a] != 1 || ends.last[a].CostMicros != 3 {
+		t.Errorf("ended %v, want a once with cost 3", ends.n)
+	}
+	if _, err := r.Get(ctx, a); !errors.Is(err, ErrUnknown) {
+		t.Errorf("evicted conversation still answers: %v", err)
+	}
+}
+
+func TestRedisCloseWithRedisDownReportsTheLostTurns(t *testing.T) {
+	srv := redistest.Start(t)
+	r, err := NewRedis(srv.Client(t), RedisOptions{Options: Options{Interval: time.Hour}, Prefix: "test:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Record(Turn{Key: Key("", "lost"), At: time.Now(), CostMicros: 1})
+	srv.Kill()
+	if err := r.Close(); err == nil || !strings.Contains(err.Error(), "1 conversations") {
+		t.Errorf("Close with Redis down: %v, want an error naming 1 conversation", err)
+	}
+}
