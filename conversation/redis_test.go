@@ -469,7 +469,8 @@ func TestRedisEvictionWithALostReplyEndsOnce(t *testing.T) {
 	hook := &loseReply{suffix: ":b:"}
 	clock := newFakeClock()
 	var ends endCounter
-	r := newTestRedis(t, srv.Client(t, hook), RedisOptions{Options: Options{Now: clock.Now, OnEnd: ends.onEnd, MaxActive: 1}})
+	client := srv.Client(t, hook)
+	r := newTestRedis(t, client, RedisOptions{Options: Options{Now: clock.Now, OnEnd: ends.onEnd, MaxActive: 1}})
 	ctx := context.Background()
 	a, b := Key("", "a"), Key("", "b")
 	r.Record(Turn{Key: a, At: clock.Now(), CostMicros: 3})
@@ -495,6 +496,19 @@ func TestRedisEvictionWithALostReplyEndsOnce(t *testing.T) {
 	}
 	if _, err := r.Get(ctx, a); !errors.Is(err, ErrUnknown) {
 		t.Errorf("evicted conversation still answers: %v", err)
+	}
+	// Once received, the marker no longer keeps the evicted records.
+	markers, err := client.Keys(ctx, "test:conv:{c}:b:*").Result()
+	if err != nil || len(markers) != 2 {
+		t.Fatalf("markers %q, %v; want the two batches'", markers, err)
+	}
+	for _, m := range markers {
+		if v := client.Get(ctx, m).Val(); v != "1" {
+			t.Errorf("marker %s holds %q, want 1", m, v)
+		}
+		if ttl := client.TTL(ctx, m).Val(); ttl <= 0 {
+			t.Errorf("marker %s has TTL %v", m, ttl)
+		}
 	}
 }
 
