@@ -6,6 +6,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-llm/tollgate/internal/redistest"
 )
 
 // fakeClock is a clock that moves only when told.
@@ -86,6 +90,7 @@ var storeCases = []storeCase{
 	{"LocalMemory", func(t *testing.T, opts Options) *subject {
 		return localSubject(t, "", opts, newFakeClock())
 	}},
+	{"Redis", redisSubject},
 }
 
 // testIdle is the idle timeout the behaviours run with.
@@ -120,6 +125,44 @@ func localSubject(t *testing.T, file string, opts Options, clock *fakeClock) *su
 			closed = true
 			return localSubject(t, file, opts, clock)
 		}
+	}
+	return s
+}
+
+// redisSubject is a Redis store on a redis-server of its own; reopen
+// closes it and opens a new one on the same server and prefix.
+func redisSubject(t *testing.T, opts Options) *subject {
+	t.Helper()
+	srv := redistest.Start(t)
+	return redisSubjectOn(t, srv.Client(t), "test:", opts, newFakeClock())
+}
+
+func redisSubjectOn(t *testing.T, client redis.UniversalClient, prefix string, opts Options, clock *fakeClock) *subject {
+	t.Helper()
+	s := &subject{clock: clock, ended: &ended{}}
+	opts.Now, opts.OnEnd = clock.Now, s.ended.onEnd
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = testIdle
+	}
+	opts.Interval = time.Hour // tick runs the periodic work
+	r, err := NewRedis(client, RedisOptions{Options: opts, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = r.Close()
+		}
+	})
+	s.ticker = r
+	s.reopen = func(t *testing.T) *subject {
+		t.Helper()
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		closed = true
+		return redisSubjectOn(t, client, prefix, opts, clock)
 	}
 	return s
 }
