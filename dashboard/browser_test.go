@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/proxy"
@@ -332,6 +333,7 @@ func TestDashboardRendersStats(t *testing.T) {
 	if refused := w.anthropicStreams(t, keyAds, 6); refused != 3 {
 		t.Fatalf("team ads (rpm 3) had %d of 6 requests refused, want 3", refused)
 	}
+	w.endConversations()
 	// That traffic is in the first 10 s slice; 12 s on, it is closed and
 	// the current one is 2 s old (its rates are not charted yet).
 	w.clock.advance(12 * time.Second)
@@ -389,6 +391,102 @@ func TestDashboardRendersStats(t *testing.T) {
 	checkCharts(t, tags, series)
 	checkTeams(t, tags, teams)
 	checkModels(t, tags, models)
+	checkConversations(t, dom, tags, teams)
+}
+
+// endConversations hands the live windows ended conversations and
+// outcomes of both teams, as the conversation store and the outcome
+// endpoint do: search with idle, evicted and errored ones, outcomes with
+// and without a score; ads with an outcome that did not complete (so no
+// cost per completed task) and no score.
+func (w *world) endConversations() {
+	score := func(v float64) *float64 { return &v }
+	for i := range 9 {
+		c := conversation.Conversation{Team: "search", Turns: int64(1 + i*i), CostMicros: int64(1_500 + 40_000*i)}
+		if i%4 == 0 {
+			c.Errors = 1
+		}
+		why := conversation.EndIdle
+		if i == 5 {
+			why = conversation.EndEvicted
+		}
+		w.stats.ObserveConversation(c, why)
+	}
+	w.stats.ObserveOutcome("search", conversation.Outcome{Completed: true, Score: score(0.75)}, 81_500)
+	w.stats.ObserveOutcome("search", conversation.Outcome{Completed: true}, 1_500)
+	w.stats.ObserveOutcome("search", conversation.Outcome{Completed: false, Score: score(0.2)}, 241_500)
+	w.stats.ObserveConversation(conversation.Conversation{Team: "ads", Turns: 3, CostMicros: 2_000_000}, conversation.EndIdle)
+	w.stats.ObserveOutcome("ads", conversation.Outcome{Completed: false}, 2_000_000)
+}
+
+// checkConversations: one row per team with conversations in the last
+// hour, holding in its data attributes exactly the figures /stats
+// reports (empty for a figure without a sample) and showing each in its
+// cell, read back to the precision it is written with.
+func checkConversations(t *testing.T, dom string, tags []tag, rep stats.Report) {
+	t.Helper()
+	rows := map[string]map[string]string{}
+	for _, tg := range tags {
+		if tg.name == "tr" && tg.attrs["data-conversation-team"] != "" {
+			rows[tg.attrs["data-conversation-team"]] = tg.attrs
+		}
+	}
+	if len(rep.Conversations) != 2 || len(rows) != 2 {
+		t.Fatalf("%d conversation rows, /stats has %d teams with conversations", len(rows), len(rep.Conversations))
+	}
+	// The cells' texts, by team, in column order after the team's name.
+	cells := map[string][]string{}
+	for _, m := range regexp.MustCompile(`<tr data-conversation-team="([^"]*)"[^>]*>(.*?)</tr>`).FindAllStringSubmatch(dom, -1) {
+		for _, td := range regexp.MustCompile(`<td>([^<]*)</td>`).FindAllStringSubmatch(m[2], -1) {
+			cells[html.UnescapeString(m[1])] = append(cells[html.UnescapeString(m[1])], html.UnescapeString(td[1]))
+		}
+	}
+	for _, c := range rep.Conversations {
+		f, o := c.LastHour, c.LastHour.Outcomes
+		idle, sampled := f.Ended > f.Evicted, f.Sampled > 0
+		type want struct {
+			attr string
+			v    float64
+			has  bool
+		}
+		wants := []want{
+			{"ended", float64(f.Ended), true}, {"evicted", float64(f.Evicted), true}, {"error-share", f.ErrorShare, f.Ended > 0},
+			{"turns-mean", f.Turns.Mean, idle}, {"turns-p50", f.Turns.P50, sampled}, {"turns-p95", f.Turns.P95, sampled}, {"turns-p99", f.Turns.P99, sampled},
+			{"cost-mean", f.CostUSD.Mean, idle}, {"cost-p50", f.CostUSD.P50, sampled}, {"cost-p95", f.CostUSD.P95, sampled}, {"cost-p99", f.CostUSD.P99, sampled},
+			{"completion-rate", o.CompletionRate, o.Posted > 0}, {"mean-score", o.MeanScore, o.Scored > 0},
+			{"cost-per-completed", o.CostPerCompletedUSD, o.Completed > 0},
+		}
+		row := rows[c.Team]
+		texts := cells[c.Team]
+		if row == nil || len(texts) != len(wants)+1 || texts[0] != c.Team {
+			t.Errorf("team %s: row %v, cells %q", c.Team, row, texts)
+			continue
+		}
+		for i, wt := range wants {
+			got, has := num(t, row["data-"+wt.attr])
+			if has != wt.has || (has && got != wt.v) {
+				t.Errorf("team %s %s holds %q, /stats says %v (has %v)", c.Team, wt.attr, row["data-"+wt.attr], wt.v, wt.has)
+			}
+			text := texts[i+1]
+			if !wt.has {
+				if text != "–" {
+					t.Errorf("team %s %s shows %q without a sample", c.Team, wt.attr, text)
+				}
+				continue
+			}
+			shown, tol, err := readTile(text)
+			// A share is a percentage to one decimal, a count or turns
+			// to one decimal, a score to two, dollars to 4 under $1.
+			if err != nil || math.Abs(shown-wt.v) > max(tol, 0.005*math.Abs(wt.v)) {
+				t.Errorf("team %s %s shows %q (read %v, %v), /stats says %v", c.Team, wt.attr, text, shown, err, wt.v)
+			}
+		}
+	}
+	// The figures are those observed: search's 8 idle of 9, ads' one.
+	search := rows["search"]
+	if search["data-ended"] != "9" || search["data-evicted"] != "1" || rows["ads"]["data-cost-per-completed"] != "" {
+		t.Errorf("search %v, ads %v", search, rows["ads"])
+	}
 }
 
 // checkTiles: the tiles hold exactly the values of the whole-gateway group
@@ -740,6 +838,9 @@ func TestDashboardWindow(t *testing.T) {
 	}
 	checkTiles(t, dom, tags, g, all.Windows[0].Seconds)
 	checkCharts(t, tags, series)
+	if !strings.Contains(dom, "No conversation ended in the last hour.") {
+		t.Error("no conversation ended, and the page does not say so")
+	}
 }
 
 // TestDashboardRefreshFailure: when /stats refuses (503), the page says so

@@ -9,6 +9,9 @@
 // its shaping queue; their upstream label is a configured name.
 // The tollgate_probe_* families hold the synthetic probe's results per
 // configured target (upstream and model), apart from every user figure.
+// The tollgate_conversation* families hold the figures of each ended
+// conversation (package conversation) and the outcomes applications report
+// for them, per team.
 package metrics
 
 import (
@@ -21,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -38,6 +42,24 @@ var (
 	// Gateway overhead: 10 µs to 1 s.
 	overheadBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
 		0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}
+
+	// Turns of a conversation: every count up to 6, then about 1.25× to
+	// 200 and two beyond, so agent loops of a few hundred turns still fall
+	// in a finite bucket.
+	conversationTurnBuckets = []float64{1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100,
+		125, 150, 200, 300, 500}
+	// Cost of a conversation: a tenth of a cent to $50, 1-2.5-5 a decade.
+	conversationCostBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+		1, 2.5, 5, 10, 25, 50}
+	// Tokens of a conversation, of one type: 100 to 50 M, 1-2.5-5 a
+	// decade. Input grows with turns, as each turn resends the context.
+	conversationTokenBuckets = []float64{100, 250, 500, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5,
+		5e5, 1e6, 2.5e6, 5e6, 1e7, 2.5e7, 5e7}
+	// First to last turn of a conversation: a second (one turn: 0) to a day.
+	conversationDurationBuckets = []float64{1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200,
+		14400, 28800, 86400}
+	// Outcome scores, 0 to 1 in tenths.
+	scoreBuckets = []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1}
 )
 
 // Label values used where a dimension is unknown.
@@ -89,6 +111,17 @@ type Metrics struct {
 	probeSuccess   *prometheus.GaugeVec
 	probeLastRound *prometheus.GaugeVec
 	probeInterval  *prometheus.GaugeVec
+
+	// Ended conversations (package conversation) and the outcomes
+	// applications report for them.
+	convTurns         *prometheus.HistogramVec
+	convCost          *prometheus.HistogramVec
+	convTokens        *prometheus.HistogramVec
+	convDuration      *prometheus.HistogramVec
+	convEnded         *prometheus.CounterVec
+	convOutcomes      *prometheus.CounterVec
+	convScore         *prometheus.HistogramVec
+	convCompletedCost *prometheus.CounterVec
 
 	// circuit holds each upstream's last circuit state, so that a
 	// transition is counted from what was set rather than read back from
@@ -219,6 +252,31 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		probeInterval: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "probe_interval_seconds",
 			Help: "The probe's [probe] interval_seconds, per target, so that an alert can tell a late round."},
 			[]string{"upstream", "model"}),
+		convTurns: hist("conversation_turns",
+			"Conversations that ended idle (no turn for [conversations] idle timeout): their turns (requests), by the team of their first turn.",
+			conversationTurnBuckets, "team"),
+		convCost: hist("conversation_cost_usd",
+			"Conversations that ended idle: their spend in US dollars, priced by [[models]] as each turn was billed.",
+			conversationCostBuckets, "team"),
+		convTokens: hist("conversation_tokens",
+			"Conversations that ended idle: their tokens by type (input, output, cache_read, cache_write, reasoning; input includes cache_read and cache_write, output includes reasoning, as in tollgate_tokens_total), zeros included.",
+			conversationTokenBuckets, "team", "type"),
+		convDuration: hist("conversation_duration_seconds",
+			"Conversations that ended idle: the time from their first turn's end to their last's (0 for one turn).",
+			conversationDurationBuckets, "team"),
+		convEnded: counter("conversations_ended_total",
+			"Conversations ended, by reason (idle: no turn for the idle timeout; evicted: pushed out by [conversations] max_active, its figures partial and so not in the tollgate_conversation_* histograms) and errored (true when any turn failed).",
+			"team", "reason", "errored"),
+		convOutcomes: counter("conversation_outcomes_total",
+			"Outcomes applications reported for conversations (POST /tollgate/conversations/{id}/outcome), by completed (whether the conversation's task was done).",
+			"team", "completed"),
+		convScore: hist("conversation_score",
+			"Quality scores (0 to 1) of reported outcomes that carry one.",
+			scoreBuckets, "team"),
+		convCompletedCost: counter("conversation_completed_cost_usd_total",
+			"Spend in US dollars of the conversations reported completed, up to the report; divided by tollgate_conversation_outcomes_total{completed=\"true\"} it is the cost per completed task.",
+			"team"),
+
 		circuit:      make(map[string]int, len(cfg.Upstreams)),
 		probeTargets: map[[2]string]bool{},
 
@@ -230,7 +288,8 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		m.reloads, m.reloadOK, m.reloadSuccessful,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
-		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval} {
+		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval,
+		m.convTurns, m.convCost, m.convTokens, m.convDuration, m.convEnded, m.convOutcomes, m.convScore, m.convCompletedCost} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -299,6 +358,17 @@ func (m *Metrics) addSeries(cfg *config.Config) {
 		m.circuitMu.Unlock()
 		m.attempts.WithLabelValues(u.Name, "ok")
 		m.breakerBypass.WithLabelValues(u.Name)
+	}
+	// A configured team's conversation counters start at 0, so that the
+	// first conversation it ends or completes shows in increase() and
+	// rate(), and a completion rate reads 0 rather than nothing. Only the
+	// common cases: an error or an eviction makes its series when it
+	// happens.
+	for _, t := range cfg.Teams {
+		m.convEnded.WithLabelValues(t.Name, conversation.EndIdle.String(), "false")
+		m.convOutcomes.WithLabelValues(t.Name, "true")
+		m.convOutcomes.WithLabelValues(t.Name, "false")
+		m.convCompletedCost.WithLabelValues(t.Name)
 	}
 	p := cfg.Probe
 	if !p.Enabled {
@@ -567,6 +637,55 @@ func (m *Metrics) ObserveProbe(upstream, model string, s ProbeSample) {
 func (m *Metrics) ProbeRound(upstream, model string, successRatio float64, at time.Time) {
 	m.probeSuccess.WithLabelValues(upstream, model).Set(successRatio)
 	m.probeLastRound.WithLabelValues(upstream, model).Set(float64(at.UnixNano()) / 1e9)
+}
+
+// ConversationEnded records a conversation that ended (the store's
+// Options.OnEnd). Every one is counted by reason and by whether any of its
+// turns failed; one that ended idle also has its turns, cost, tokens by
+// type and duration observed. An evicted one is only counted: its figures
+// are partial (it may go on as a new conversation), and would pull the
+// distributions down. Its team label is c.Team, "none" for "": the team of
+// a [[keys]] entry, so from the configuration.
+func (m *Metrics) ConversationEnded(c conversation.Conversation, why conversation.Reason) {
+	team := c.Team
+	if team == "" {
+		team = labelNone
+	}
+	m.convEnded.WithLabelValues(team, why.String(), strconv.FormatBool(c.Errors > 0)).Inc()
+	if why != conversation.EndIdle {
+		return
+	}
+	m.convTurns.WithLabelValues(team).Observe(float64(c.Turns))
+	m.convCost.WithLabelValues(team).Observe(float64(max(c.CostMicros, 0)) / 1e6)
+	m.convDuration.WithLabelValues(team).Observe(max(c.Duration(), 0).Seconds())
+	tk := c.Tokens
+	for _, v := range [...]struct {
+		typ string
+		n   int64
+	}{{"input", tk.Input}, {"output", tk.Output}, {"cache_read", tk.CacheRead},
+		{"cache_write", tk.CacheWrite}, {"reasoning", tk.Reasoning}} {
+		m.convTokens.WithLabelValues(team, v.typ).Observe(float64(max(v.n, 0)))
+	}
+}
+
+// ConversationOutcome records the outcome an application reported for a
+// conversation of team ("" for none) that had cost costMicros so far: it
+// counts it by completed, observes its score when it has one in [0, 1]
+// (another value, which the API refuses, is left out rather than put in
+// an edge bucket), and adds the cost of a completed one to
+// tollgate_conversation_completed_cost_usd_total. The feedback text is
+// never a label.
+func (m *Metrics) ConversationOutcome(team string, o conversation.Outcome, costMicros int64) {
+	if team == "" {
+		team = labelNone
+	}
+	m.convOutcomes.WithLabelValues(team, strconv.FormatBool(o.Completed)).Inc()
+	if o.Score != nil && *o.Score >= 0 && *o.Score <= 1 {
+		m.convScore.WithLabelValues(team).Observe(*o.Score)
+	}
+	if o.Completed {
+		m.convCompletedCost.WithLabelValues(team).Add(float64(max(costMicros, 0)) / 1e6)
+	}
 }
 
 func (m *Metrics) addTokens(route, model, team, typ, est string, n int64) {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -360,6 +361,8 @@ func TestOwnLabelsRefusedAsConstantLabels(t *testing.T) {
 	m.SetQueueWaiting("mock", 1)
 	m.Rejected("key", "rpm", "none")
 	m.SetCircuitState("mock", CircuitOpen)
+	m.ConversationEnded(conversation.Conversation{Team: "t", Turns: 1, Errors: 1}, conversation.EndEvicted)
+	m.ConversationOutcome("t", conversation.Outcome{Completed: true}, 1)
 	rec := llm.Record{Route: llm.RouteChatCompletions, Stream: true, Status: 200, Interruption: llm.InterruptUpstreamEOF}
 	m.Observe(&rec, "m")
 	mfs, err := reg.Gather()

@@ -19,6 +19,10 @@ type Report struct {
 	Generated time.Time  `json:"generated"`
 	Sketch    SketchInfo `json:"sketch"`
 	Windows   []Window   `json:"windows"`
+	// Conversations are the figures of ended conversations and posted
+	// outcomes, by team; window=, route= and model= do not narrow them
+	// (a conversation spans routes and models), team= and merge=team do.
+	Conversations []ConversationGroup `json:"conversations"`
 }
 
 // SketchInfo names the quantile sketch and its error bound, so that a
@@ -233,6 +237,7 @@ func (w *Windows) snapshot(f filter) Report {
 			rep.Windows = append(rep.Windows, Window{Name: spec.name, Seconds: covered(spec, e), Groups: []Group{}})
 		}
 	}
+	rep.Conversations = w.conversations(&f, e)
 	sc := getScratch()
 	defer putScratch(sc)
 	for _, st := range w.sets(&f, e) {
@@ -489,7 +494,8 @@ func parseFilter(q url.Values) (filter, error) {
 // ServeHTTP serves the Report as JSON on GET /stats, and the SeriesReport
 // on GET /stats/series (a path ending in "/series"). Query parameters
 // narrow them: route=, model=, team= keep matching groups (team= also keeps
-// the team-less ITL groups); window= (1m, 5m or 1h) keeps one window (for
+// the team-less ITL groups; of the three, only team= narrows the
+// conversations); window= (1m, 5m or 1h) keeps one window (for
 // series it picks the window, 5m by default); merge= (a comma-separated
 // list of route, model, team) reports groups that differ only in those as
 // one, with "*" for the merged labels — merge=team puts a route and model's

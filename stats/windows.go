@@ -2,7 +2,10 @@
 // JSON on /stats: per route, model label and team, over the last minute, 5
 // minutes and hour, the count, mean, P50/P95/P99 and max of TTFT, TPOT, ITL,
 // E2E and gateway overhead, output tokens per second, goodput with the SLO
-// each bad request broke first, and outcome counts.
+// each bad request broke first, and outcome counts. Per team, it also
+// reports the conversations that ended (package conversation) and the
+// outcomes applications posted for them, over the last hour and since the
+// start (conversations.go).
 //
 // Quantiles come from a log-linear histogram (HdrHistogram's layout, see
 // sketch.go): every octave of nanoseconds cut into 1,024 buckets, so that a
@@ -332,6 +335,12 @@ type Windows struct {
 	// drop a stale group without losing a value written to it meanwhile.
 	mu     sync.RWMutex
 	groups map[groupKey]*group
+
+	// convMu guards convs, the conversation figures by team (see
+	// conversations.go). Conversations end far less often than requests,
+	// so one lock for every team is enough.
+	convMu sync.Mutex
+	convs  map[string]*convTeam
 }
 
 var _ http.Handler = (*Windows)(nil)
@@ -343,7 +352,7 @@ func New(now func() time.Time) *Windows {
 	if now == nil {
 		now = time.Now
 	}
-	return &Windows{now: now, start: now(), groups: make(map[groupKey]*group)}
+	return &Windows{now: now, start: now(), groups: make(map[groupKey]*group), convs: make(map[string]*convTeam)}
 }
 
 // elapsed returns the nanoseconds from start to t.

@@ -263,6 +263,50 @@
     $('models').replaceChildren(table);
   }
 
+  // renderConversations lists each team's conversations of the last hour:
+  // ended, evicted, error share, turns and cost per conversation (mean and
+  // percentiles), completion rate, mean score and cost per completed task.
+  // A figure without a sample (no idle conversation, no outcome, no score,
+  // nothing completed) is "–" and its data attribute empty.
+  function renderConversations(report) {
+    const rows = (report.conversations || []).filter((c) => c.last_hour.ended > 0 || c.last_hour.outcomes.posted > 0);
+    if (!rows.length) {
+      $('conversations').replaceChildren(el('p', { class: 'empty' }, 'No conversation ended in the last hour.'));
+      return;
+    }
+    const table = el('table', { id: 'conversation-table' },
+      el('tr', {}, ...['Team', 'Ended', 'Evicted', 'Errored', 'Turns mean', 'P50', 'P95', 'P99',
+        'Cost mean', 'P50', 'P95', 'P99', 'Completed', 'Mean score', 'Cost per completed'].map((h) => el('th', {}, h))));
+    for (const c of rows) {
+      const f = c.last_hour;
+      const o = f.outcomes;
+      const idle = f.ended - f.evicted > 0;
+      const has = f.sampled > 0;
+      const v = (ok, x) => (ok ? x : null);
+      const cells = {
+        'ended': f.ended, 'evicted': f.evicted, 'error-share': v(f.ended > 0, f.error_share),
+        'turns-mean': v(idle, f.turns.mean), 'turns-p50': v(has, f.turns.p50), 'turns-p95': v(has, f.turns.p95), 'turns-p99': v(has, f.turns.p99),
+        'cost-mean': v(idle, f.cost_usd.mean), 'cost-p50': v(has, f.cost_usd.p50), 'cost-p95': v(has, f.cost_usd.p95), 'cost-p99': v(has, f.cost_usd.p99),
+        'completion-rate': v(o.posted > 0, o.completion_rate), 'mean-score': v(o.scored > 0, o.mean_score),
+        'cost-per-completed': v(o.completed > 0, o.cost_per_completed_usd),
+      };
+      const attrs = { 'data-conversation-team': c.team };
+      for (const [k, x] of Object.entries(cells)) attrs['data-' + k] = x === null ? '' : x;
+      const usd = (x) => (x === null ? '–' : fmtUSD(x));
+      table.append(el('tr', attrs,
+        el('td', {}, c.team),
+        el('td', {}, fmtNum(f.ended, 0)),
+        el('td', {}, fmtNum(f.evicted, 0)),
+        el('td', {}, fmtPct(cells['error-share'])),
+        ...['turns-mean', 'turns-p50', 'turns-p95', 'turns-p99'].map((k) => el('td', {}, fmtNum(cells[k]))),
+        ...['cost-mean', 'cost-p50', 'cost-p95', 'cost-p99'].map((k) => el('td', {}, usd(cells[k]))),
+        el('td', {}, fmtPct(cells['completion-rate']) + (o.posted > 0 ? ' of ' + o.posted : '')),
+        el('td', {}, fmtNum(cells['mean-score'], 2)),
+        el('td', {}, usd(cells['cost-per-completed']))));
+    }
+    $('conversations').replaceChildren(table);
+  }
+
   function setStatus(kind, text) {
     const s = $('status');
     s.className = 'status' + (kind === 'error' ? ' error' : '');
@@ -285,6 +329,7 @@
       renderCharts(series);
       renderTeams(teams);
       renderModels(models);
+      renderConversations(teams);
       document.body.setAttribute('data-generated', all.generated);
       document.body.setAttribute('data-window', w);
       document.body.setAttribute('data-seconds', all.windows[0].seconds);
