@@ -24,6 +24,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/spend"
@@ -76,6 +77,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	cfg := config.DemoConfig("http://" + mockLn.Addr().String())
 	cfg.Auth.RequireKey = false
 	demoGovernance(&cfg)
+	demoConversations(&cfg)
 	demoUpstreams(&cfg, "http://"+backupLn.Addr().String())
 	demoProbe(&cfg)
 	ln, err := net.Listen("tcp", *listen)
@@ -105,6 +107,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	printDemoTable(stdout, col.snapshot(), gw)
 	printDemoResilience(stdout, col.snapshot(), faults.injected)
 	printDemoSpend(ctx, stdout, gw)
+	printDemoConversations(ctx, stdout, gw, *requests)
 	if failures > 0 {
 		fmt.Fprintf(stdout, "\n%d requests failed on the client side\n", failures)
 	}
@@ -203,7 +206,8 @@ func sendOne(ctx context.Context, client *http.Client, base string, i int) error
 	key, chat, stream, size := demoShape(i)
 	prompt := demoPrompt(size)
 	var url, body string
-	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + key}}
+	h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + key},
+		"X-Conversation-Id": {demoConversation(i)}}
 	if chat {
 		url = base + "/v1/chat/completions"
 		body = fmt.Sprintf(`{"model":"demo-gpt","stream":%t,"messages":[{"role":"user","content":%q}]}`, stream, prompt)
@@ -365,6 +369,60 @@ func demoGovernance(cfg *config.Config) {
 		cfg.Teams = append(cfg.Teams, config.Team{Name: team})
 		cfg.Keys = append(cfg.Keys, config.Key{Name: "demo-" + strconv.Itoa(i+1), SHA256: hex.EncodeToString(sum[:]), Team: team})
 	}
+}
+
+// demoTurns is the number of turns of each of the burst's conversations.
+const demoTurns = 4
+
+// demoConversation names the conversation request i of the burst is a turn
+// of: every demoTurns requests in a row, which demoShape gives one key.
+func demoConversation(i int) string { return "demo-conversation-" + strconv.Itoa(i/demoTurns+1) }
+
+// demoConversations turns conversation tracking on, in memory, with an idle
+// timeout short enough that the burst's conversations end while the demo
+// serves and show in /stats and the tollgate_conversation_* series.
+func demoConversations(cfg *config.Config) {
+	cfg.Conversations.Enabled = true
+	cfg.Conversations.IdleTimeoutSeconds = 30
+}
+
+// printDemoConversations prints the turns, tokens and cost of each of the
+// burst's conversations, as the gateway's conversation store holds them.
+func printDemoConversations(ctx context.Context, w io.Writer, gw *runningGateway, requests int) {
+	if gw.gov.conv == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nconversations (%d turns each, named by X-Conversation-Id):\n", demoTurns)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "conversation\tteam\tturns\terrors\tinput\toutput\tcost USD\tTTFT ms (streamed, mean)\t")
+	for i := 0; i < requests; i += demoTurns {
+		key, _, _, _ := demoShape(i)
+		team := strings.TrimPrefix(key, "demo-key-")
+		id := demoConversation(i)
+		c, err := gw.gov.conv.Get(ctx, conversation.Key("team:"+team, id))
+		if err != nil {
+			fmt.Fprintf(tw, "%s\t%s\t%v\t\n", id, team, err)
+			continue
+		}
+		// The burst sends a conversation's turns at once, so their order
+		// is arbitrary: the mean over its streamed turns.
+		var sum time.Duration
+		n := 0
+		for _, d := range c.TTFTs {
+			if d > 0 {
+				sum, n = sum+d, n+1
+			}
+		}
+		ttft := "-"
+		if n > 0 {
+			ttft = strconv.FormatFloat(ms(sum/time.Duration(n)), 'f', 2, 64)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", id, c.Team, c.Turns, c.Errors, c.Tokens.Input,
+			c.Tokens.Output, microsUSD(c.CostMicros), ttft)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "they end after %g s without a turn: then /stats (\"conversations\") and the "+
+		"tollgate_conversation_* series show turns and cost per conversation\n", gw.gw.Config().Conversations.IdleTimeoutSeconds)
 }
 
 // printDemoSpend prints the ledger per team and model.

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/fleet"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/ownership"
@@ -32,6 +33,10 @@ type governance struct {
 	fleet     *fleet.Fleet // the replicas sharing Redis; nil without it
 	lock      *fileLock    // on the state file or the spill directory
 	ownerLock *fileLock    // on [ownership] state_file
+	// conv is the conversation store, nil when [conversations] is off;
+	// convLock is on its state file.
+	conv     conversation.Store
+	convLock *fileLock
 
 	// local is the in-process limiter (without Redis) or the fallback
 	// (with it); shared is the Redis one. A reload raises the budgets it
@@ -293,6 +298,12 @@ func (g *governance) Close() error {
 	if err := g.limiter.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("closing the limiter: %w", err))
 	}
+	if g.conv != nil {
+		// Every exchange has recorded its turn: the last flush loses none.
+		if err := g.conv.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing the conversation store: %w", err))
+		}
+	}
 	if g.owners != nil {
 		if err := g.owners.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("closing the ownership store: %w", err))
@@ -315,6 +326,9 @@ func (g *governance) Close() error {
 	}
 	if err := g.ownerLock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("releasing the ownership file lock: %w", err))
+	}
+	if err := g.convLock.Unlock(); err != nil {
+		errs = append(errs, fmt.Errorf("releasing the conversations file lock: %w", err))
 	}
 	return errors.Join(errs...)
 }

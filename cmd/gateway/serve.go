@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/probe"
@@ -152,6 +153,16 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		stopTracing(tracer, ops)
 		return nil, err
 	}
+	st := stats.New(nil)
+	err = gov.openConversations(cfg, ops, func(c conversation.Conversation, why conversation.Reason) {
+		m.ConversationEnded(c, why)
+		st.ObserveConversation(c, why)
+	})
+	if err != nil {
+		_ = gov.Close()
+		stopTracing(tracer, ops)
+		return nil, err
+	}
 	rg := &runningGateway{registry: reg, metrics: m, gov: gov, tracer: tracer, log: ops, done: make(chan error, 1),
 		addr: ln.Addr().String(), stopping: make(chan struct{})}
 	reload := func(doc []byte, name string) ([]string, error) {
@@ -162,8 +173,12 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		return rl.serve(doc, name)
 	}
 	opts := proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
-		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: stats.New(nil),
-		Reload: reload}
+		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: st,
+		Reload: reload, Conversations: gov.conv,
+		OnOutcome: func(team string, o conversation.Outcome, costMicros int64) {
+			m.ConversationOutcome(team, o, costMicros)
+			st.ObserveOutcome(team, o, costMicros)
+		}}
 	if tracer != nil {
 		opts.Tracer = tracer.Tracer()
 	}

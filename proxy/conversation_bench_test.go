@@ -1,0 +1,127 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/conversation"
+	"github.com/tollgate-llm/tollgate/internal/redistest"
+	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/metrics"
+)
+
+// BenchmarkConversationTracking measures what conversation tracking adds
+// to one request: naming its conversation from the header, checking the
+// team's budget per conversation (with a budget: one Cost read from the
+// store) and recording the turn at finish. The store is in process
+// (local) or in Redis (redis: Record batches; Cost is a round trip);
+// "off" is the same request with tracking off.
+func BenchmarkConversationTracking(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		backend string
+		budget  bool
+	}{
+		{"off", "", false},
+		{"local", "local", false},
+		{"local-budget", "local", true},
+		{"redis", "redis", false},
+		{"redis-budget", "redis", true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var store conversation.Store
+			opts := conversation.Options{IdleTimeout: time.Hour, Interval: 50 * time.Millisecond}
+			switch tc.backend {
+			case "local":
+				l, err := conversation.NewLocal(conversation.LocalOptions{Options: opts})
+				if err != nil {
+					b.Fatal(err)
+				}
+				store = l
+			case "redis":
+				rs, err := conversation.NewRedis(redistest.Start(b).Client(b), conversation.RedisOptions{Options: opts, Prefix: "bench:"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				store = rs
+			}
+			if store != nil {
+				defer store.Close()
+			}
+			g := conversationGateway(b, store, tc.budget)
+			r, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions", nil)
+			w := &discardWriter{h: http.Header{}}
+			now := time.Now()
+			i := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				// 100 conversations of ever more turns.
+				r.Header.Set("X-Conversation-Id", "bench-"+strconv.Itoa(i%100))
+				i++
+				trackOnce(b, g, w, r, now)
+			}
+		})
+	}
+}
+
+// conversationGateway is a gateway in mode "keys" with key alpha in team
+// search, gpt-* priced, tracking conversations in store (off when nil),
+// with a budget per conversation the benchmark never reaches when budget.
+func conversationGateway(tb testing.TB, store conversation.Store, budget bool) *Gateway {
+	tb.Helper()
+	cfg := config.DemoConfig("http://127.0.0.1:1")
+	cfg.Auth.Mode = "keys"
+	cfg.Models = []config.Model{{Pattern: "gpt-*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10}}
+	cfg.Teams = []config.Team{{Name: "search"}}
+	cfg.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
+	cfg.Conversations.Enabled = store != nil
+	if budget {
+		cfg.Teams[0].MaxCostPerConversationUSD = f64(1e9)
+	}
+	if err := cfg.Validate(); err != nil {
+		tb.Fatal(err)
+	}
+	m, err := metrics.New(prometheus.NewRegistry(), &cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g, err := New(Options{Config: &cfg, Metrics: m, Logger: slog.New(slog.DiscardHandler), Conversations: store})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}
+
+// trackOnce takes one chat completion of key alpha through what tracking
+// does: identified, its conversation named, admitted (the budget checked),
+// and its turn recorded as finish would.
+func trackOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in time.Time) {
+	ex := exchange{g: g, gen: g.gen.Load(), w: w, r: r, promptEstimate: 300}
+	ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
+	ex.rec.Timing.In = in
+	ex.info.MaxTokens = 150
+	sum, id := keyHash(keyAlpha)
+	ex.rec.KeyID = id
+	if aerr := ex.identify(sum, true); aerr != nil {
+		tb.Fatal(aerr)
+	}
+	if aerr := ex.identifyConversation(); aerr != nil {
+		tb.Fatal(aerr)
+	}
+	if !ex.admit() {
+		tb.Fatal("refused")
+	}
+	ex.rec.Status, ex.rec.AttemptCount = 200, 1
+	ex.rec.Timing.End, ex.rec.Timing.FirstTokenOut = in, in
+	ex.rec.Usage = llm.Usage{Input: 300, Output: 150, HasInput: true, HasOutput: true}
+	ex.rec.CostMicros = 2250
+	ex.recordTurn()
+}
