@@ -32,7 +32,7 @@ var (
 var ownLabels = []string{
 	"route", "model", "team", "upstream", "outcome", "input_bucket", "code",
 	"type", "estimated", "slo", "cause", "reason", "scope", "limit",
-	"result", "why", "from", "to", "component", "window",
+	"result", "why", "from", "to", "component", "window", "completed", "errored",
 	"le", "quantile",
 }
 

@@ -430,6 +430,9 @@ state_file = ""
 [ownership]
 state_file = ""
 
+[conversations]
+state_file = ""
+
 [redis]
 spill_dir = ""
 `, up.URL))
