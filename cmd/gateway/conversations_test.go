@@ -260,3 +260,86 @@ func TestConversationEndsOnceAcrossThreeReplicas(t *testing.T) {
 		t.Errorf("cost histogram sums to %v USD, the records to %v", costSum, float64(cost)/1e6)
 	}
 }
+
+// An outcome posted to a running gateway reaches its metrics and /stats:
+// completion rate, score and cost per completed task per team, as posted.
+func TestOutcomeReachesMetricsAndStats(t *testing.T) {
+	mock := mockllm.New(mockllm.Options{OutputTokens: 3, RequireKey: upKey})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	cfg := govConfig(up.URL)
+	cfg.Spend.StateFile = ""
+	cfg.Conversations.Enabled, cfg.Conversations.StateFile = true, ""
+	r := startReplica(t, cfg)
+	posts := []struct {
+		id        string
+		completed bool
+		score     string
+	}{{"o-1", true, "0.9"}, {"o-2", false, "0.2"}, {"o-3", true, ""}}
+	var completedCost int64
+	for i, p := range posts {
+		if st, _ := convTurn(t, r, testKeyA, p.id, 970000+i); st != 200 {
+			t.Fatalf("turn: %d", st)
+		}
+		body := fmt.Sprintf(`{"completed":%t`, p.completed)
+		if p.score != "" {
+			body += `,"score":` + p.score
+		}
+		req, err := http.NewRequest(http.MethodPost, r.url+"/tollgate/conversations/"+p.id+"/outcome", strings.NewReader(body+"}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Api-Key", testKeyA)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep proxy.ConversationReport
+		err = json.NewDecoder(resp.Body).Decode(&rep)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || rep.Outcome == nil || rep.Outcome.Completed != p.completed {
+			t.Fatalf("outcome %s: %d %+v %v", p.id, resp.StatusCode, rep, err)
+		}
+		if p.completed {
+			completedCost += rep.CostMicros
+		}
+	}
+	done, _, _ := seriesSum(t, r, "tollgate_conversation_outcomes_total", map[string]string{"team": "red", "completed": "true"})
+	notDone, _, _ := seriesSum(t, r, "tollgate_conversation_outcomes_total", map[string]string{"team": "red", "completed": "false"})
+	_, scored, scoreSum := seriesSum(t, r, "tollgate_conversation_score", map[string]string{"team": "red"})
+	cost, _, _ := seriesSum(t, r, "tollgate_conversation_completed_cost_usd_total", map[string]string{"team": "red"})
+	if done != 2 || notDone != 1 || scored != 2 || scoreSum < 1.0999 || scoreSum > 1.1001 ||
+		cost < float64(completedCost)/1e6-1e-9 || cost > float64(completedCost)/1e6+1e-9 || completedCost == 0 {
+		t.Errorf("metrics: completed %v, not %v, %d scored summing %v, completed cost %v (want %v)",
+			done, notDone, scored, scoreSum, cost, float64(completedCost)/1e6)
+	}
+	resp, err := http.Get(r.url + "/stats?team=red")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Conversations []struct {
+			Team     string `json:"team"`
+			LastHour struct {
+				Outcomes struct {
+					Posted         int64   `json:"posted"`
+					CompletionRate float64 `json:"completion_rate"`
+					MeanScore      float64 `json:"mean_score"`
+					CostPerDone    float64 `json:"cost_per_completed_usd"`
+				} `json:"outcomes"`
+			} `json:"last_hour"`
+		} `json:"conversations"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Conversations) != 1 || doc.Conversations[0].Team != "red" {
+		t.Fatalf("/stats conversations: %+v", doc.Conversations)
+	}
+	o := doc.Conversations[0].LastHour.Outcomes
+	if o.Posted != 3 || o.CompletionRate < 0.6666 || o.CompletionRate > 0.6667 || o.MeanScore < 0.5499 || o.MeanScore > 0.5501 ||
+		o.CostPerDone < float64(completedCost)/2e6-1e-9 || o.CostPerDone > float64(completedCost)/2e6+1e-9 {
+		t.Errorf("/stats outcomes %+v; want 3 posted, rate 2/3, mean score 0.55, cost per completed %v", o, float64(completedCost)/2e6)
+	}
+}
