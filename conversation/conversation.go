@@ -194,8 +194,8 @@ type Store interface {
 	// conversation, holding the first outcome) if one was recorded.
 	SetOutcome(ctx context.Context, key string, o Outcome) (Conversation, error)
 	// Link records that a stored response (the Responses API's
-	// previous_response_id chains) belongs to conversation key, for as
-	// long as the conversation may go on (the idle timeout).
+	// previous_response_id chains) belongs to conversation key, for twice
+	// the idle timeout (linkLifetime).
 	Link(ctx context.Context, responseID, key string) error
 	// Resolve returns the key of the conversation a response belongs to,
 	// "" when none is recorded.
@@ -206,6 +206,13 @@ type Store interface {
 	// the store's resources.
 	Close() error
 }
+
+// linkLifetime is how long a response stays linked to its conversation:
+// twice the idle timeout, since the link is made when the turn's response
+// starts and the conversation's idle time counts from when the turn ends,
+// so a turn as long as the idle timeout still leaves the next turn the
+// whole idle timeout to continue the chain.
+func linkLifetime(idle time.Duration) time.Duration { return 2 * idle }
 
 // Options configure a store. The zero value is usable.
 type Options struct {

@@ -27,7 +27,7 @@ type Local struct {
 	byKey map[string]*list.Element
 	order *list.List
 	// links maps linkKey(response id) to its conversation; linkQueue holds
-	// them in the order they expire (they all live IdleTimeout).
+	// them in the order they expire (they all live linkLifetime).
 	links     map[string]link
 	linkQueue []queuedLink
 	dirty     bool
@@ -248,7 +248,7 @@ func (l *Local) SetOutcome(_ context.Context, key string, o Outcome) (Conversati
 // Link implements Store.
 func (l *Local) Link(_ context.Context, responseID, key string) error {
 	id := linkKey(responseID)
-	exp := l.opts.Now().Add(l.opts.IdleTimeout)
+	exp := l.opts.Now().Add(linkLifetime(l.opts.IdleTimeout))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.links[id] = link{Key: key, Expires: exp}

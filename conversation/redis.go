@@ -73,7 +73,7 @@ type RedisOptions struct {
 // (counters, first and last turn in µs, team, outcome) and a list of its
 // first MaxTTFTs TTFTs; a sorted set of the active conversations scored by
 // when their last turn was recorded; a key per linked response (its id
-// hashed, see linkKey) with a TTL of IdleTimeout. The scripts enforce
+// hashed, see linkKey) with a TTL of twice IdleTimeout (linkLifetime). The scripts enforce
 // MaxActive: past it the lowest-scored conversations are removed, and the
 // replica whose batch removed them calls OnEnd(c, EndEvicted), from the
 // call that sent it (its loop, Flush, SetOutcome or Close), outside its
@@ -564,10 +564,11 @@ func (r *Redis) setOutcomeLocked(ctx context.Context, key string, o Outcome) (Co
 }
 
 // Link implements Store: a key per response (its id hashed) holding the
-// conversation and when the link expires, with a TTL of IdleTimeout.
+// conversation and when the link expires, with a TTL of linkLifetime.
 func (r *Redis) Link(ctx context.Context, responseID, key string) error {
-	exp := r.opts.Now().Add(r.opts.IdleTimeout).UnixMicro()
-	err := r.client.Set(ctx, r.linkKey(responseID), key+" "+strconv.FormatInt(exp, 10), r.opts.IdleTimeout).Err()
+	life := linkLifetime(r.opts.IdleTimeout)
+	exp := r.opts.Now().Add(life).UnixMicro()
+	err := r.client.Set(ctx, r.linkKey(responseID), key+" "+strconv.FormatInt(exp, 10), life).Err()
 	if err != nil {
 		return fmt.Errorf("conversation: linking a response in Redis: %w", err)
 	}

@@ -151,10 +151,10 @@ func TestResponsesLinkToTheirConversation(t *testing.T) {
 		if got, err := s.Resolve(ctx, "resp_unknown"); err != nil || got != "" {
 			t.Errorf("Resolve of an unknown response = %q, %v", got, err)
 		}
-		s.clock.Advance(testIdle + time.Second)
+		s.clock.Advance(linkLifetime(testIdle) + time.Second)
 		s.tick(ctx)
 		if got, err := s.Resolve(ctx, "resp_second"); err != nil || got != "" {
-			t.Errorf("Resolve after the idle timeout = %q, %v; want none", got, err)
+			t.Errorf("Resolve after twice the idle timeout = %q, %v; want none", got, err)
 		}
 	})
 }
@@ -224,4 +224,26 @@ func TestValidID(t *testing.T) {
 			t.Errorf("ValidID(%q) = %v, want %v", id, got, want)
 		}
 	}
+}
+
+// A response linked when a long turn starts still names its conversation
+// while the conversation is active: the idle time counts from the turn's
+// end, the link's life from its start.
+func TestLinkOutlivesALongTurn(t *testing.T) {
+	forEachStore(t, Options{}, func(t *testing.T, s *subject) {
+		ctx := context.Background()
+		k := Key("team:research", "resp_1")
+		if err := s.Link(ctx, "resp_1", k); err != nil {
+			t.Fatal(err)
+		}
+		s.clock.Advance(testIdle / 2) // the stream goes on
+		s.Record(s.turn(k, 5))
+		s.tick(ctx)
+		s.clock.Advance(testIdle - time.Second) // idle, not long enough to end
+		s.tick(ctx)
+		s.get(t, k)
+		if got, err := s.Resolve(ctx, "resp_1"); err != nil || got != k {
+			t.Errorf("Resolve = %q, %v while its conversation is active; want %s", got, err, k)
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -35,6 +36,46 @@ type convTurn struct {
 	// own id or chain), so a turn without a key yet gets one from its
 	// response.
 	fromResponse bool
+	// held is the estimate this turn holds against its conversation's
+	// budget until it finishes (convHolds).
+	held int64
+}
+
+// convHolds are the estimates of the turns in flight, per conversation,
+// that a budget per conversation is checked against besides what the
+// conversation has cost: turns of one conversation sent at once cannot
+// all pass on the same spend. They are this process's: another replica's
+// turns in flight are not seen.
+type convHolds struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+// hold adds cost to key's holds if spent, the holds and cost fit in
+// limit, and returns whether it did and the holds before it.
+func (h *convHolds) hold(key string, spent, cost, limit int64) (ok bool, held int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held = h.m[key]
+	if satAdd(satAdd(spent, held), cost) > limit {
+		return false, held
+	}
+	if h.m == nil {
+		h.m = make(map[string]int64)
+	}
+	h.m[key] = held + cost
+	return true, held
+}
+
+// release takes back a hold of cost on key.
+func (h *convHolds) release(key string, cost int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if left := h.m[key] - cost; left > 0 {
+		h.m[key] = left
+	} else {
+		delete(h.m, key)
+	}
 }
 
 // identifyConversation names the conversation a governed model request is
@@ -112,14 +153,23 @@ func baggageSessionID(values []string) string {
 }
 
 // checkConversationBudget refuses a turn whose estimated cost would take
-// its conversation past its team's max_cost_per_conversation_usd. cost is
-// the turn's estimate (as the other budgets reserve it). A store that
-// cannot be asked admits the turn, unless [ratelimit] on_redis_error is
-// "deny".
+// its conversation past its team's max_cost_per_conversation_usd: what the
+// conversation has cost, the estimates of its turns in flight here and
+// this turn's (cost, as the other budgets reserve it). An admitted turn
+// holds its estimate until it finishes. A Responses turn that starts its
+// conversation (named by its own response) is checked against the budget
+// alone. A store that cannot be asked admits the turn, unless
+// [ratelimit] on_redis_error is "deny".
 func (ex *exchange) checkConversationBudget(cost int64) bool {
 	k := ex.key
-	if ex.conv.key == "" || k == nil || k.team == nil || k.team.maxConvMicros <= 0 {
+	if k == nil || k.team == nil || k.team.maxConvMicros <= 0 {
 		return true
+	}
+	if ex.conv.key == "" {
+		if cost <= k.team.maxConvMicros {
+			return true
+		}
+		return ex.refuseConversationTurn(0, cost)
 	}
 	ctx, cancel := context.WithTimeout(ex.r.Context(), conversationTimeout)
 	spent, err := ex.g.conv.Cost(ctx, ex.conv.key)
@@ -136,12 +186,22 @@ func (ex *exchange) checkConversationBudget(cost int64) bool {
 		ex.fail(errLimiterUnavailable(), llm.OutcomeRejected)
 		return false
 	}
-	if satAdd(spent, cost) <= k.team.maxConvMicros {
+	ok, held := ex.g.convHolds.hold(ex.conv.key, spent, cost, k.team.maxConvMicros)
+	if ok {
+		ex.conv.held = cost
 		return true
 	}
+	return ex.refuseConversationTurn(satAdd(spent, held), cost)
+}
+
+// refuseConversationTurn answers a turn past its conversation's budget:
+// used is what the conversation has cost and holds, cost the turn's
+// estimate.
+func (ex *exchange) refuseConversationTurn(used, cost int64) bool {
+	k := ex.key
 	ex.g.metrics.Rejected("conversation", "cost_per_conversation", ex.rec.Team)
 	ex.w.Header().Set("X-Should-Retry", "false")
-	e := errConversationBudget(k.team.name, k.team.maxConvMicros, spent, cost)
+	e := errConversationBudget(k.team.name, k.team.maxConvMicros, used, cost)
 	ex.rec.ErrorType = e.Kind
 	ex.rec.Rejection = llm.RejectCostPerConversation
 	ex.fail(e, llm.OutcomeRejected)
@@ -180,6 +240,10 @@ func (ex *exchange) linkResponse(id string) {
 // not), with what the record says it used, cost and waited.
 func (ex *exchange) recordTurn() {
 	rec := &ex.rec
+	if ex.conv.held > 0 {
+		// After the Record below has its cost in the store.
+		defer ex.g.convHolds.release(ex.conv.key, ex.conv.held)
+	}
 	if ex.g.conv == nil || ex.conv.key == "" || rec.AttemptCount == 0 {
 		return
 	}
@@ -199,7 +263,7 @@ func errConversationBudget(team string, limit, spent, cost int64) *apiError {
 	return &apiError{Status: http.StatusTooManyRequests, Kind: "insufficient_quota", Code: "insufficient_quota",
 		AnthropicKind: "rate_limit_error",
 		Msg: "Conversation budget spent for team " + strconv.Quote(team) + ": Limit " + usd(limit) +
-			" per conversation, Used " + usd(spent) + " by this conversation, this turn may cost up to " + usd(cost) +
+			" per conversation, Used " + usd(spent) + " by this conversation (its turns in flight included), this turn may cost up to " + usd(cost) +
 			". This is the conversation's budget, not a rate limit: retrying will not succeed; start a new conversation."}
 }
 

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
@@ -265,7 +267,7 @@ func TestConversationBudgetRefusesTheTurnPastIt(t *testing.T) {
 		t.Fatalf("refusal: %v", refused)
 	}
 	c := wantConversation(t, w, conversation.Key("team:search", "budgeted"), "search", recs...)
-	if len(recs) < 2 || !strings.Contains(refused.Message, "Used "+usd(c.CostMicros)+" by this conversation") {
+	if len(recs) < 2 || !strings.Contains(refused.Message, "Used "+usd(c.CostMicros)+" by this conversation (") {
 		t.Errorf("refused after %d turns costing %s: %s", len(recs), usd(c.CostMicros), refused.Message)
 	}
 	// Another conversation of the same team, and a team without the budget.
@@ -454,4 +456,64 @@ func TestAdminConversationShowsItsFigures(t *testing.T) {
 			t.Errorf("%s with conversations off: %d %s", p, status, body)
 		}
 	}
+}
+
+// Turns of one conversation sent at once each hold their estimate against
+// its budget until they finish, so together they cannot take it past the
+// budget either.
+func TestConcurrentTurnsHoldTheConversationBudget(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 10, TTFT: 300 * time.Millisecond}, false, func(c *config.Config) {
+		conversationsOn(c)
+		// About 1,000 µ$ estimated and 100 µ$ spent per turn.
+		c.Teams[0].MaxCostPerConversationUSD = f64(0.0011)
+	})
+	ctx := testCtx(t)
+	hdr := option.WithHeader("X-Conversation-Id", "parallel")
+	const n = 20
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { _, _ = w.openai(keyAlpha, hdr).Chat.Completions.New(ctx, chatParams(100)) })
+	}
+	wg.Wait()
+	refused := 0
+	for range n {
+		if rec := w.tg.record(t); rec.Rejection == llm.RejectCostPerConversation {
+			refused++
+		}
+	}
+	c, err := w.conv.Get(context.Background(), conversation.Key("team:search", "parallel"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CostMicros > 1100 || c.Turns < 1 || int(c.Turns)+refused != n {
+		t.Errorf("%d turns cost %d µ$ against a budget of 1100, %d refused", c.Turns, c.CostMicros, refused)
+	}
+	// Every hold was given back: a next turn is checked on the spend alone.
+	if held := w.tg.gw.convHolds.m; len(held) != 0 {
+		t.Errorf("holds left after every turn finished: %v", held)
+	}
+}
+
+// A Responses turn that starts its conversation (no header, nothing it
+// continues) is checked against the budget too.
+func TestChainStartIsCheckedAgainstTheBudget(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, false, func(c *config.Config) {
+		conversationsOn(c)
+		c.Teams[0].MaxCostPerConversationUSD = f64(0.001)
+	})
+	p := responses.ResponseNewParams{Model: "gpt-test-1",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")}, MaxOutputTokens: openai.Int(1000)}
+	_, err := w.openai(keyAlpha).Responses.New(testCtx(t), p)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusTooManyRequests || !strings.Contains(oe.Message, "Conversation budget") {
+		t.Fatalf("a chain's first turn estimated at $0.01 against a $0.001 budget: %v", err)
+	}
+	if rec := w.tg.record(t); rec.Rejection != llm.RejectCostPerConversation {
+		t.Errorf("record %+v", rec)
+	}
+	p.MaxOutputTokens = openai.Int(20)
+	if _, err := w.openai(keyAlpha).Responses.New(testCtx(t), p); err != nil {
+		t.Errorf("a first turn within the budget: %v", err)
+	}
+	w.tg.record(t)
 }

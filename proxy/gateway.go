@@ -124,6 +124,7 @@ type Gateway struct {
 	// onOutcome is Options.OnOutcome.
 	conv      conversation.Store
 	onOutcome func(team string, o conversation.Outcome, costMicros int64)
+	convHolds convHolds
 	// adminToken is the SHA-256 of [admin] token, hasAdmin whether one is set.
 	adminToken [sha256.Size]byte
 	hasAdmin   bool

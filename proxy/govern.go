@@ -189,7 +189,8 @@ func (ex *exchange) admit() bool {
 		return false
 	}
 	subjects := ex.subjects()
-	convBudget := ex.conv.key != "" && ex.key != nil && ex.key.team != nil && ex.key.team.maxConvMicros > 0
+	convBudget := (ex.conv.key != "" || ex.conv.fromResponse) && ex.key != nil && ex.key.team != nil &&
+		ex.key.team.maxConvMicros > 0
 	if len(subjects) == 0 && !convBudget {
 		return true
 	}
