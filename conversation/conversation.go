@@ -226,7 +226,8 @@ type Options struct {
 	Interval time.Duration
 	// OnEnd receives each ended conversation, once (across replicas for a
 	// shared store). It is called from the store's background goroutine,
-	// or from Record for an eviction, never under the store's lock.
+	// or for an eviction from the call that made it (Local: Record; Redis:
+	// the call that sent the batch), never under the store's lock.
 	OnEnd func(c Conversation, why Reason)
 	// Now is the clock (tests). Default time.Now.
 	Now func() time.Time
