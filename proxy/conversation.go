@@ -324,14 +324,11 @@ func conversationOwner(cfg *config.Config, q url.Values) (string, *apiError) {
 		if cfg.Team(team) == nil {
 			return "", errBadRequest("team "+strconv.Quote(team)+" is not one of this gateway's [[teams]]", "team")
 		}
-		return "team:" + team, nil
+		return ownerName("", team), nil
 	case key != "":
 		for i := range cfg.Keys {
 			if k := &cfg.Keys[i]; k.Name == key {
-				if k.Team != "" {
-					return "team:" + k.Team, nil
-				}
-				return "key:" + key, nil
+				return ownerName(k.Name, k.Team), nil
 			}
 		}
 		return "", errBadRequest("key "+strconv.Quote(key)+" is not one of this gateway's [[keys]]", "key")

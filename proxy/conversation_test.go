@@ -112,15 +112,9 @@ func TestConversationFromHeaderSumsItsTurns(t *testing.T) {
 		t.Errorf("conversation %+v: want 4 priced turns, the first streamed with a TTFT", c)
 	}
 	wantConversation(t, w, conversation.Key("team:ads", "support-4711"), "ads", other)
-	if n := countConversations(t, w); n != 2 {
+	if n := w.conv.Active(); n != 2 {
 		t.Errorf("%d conversations, want 2 (the request without an id is in none)", n)
 	}
-}
-
-// countConversations counts the store's active conversations.
-func countConversations(t *testing.T, w *govWorld) int {
-	t.Helper()
-	return w.conv.Active()
 }
 
 // The W3C baggage entry session.id names a conversation when the header
@@ -220,7 +214,7 @@ func TestResponsesChainIsOneConversation(t *testing.T) {
 		t.Errorf("chain of 4 turns is %d", c.Turns)
 	}
 	// The first response's id is the conversation's name in the admin API.
-	if n := countConversations(t, w); n != 1 {
+	if n := w.conv.Active(); n != 1 {
 		t.Errorf("%d conversations, want the chain's one", n)
 	}
 	p.PreviousResponseID = openai.String(prev)

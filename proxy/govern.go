@@ -85,17 +85,25 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 			subject: ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim},
 			limited: lim != (ratelimit.Limits{}),
 		}
-		e.owner = "key:" + k.Name
+		e.owner = ownerName(k.Name, k.Team)
 		if k.Team != "" {
 			e.team = gv.teams[k.Team]
 			if e.team == nil {
 				return nil, fmt.Errorf("proxy: keys[%d].team %q is not a [[teams]] name", i, k.Team)
 			}
-			e.owner = "team:" + k.Team
 		}
 		gv.keys[sum] = e
 	}
 	return gv, nil
+}
+
+// ownerName names the principal a key's stored responses and
+// conversations belong to: "team:<team>", or "key:<key>" without a team.
+func ownerName(key, team string) string {
+	if team != "" {
+		return "team:" + team
+	}
+	return "key:" + key
 }
 
 // hasLimits reports whether any key or team has a limit, i.e. whether the
