@@ -132,7 +132,8 @@ type Gateway struct {
 	reload     func(check []byte, name string) ([]string, error)
 	draining   atomic.Bool
 	open       atomic.Int64 // exchanges whose finish has not run yet
-	bufPool    sync.Pool    // *[]byte relay buffers, also the chunks of request bodies read
+	streamBufs sync.Pool    // *[]byte of streamBufSize: a stream's first relay buffer
+	bufPool    sync.Pool    // *[]byte of relayBufSize: larger relay buffers, copies, the chunks of request bodies read
 	states     sync.Pool    // *streamState
 }
 
@@ -184,6 +185,10 @@ func New(opts Options) (*Gateway, error) {
 		// Comparing digests keeps the comparison constant-time whatever
 		// the presented token's length.
 		g.adminToken, g.hasAdmin = sha256.Sum256([]byte(token)), true
+	}
+	g.streamBufs.New = func() any {
+		b := make([]byte, streamBufSize)
+		return &b
 	}
 	g.bufPool.New = func() any {
 		b := make([]byte, relayBufSize)

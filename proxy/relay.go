@@ -12,10 +12,18 @@ import (
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
-// relayBufSize is the size of a pooled relay buffer. An SSE event larger than
-// this grows a private buffer, up to max_event_bytes, that is dropped after
-// the stream instead of going back to the pool.
-const relayBufSize = 32 << 10
+// A stream starts on a pooled buffer of streamBufSize: a token event is a
+// few hundred bytes, and a held stream keeps its buffer for as long as it
+// is open, so this is most of what an open stream costs the relay. When it
+// fills (opening events held back for a retry, or one large event such as a
+// Responses stream's response.completed) the stream moves to a pooled
+// buffer of relayBufSize, which also bounds the hold; an event larger than
+// that grows a private buffer, up to max_event_bytes, dropped after the
+// stream instead of going back to a pool.
+const (
+	streamBufSize = 4 << 10
+	relayBufSize  = 32 << 10
+)
 
 // streamState is the per-stream parser state, pooled (per Gateway, since the
 // framer carries the gateway's max_event_bytes) so that a stream costs no
@@ -121,13 +129,16 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 		st.tap.ITL = &st.itl
 		defer st.itl.drain() // runs before putStreamState
 	}
-	bp := g.bufPool.Get().(*[]byte)
-	defer g.bufPool.Put(bp) // a stream that grew a larger buffer drops that one, not this
+	sp := g.streamBufs.Get().(*[]byte)
+	defer g.streamBufs.Put(sp)
 	l := relayLoop{ex: ex, st: st, resp: resp, rc: *http.NewResponseController(ex.w), ctx: ctx, cancel: cancel,
-		pt: pt, buf: *bp, suppress: ex.info.suppressUsage}
+		pt: pt, buf: *sp, suppress: ex.info.suppressUsage}
 	defer func() {
 		if l.grace != nil {
 			l.grace.Stop()
+		}
+		if l.big != nil { // a private buffer grown past it is dropped
+			g.bufPool.Put(l.big)
 		}
 	}()
 	ex.terminalOut = false
@@ -157,6 +168,7 @@ type relayLoop struct {
 	cancel context.CancelFunc
 	pt     *phaseTimer
 	buf    []byte
+	big    *[]byte // the pooled relayBufSize buffer, once the stream needed it
 	// buf[start:end] is not yet written; the framer has consumed buf[:pos];
 	// buf[start:writeEnd] holds complete events to write; buf[:heldEnd] are
 	// the complete events held back while nothing is committed. The bytes
@@ -228,11 +240,20 @@ func (l *relayLoop) step() (res attemptResult, done bool) {
 	return attemptResult{}, false
 }
 
-// makeRoom frees the full buffer for the next read: a preamble that fills
-// it is committed rather than grown, a pending event moves to the front,
-// and one event larger than the buffer grows a private one up to
-// max_event_bytes.
+// makeRoom frees the full buffer for the next read: the stream's first
+// buffer gives way to a pooled relayBufSize one when it is full of held
+// events or of one unfinished event; a preamble that fills that is
+// committed rather than grown, a pending event moves to the front, and one
+// event larger than the buffer grows a private one up to max_event_bytes.
 func (l *relayLoop) makeRoom() (attemptResult, bool) {
+	if l.big == nil && (!l.committed || l.start == 0) {
+		// The stream's first buffer is full of held or unfinished events:
+		// move to the larger pooled one, keeping the bytes where they are.
+		l.big = l.ex.g.bufPool.Get().(*[]byte)
+		copy(*l.big, l.buf[:l.end])
+		l.buf = *l.big
+		return attemptResult{}, false
+	}
 	if !l.committed {
 		if err := l.commitHeld(l.ex.g.now()); err != nil {
 			return l.endStream(nil, err), true

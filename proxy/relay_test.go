@@ -281,6 +281,47 @@ func TestHeldEndKeepsCompleteEvents(t *testing.T) {
 	}
 }
 
+// TestHoldOutlastsTheFirstBuffer: a stream starts on a small buffer, but
+// opening events that outgrow it are still held back whole (the hold's
+// bound is the larger buffer), so an error event after them can still be
+// retried; past that bound the held events go to the caller.
+func TestHoldOutlastsTheFirstBuffer(t *testing.T) {
+	ping := "event: ping\ndata: {\"type\":\"ping\"}\n\n"
+	ms := anthropicText[:strings.Index(anthropicText, "event: content_block_start")]
+	errEvent := "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	for _, c := range []struct {
+		name  string
+		pings int
+		held  bool
+	}{
+		{"past the first buffer", 3 * streamBufSize / len(ping), true},
+		{"past the hold bound", 2 * relayBufSize / len(ping), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opening := ms + strings.Repeat(ping, c.pings)
+			g := relayGateway(t, 0)
+			w := &recWriter{h: http.Header{}}
+			body := &scriptReader{reads: [][]byte{[]byte(opening), []byte(errEvent)}}
+			_, res := relayStream(g, w, nil, llm.DialectAnthropic, false, true, body)
+			if !c.held {
+				if len(w.written) < relayBufSize || !strings.HasPrefix(string(w.written), ms) {
+					t.Errorf("%d bytes reached the caller, want the opening's first %d at least", len(w.written), relayBufSize)
+				}
+				return
+			}
+			if res.fail == nil || res.done || !res.retryable {
+				t.Fatalf("result %s done=%v retryable=%v; want a retryable held failure", res.result, res.done, res.retryable)
+			}
+			if string(res.fail.body) != opening+errEvent {
+				t.Errorf("held body %s", firstDiff(res.fail.body, opening+errEvent))
+			}
+			if len(w.written) != 0 {
+				t.Errorf("%d bytes written while holding", len(w.written))
+			}
+		})
+	}
+}
+
 // lockstepTransport is an upstream transport that counts the body bytes the
 // gateway has read, so an upstream handler can send its next piece only
 // once the gateway has read every byte before it: each piece then arrives
@@ -614,13 +655,13 @@ func TestRelayRewindsEmptyBuffer(t *testing.T) {
 	}
 	small := 0
 	for _, s := range body.sizes {
-		if s < relayBufSize/2 {
+		if s < streamBufSize/2 {
 			small++
 		}
 	}
 	if small > 0 {
 		t.Errorf("%d of %d reads offered less than half the %d-byte buffer although no event was pending (last sizes %v)",
-			small, len(body.sizes), relayBufSize, body.sizes[len(body.sizes)-8:])
+			small, len(body.sizes), streamBufSize, body.sizes[len(body.sizes)-8:])
 	}
 }
 
