@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,7 +44,29 @@ func (g *Gateway) adminRoutes(r chi.Router) {
 		r.Get("/limits", g.adminLimits)
 		r.Post("/reload", g.adminReload)
 		r.Get("/conversations/{id}", g.adminConversation)
+		r.Get("/debug/pprof/{name}", adminProfile)
 	})
+}
+
+// adminProfile serves the Go runtime's profiles (net/http/pprof) to the
+// admin: a CPU profile (profile?seconds=N), an execution trace
+// (trace?seconds=N), and heap, allocs, goroutine, block, mutex and
+// threadcreate (?debug=1 for text). They show where a running gateway
+// spends its time and memory without a rebuild. They hold stacks and
+// sizes, never a request's bytes; the command line is not served (the
+// package also registers its handlers on http.DefaultServeMux, which the
+// gateway never serves).
+func adminProfile(w http.ResponseWriter, r *http.Request) {
+	switch name := chi.URLParam(r, "name"); name {
+	case "profile":
+		pprof.Profile(w, r)
+	case "trace":
+		pprof.Trace(w, r)
+	case "heap", "allocs", "goroutine", "block", "mutex", "threadcreate":
+		pprof.Handler(name).ServeHTTP(w, r)
+	default:
+		adminError(w, http.StatusNotFound, "no such profile: use profile, trace, heap, allocs, goroutine, block, mutex or threadcreate")
+	}
 }
 
 // isAdmin reports whether r presents the admin token as its bearer token.

@@ -152,13 +152,41 @@ func TestAdminAPI(t *testing.T) {
 	}
 }
 
+// TestAdminServesProfiles: the runtime's profiles are the admin's alone, in
+// pprof's format or as text, and an unknown one is refused.
+func TestAdminServesProfiles(t *testing.T) {
+	up := httptest.NewServer(mockllm.New(mockllm.Options{}))
+	t.Cleanup(up.Close)
+	tg := newTestGateway(t, up.URL, func(c *config.Config) {
+		c.Admin.TokenEnv, c.Admin.Token = "ADMIN_TOKEN", adminToken
+	})
+	if code, _ := adminGet(t, tg.URL, "/admin/debug/pprof/heap", ""); code != http.StatusUnauthorized {
+		t.Errorf("heap profile without the admin token: %d, want 401", code)
+	}
+	for _, p := range []string{"/admin/debug/pprof/heap", "/admin/debug/pprof/allocs", "/admin/debug/pprof/profile?seconds=1"} {
+		code, body := adminGet(t, tg.URL, p, adminToken)
+		if code != http.StatusOK || len(body) < 2 || body[0] != 0x1f || body[1] != 0x8b { // a gzipped profile.proto
+			t.Errorf("%s: %d, %d bytes (%.40q), want 200 and a gzipped profile", p, code, len(body), body)
+		}
+	}
+	code, body := adminGet(t, tg.URL, "/admin/debug/pprof/goroutine?debug=1", adminToken)
+	if code != http.StatusOK || !strings.Contains(string(body), "goroutine profile: total") {
+		t.Errorf("goroutine profile as text: %d, %.80q", code, body)
+	}
+	for _, p := range []string{"/admin/debug/pprof/cmdline", "/admin/debug/pprof/nosuch"} {
+		if code, body := adminGet(t, tg.URL, p, adminToken); code != http.StatusNotFound || !strings.Contains(string(body), "no such profile") {
+			t.Errorf("%s: %d %s, want 404 naming the profiles there are", p, code, body)
+		}
+	}
+}
+
 // TestAdminAPIOffWithoutToken: with no [admin] token_env the admin routes do
 // not exist.
 func TestAdminAPIOffWithoutToken(t *testing.T) {
 	up := httptest.NewServer(mockllm.New(mockllm.Options{}))
 	t.Cleanup(up.Close)
 	tg := newTestGateway(t, up.URL, nil)
-	for _, p := range []string{"/admin/spend", "/admin/limits"} {
+	for _, p := range []string{"/admin/spend", "/admin/limits", "/admin/debug/pprof/heap"} {
 		if code, _ := adminGet(t, tg.URL, p, adminToken); code != http.StatusNotFound {
 			t.Errorf("%s without an admin token configured: %d, want 404", p, code)
 		}
