@@ -21,7 +21,7 @@ bench:
 
 ## fuzz: run each fuzz target for FUZZTIME (new corpus entries land in testdata/fuzz).
 fuzz:
-	@set -e; for pkg in ./sseparse ./internal/jsonscan ./internal/jsonl ./internal/retryhint ./ownership ./proxy ./spend ./stats; do \
+	@set -e; for pkg in ./sseparse ./internal/jsonscan ./internal/jsonl ./internal/jsonlog ./internal/retryhint ./ownership ./proxy ./spend ./stats; do \
 	  for t in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz'); do \
 	    echo "== $$pkg $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; \
