@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -69,6 +70,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	gw.level = level
 	rl := &reloader{rg: gw, path: *path, sum: sha256.Sum256(data)}
 	gw.reloader.Store(rl)
+	if limit, source := memoryLimit(os.Getenv, "/sys/fs/cgroup"); limit > 0 {
+		debug.SetMemoryLimit(limit)
+		ops.Info("Go memory limit set from the container's", "limit_bytes", limit, "from", source)
+	}
 	ops.Info("tollgate serving", "addr", ln.Addr().String(), "config", *path, "version", version)
 	gw.startProbe()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
