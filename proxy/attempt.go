@@ -255,6 +255,12 @@ func isEventStream(ct string) bool {
 	if ct == "" {
 		return false
 	}
+	if rest, ok := strings.CutPrefix(ct, "text/event-stream"); ok && (rest == "" || rest[0] == ';') {
+		// What an SSE upstream sends: true below either way (parsed, or
+		// by the prefix when the parameters are malformed), without
+		// ParseMediaType's allocation.
+		return true
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil {
 		return strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream")

@@ -228,3 +228,28 @@ func TestUpSentReportedAfterRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestEventStreamContentTypes: an answer is relayed as a stream when its
+// media type is text/event-stream in any case and with any parameters,
+// malformed ones included, and not when the type only starts the same.
+func TestEventStreamContentTypes(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"text/event-stream":                true,
+		"text/event-stream; charset=utf-8": true,
+		"text/event-stream;charset=utf-8":  true,
+		"TEXT/Event-Stream; charset=UTF-8": true,
+		" text/event-stream":               true,
+		"text/event-stream;;":              true,
+		"text/event-stream; =bad":          true,
+		"text/event-stream x":              true,
+		"text/event-streamx":               false,
+		"text/event-streaming; a=b":        false,
+		"application/json":                 false,
+		"text/plain; q=text/event-stream":  false,
+		"":                                 false,
+	} {
+		if got := isEventStream(ct); got != want {
+			t.Errorf("isEventStream(%q) = %v, want %v", ct, got, want)
+		}
+	}
+}

@@ -314,15 +314,16 @@ func caseVariantField(body []byte) (key, field string, found bool) {
 func caseVariantIn(obj []byte, fields []string) (key, field string, found bool) {
 	it := jsonscan.Object(obj)
 	for it.Next() {
-		k := string(it.Key())
-		if strings.IndexByte(k, '\\') >= 0 {
-			if json.Unmarshal([]byte(`"`+k+`"`), &k) != nil {
-				continue
-			}
+		kb := it.Key()
+		if bytes.IndexByte(kb, '\\') >= 0 { // rare: decoded into a buffer of its own
+			kb = jsonscan.AppendUnescape(nil, kb)
 		}
+		// k is not kept (the key found is cloned), so a short one is
+		// converted on the stack: no allocation per key.
+		k := string(kb)
 		for _, f := range fields {
 			if k != f && strings.EqualFold(k, f) {
-				return k, f, true
+				return strings.Clone(k), f, true
 			}
 		}
 		if k == "stream_options" {
