@@ -3,7 +3,7 @@ GO ?= go
 PKGS := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test bench fuzz lint demo clean
+.PHONY: all build test bench bench-compare fuzz lint demo clean
 
 all: lint test
 
@@ -18,6 +18,12 @@ test:
 ## bench: the hot-path benchmarks quoted in the notes.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## bench-compare: tollgate beside nginx and a direct connection, on
+## loopback, in rounds (see cmd/bench-compare); ARGS passes flags, e.g.
+## ARGS="-base main -shapes stream256,held".
+bench-compare:
+	$(GO) run ./cmd/bench-compare $(ARGS)
 
 ## fuzz: run each fuzz target for FUZZTIME (new corpus entries land in testdata/fuzz).
 fuzz:

@@ -1,0 +1,178 @@
+// Command bench-compare measures tollgate side by side with nginx and with
+// no proxy at all, on loopback, in one run: it builds the gateway, starts
+// the fake upstream (mock-upstream), nginx (Debian's, with the repo's
+// deploy/nginx/nginx.conf.tmpl) and tollgate as processes of their own,
+// drives each with the same load in rounds whose order rotates (A/B/A/B),
+// and prints per shape the latency each proxy adds to the direct
+// connection, requests per second, the proxy's CPU per 1,000 requests and
+// its peak RSS (from /proc), with tollgate's ratio to nginx. Medians over
+// the rounds. Run it as `make bench-compare` from the repo's root.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// shapes are the loads of a full run; quick is a smoke test of each.
+func shapes(quick bool, held int) []shape {
+	if quick {
+		return []shape{
+			{name: "stream", concurrency: 8, requests: 16, stream: true, ttft: 20 * time.Millisecond, itl: 2 * time.Millisecond, tokens: 20},
+			{name: "nodelay", concurrency: 4, requests: 40, stream: true, tokens: 50},
+			{name: "unary", concurrency: 4, requests: 100, tokens: 16},
+			{name: "held", requests: min(held, 50), stream: true, itl: time.Minute, tokens: 2, held: true},
+		}
+	}
+	return []shape{
+		{name: "stream256", concurrency: 256, requests: 512, stream: true, ttft: 200 * time.Millisecond, itl: 20 * time.Millisecond, tokens: 100},
+		{name: "stream1000", concurrency: 1000, requests: 1000, stream: true, ttft: 200 * time.Millisecond, itl: 20 * time.Millisecond, tokens: 100},
+		{name: "nodelay64", concurrency: 64, requests: 2000, stream: true, tokens: 200},
+		{name: "unary64", concurrency: 64, requests: 20000, tokens: 16},
+		{name: "held", requests: held, stream: true, itl: time.Minute, tokens: 2, held: true},
+	}
+}
+
+func main() {
+	if err := run1(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-compare:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command's flags.
+type options struct {
+	rounds  int
+	only    string
+	held    int
+	quick   bool
+	base    string
+	nginx   string
+	repo    string
+	h2c     bool
+	noNginx bool
+	timeout time.Duration
+}
+
+func run1(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench-compare", flag.ContinueOnError)
+	var o options
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds per shape; each runs every target once, in an order that rotates")
+	fs.StringVar(&o.only, "shapes", "", "comma-separated shapes to run (default: all)")
+	fs.IntVar(&o.held, "held", 10000, "streams the held shape opens at once")
+	fs.BoolVar(&o.quick, "quick", false, "tiny loads: a smoke test of the tool, not a measurement")
+	fs.StringVar(&o.base, "base", "", "also build and measure tollgate at this git revision (column tollgate@REV)")
+	fs.StringVar(&o.nginx, "nginx", "/usr/sbin/nginx", "the nginx binary")
+	fs.BoolVar(&o.noNginx, "no-nginx", false, "leave nginx out")
+	fs.StringVar(&o.repo, "repo", ".", "the tollgate repository")
+	fs.BoolVar(&o.h2c, "upstream-h2c", false, "tollgate speaks HTTP/2 without TLS to the fake upstream ([[upstreams]] h2c)")
+	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "bound on one target's run of one shape")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return compare(o, out)
+}
+
+func compare(o options, out io.Writer) error {
+	noFile := raiseNoFile()
+	dir, err := os.MkdirTemp("", "bench-compare-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	repo, err := filepath.Abs(o.repo)
+	if err != nil {
+		return err
+	}
+	bin := filepath.Join(dir, "gateway")
+	if err := buildGateway(repo, bin); err != nil {
+		return err
+	}
+	mock, err := startMock(bin, dir)
+	if err != nil {
+		return err
+	}
+	defer mock.stop()
+	upstream := strings.TrimPrefix(mock.url, "http://")
+	targets := []*target{mock}
+	defer func() {
+		for _, t := range targets[1:] {
+			t.stop()
+		}
+	}()
+	if !o.noNginx {
+		ng, err := startNginx(o.nginx, repo, dir, upstream, noFile-64)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, ng)
+	}
+	tg, err := startTollgate("tollgate", bin, dir, upstream, o.h2c)
+	if err != nil {
+		return err
+	}
+	targets = append(targets, tg)
+	if o.base != "" {
+		baseBin := filepath.Join(dir, "gateway-base")
+		if err := buildRevision(repo, o.base, baseBin); err != nil {
+			return err
+		}
+		bt, err := startTollgate("tollgate@"+o.base, baseBin, dir, upstream, false)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, bt)
+	}
+	fmt.Fprintf(out, "# bench-compare %s\n\n%s; %d cores; open files %d; %s\n", time.Now().UTC().Format(time.RFC3339), runtime.Version(), runtime.NumCPU(), noFile, nginxVersion(o.nginx, o.noNginx))
+	for _, t := range targets {
+		fmt.Fprintf(out, "- %s: %s, pids %v\n", t.name, t.url, t.pids())
+	}
+	for _, s := range shapes(o.quick, o.held) {
+		if o.only != "" && !slices.Contains(strings.Split(o.only, ","), s.name) {
+			continue
+		}
+		res := measure(s, targets, o)
+		fmt.Fprintln(out)
+		writeTable(out, s, targets, res)
+	}
+	return nil
+}
+
+// measure runs s against every target, o.rounds times, rotating the order.
+func measure(s shape, targets []*target, o options) map[string][]run {
+	res := map[string][]run{}
+	for round := range o.rounds {
+		for i := range targets {
+			t := targets[(i+round)%len(targets)]
+			if s.held {
+				if t.name == "direct" {
+					continue
+				}
+				res[t.name] = append(res[t.name], holdStreams(s, t, o.timeout))
+			} else {
+				res[t.name] = append(res[t.name], drive(s, t, o.timeout))
+			}
+			time.Sleep(300 * time.Millisecond) // let sockets close between runs
+		}
+	}
+	return res
+}
+
+func nginxVersion(nginx string, off bool) string {
+	if off {
+		return "no nginx"
+	}
+	b, err := exec.Command(nginx, "-v").CombinedOutput()
+	if err != nil {
+		return "nginx: " + err.Error()
+	}
+	return strings.TrimSpace(string(b))
+}

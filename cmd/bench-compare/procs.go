@@ -1,0 +1,282 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/template"
+	"time"
+)
+
+// target is one endpoint the load is sent to: the fake upstream itself
+// (direct), nginx, or a tollgate build. pids are the processes whose CPU
+// and memory are its own (nginx: master and workers).
+type target struct {
+	name string
+	url  string
+	cmd  *exec.Cmd
+	pids func() []int
+}
+
+func (t *target) stop() {
+	if t.cmd != nil && t.cmd.Process != nil {
+		_ = t.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = t.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = t.cmd.Process.Kill()
+			<-done
+		}
+	}
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// start runs name with args in dir, its output to dir/<label>.log, and
+// waits until url answers (any status).
+func start(label, dir, url string, env []string, name string, args ...string) (*exec.Cmd, error) {
+	logf, err := os.Create(filepath.Join(dir, label+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, logf, logf
+	cmd.Env = append(os.Environ(), env...)
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("starting %s: %w", label, err)
+	}
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			return cmd, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	log, _ := os.ReadFile(filepath.Join(dir, label+".log"))
+	return nil, fmt.Errorf("%s did not answer at %s within 20 s; its log:\n%s", label, url, log)
+}
+
+// buildGateway builds ./cmd/gateway of the tree at src into out.
+func buildGateway(src, out string) error {
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/gateway")
+	cmd.Dir = src
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build in %s: %v\n%s", src, err, b)
+	}
+	return nil
+}
+
+// buildRevision builds the gateway of git revision rev of the repository
+// at repo, in a worktree removed afterwards.
+func buildRevision(repo, rev, out string) error {
+	wt, err := os.MkdirTemp("", "bench-compare-base-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(wt)
+	add := exec.Command("git", "worktree", "add", "--detach", wt, rev)
+	add.Dir = repo
+	if b, err := add.CombinedOutput(); err != nil {
+		return fmt.Errorf("git worktree add %s: %v\n%s", rev, err, b)
+	}
+	defer func() {
+		rm := exec.Command("git", "worktree", "remove", "--force", wt)
+		rm.Dir = repo
+		_ = rm.Run()
+	}()
+	return buildGateway(wt, out)
+}
+
+// gatewayConfig is tollgate's config for the run: one upstream (the fake
+// one), callers' keys passed through, and every other setting its default
+// (metrics, access log, ledger journal, parser: what tollgate always does).
+func gatewayConfig(listen, upstream string, h2c bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[server]\nlisten = %q\n\n[auth]\nmode = \"passthrough\"\nrequire_key = false\n\n", listen)
+	fmt.Fprintf(&b, "[[upstreams]]\nname = \"mock\"\nbase_url = %q\ndialects = [\"openai\", \"anthropic\"]\nmax_idle_conns = 2048\n", "http://"+upstream)
+	if h2c {
+		b.WriteString("h2c = true\n")
+	}
+	return b.String()
+}
+
+// startTollgate starts the gateway binary bin on a free port in its own
+// directory under dir.
+func startTollgate(label, bin, dir, upstream string, h2c bool) (*target, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	d := filepath.Join(dir, label)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	if err := os.WriteFile(filepath.Join(d, "gateway.toml"), []byte(gatewayConfig(listen, upstream, h2c)), 0o644); err != nil {
+		return nil, err
+	}
+	url := "http://" + listen
+	cmd, err := start(label, d, url+"/healthz", nil, bin, "serve", "-config", "gateway.toml")
+	if err != nil {
+		return nil, err
+	}
+	return &target{name: label, url: url, cmd: cmd, pids: func() []int { return []int{cmd.Process.Pid} }}, nil
+}
+
+// startMock starts the fake upstream (tollgate's mock-upstream); each
+// request sets its own timing with X-Mock-* headers.
+func startMock(bin, dir string) (*target, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	cmd, err := start("mock", dir, "http://"+listen+"/", nil, bin, "mock-upstream", "-listen", listen, "-ttft", "0s", "-itl", "0s")
+	if err != nil {
+		return nil, err
+	}
+	return &target{name: "direct", url: "http://" + listen, cmd: cmd, pids: func() []int { return []int{cmd.Process.Pid} }}, nil
+}
+
+// nginxTemplate is the nginx config the run uses, relative to the repo.
+const nginxTemplate = "deploy/nginx/nginx.conf.tmpl"
+
+// startNginx starts nginx from the repo's template, proxying to upstream.
+func startNginx(nginx, repo, dir, upstream string, noFile uint64) (*target, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	d := filepath.Join(dir, "nginx")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	tmpl, err := template.ParseFiles(filepath.Join(repo, nginxTemplate))
+	if err != nil {
+		return nil, err
+	}
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	var conf bytes.Buffer
+	if err := tmpl.Execute(&conf, map[string]any{
+		"Dir": d, "Listen": listen, "Upstream": upstream,
+		"NoFile": noFile, "Connections": max(noFile/2, 1024),
+	}); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(d, "nginx.conf")
+	if err := os.WriteFile(path, conf.Bytes(), 0o644); err != nil {
+		return nil, err
+	}
+	url := "http://" + listen
+	cmd, err := start("nginx", d, url+"/", nil, nginx, "-p", d, "-c", path)
+	if err != nil {
+		return nil, err
+	}
+	master := cmd.Process.Pid
+	return &target{name: "nginx", url: url, cmd: cmd, pids: func() []int { return append([]int{master}, children(master)...) }}, nil
+}
+
+// children lists the processes whose parent is pid.
+func children(pid int) []int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's CPU times (100 on
+// Linux).
+const clockTicks = 100
+
+// cpuSeconds sums user and system CPU of pids from /proc.
+func cpuSeconds(pids []int) float64 {
+	var ticks int64
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name (which may hold spaces), from
+		// field 3 on: utime and stime are fields 14 and 15.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + st
+	}
+	return float64(ticks) / clockTicks
+}
+
+// resetPeak starts pids' peak RSS afresh (VmHWM back to VmRSS).
+func resetPeak(pids []int) error {
+	var errs []error
+	for _, p := range pids {
+		if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p), []byte("5"), 0); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// memKiB sums a /proc/<pid>/status field (VmHWM, VmRSS) over pids, in KiB.
+func memKiB(pids []int, field string) int64 {
+	var sum int64
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, field+":"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				sum += n
+			}
+		}
+	}
+	return sum
+}
+
+// raiseNoFile lifts this process's open-file soft limit to its hard limit
+// (children inherit it) and returns it.
+func raiseNoFile() uint64 {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return 1024
+	}
+	l.Cur = l.Max
+	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	return l.Cur
+}
