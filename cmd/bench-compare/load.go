@@ -137,8 +137,7 @@ func (s shape) one(ctx context.Context, c *http.Client, url string, itl []time.D
 // drive sends s.requests requests to t, s.concurrency at a time, and reads
 // t's CPU and peak memory over them. Bounded: every request has a deadline.
 func drive(s shape, t *target, timeout time.Duration) run {
-	c := newClient(s.concurrency)
-	defer c.CloseIdleConnections()
+	c := t.client(s.concurrency)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	pids := t.pids()

@@ -96,54 +96,88 @@ func compare(o options, out io.Writer) error {
 	if err := buildGateway(repo, bin); err != nil {
 		return err
 	}
-	mock, err := startMock(bin, dir)
-	if err != nil {
-		return err
+	baseBin := ""
+	if o.base != "" {
+		baseBin = filepath.Join(dir, "gateway-base")
+		if err := buildRevision(repo, o.base, baseBin); err != nil {
+			return err
+		}
 	}
-	defer mock.stop()
-	upstream := strings.TrimPrefix(mock.url, "http://")
-	targets := []*target{mock}
-	defer func() {
-		for _, t := range targets[1:] {
+	fmt.Fprintf(out, "# bench-compare %s\n\n%s; %d cores; open files %d; %s\n", time.Now().UTC().Format(time.RFC3339), runtime.Version(), runtime.NumCPU(), noFile, nginxVersion(o.nginx, o.noNginx))
+	for _, s := range shapes(o.quick, o.held) {
+		if o.only != "" && !slices.Contains(strings.Split(o.only, ","), s.name) {
+			continue
+		}
+		// Fresh processes for every shape: a peak RSS is then this
+		// shape's, not what an earlier one left behind.
+		targets, err := launch(o, repo, filepath.Join(dir, s.name), bin, baseBin, noFile)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(out)
+		for _, t := range targets {
+			fmt.Fprintf(out, "- %s: %s, pids %v\n", t.name, t.url, t.pids())
+			warm(s, t)
+		}
+		fmt.Fprintln(out)
+		res := measure(s, targets, o)
+		for _, t := range targets {
 			t.stop()
 		}
-	}()
+		writeTable(out, s, targets, res)
+	}
+	return nil
+}
+
+// launch starts the fake upstream and every proxy in dir.
+func launch(o options, repo, dir, bin, baseBin string, noFile uint64) ([]*target, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	mock, err := startMock(bin, dir)
+	if err != nil {
+		return nil, err
+	}
+	targets := []*target{mock}
+	fail := func(err error) ([]*target, error) {
+		for _, t := range targets {
+			t.stop()
+		}
+		return nil, err
+	}
+	upstream := strings.TrimPrefix(mock.url, "http://")
 	if !o.noNginx {
 		ng, err := startNginx(o.nginx, repo, dir, upstream, noFile-64)
 		if err != nil {
-			return err
+			return fail(err)
 		}
 		targets = append(targets, ng)
 	}
 	tg, err := startTollgate("tollgate", bin, dir, upstream, o.h2c)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	targets = append(targets, tg)
-	if o.base != "" {
-		baseBin := filepath.Join(dir, "gateway-base")
-		if err := buildRevision(repo, o.base, baseBin); err != nil {
-			return err
-		}
+	if baseBin != "" {
 		bt, err := startTollgate("tollgate@"+o.base, baseBin, dir, upstream, false)
 		if err != nil {
-			return err
+			return fail(err)
 		}
 		targets = append(targets, bt)
 	}
-	fmt.Fprintf(out, "# bench-compare %s\n\n%s; %d cores; open files %d; %s\n", time.Now().UTC().Format(time.RFC3339), runtime.Version(), runtime.NumCPU(), noFile, nginxVersion(o.nginx, o.noNginx))
-	for _, t := range targets {
-		fmt.Fprintf(out, "- %s: %s, pids %v\n", t.name, t.url, t.pids())
+	return targets, nil
+}
+
+// warm opens the connections a shape will use (the driver's to the target
+// and the target's to the upstream) with one short request each, so that
+// the first round does not measure connection setup.
+func warm(s shape, t *target) {
+	n := s.concurrency
+	if s.held {
+		return
 	}
-	for _, s := range shapes(o.quick, o.held) {
-		if o.only != "" && !slices.Contains(strings.Split(o.only, ","), s.name) {
-			continue
-		}
-		res := measure(s, targets, o)
-		fmt.Fprintln(out)
-		writeTable(out, s, targets, res)
-	}
-	return nil
+	w := shape{name: "warm-up", concurrency: n, requests: n, stream: s.stream, tokens: 1}
+	drive(w, t, 30*time.Second)
 }
 
 // measure runs s against every target, o.rounds times, rotating the order.

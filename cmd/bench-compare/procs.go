@@ -24,9 +24,23 @@ type target struct {
 	url  string
 	cmd  *exec.Cmd
 	pids func() []int
+	// c is the driver's client for this target, kept across the warm-up
+	// and the rounds so that they reuse its connections.
+	c *http.Client
+}
+
+// client returns the target's client, made for conns connections.
+func (t *target) client(conns int) *http.Client {
+	if t.c == nil {
+		t.c = newClient(conns)
+	}
+	return t.c
 }
 
 func (t *target) stop() {
+	if t.c != nil {
+		t.c.CloseIdleConnections()
+	}
 	if t.cmd != nil && t.cmd.Process != nil {
 		_ = t.cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
