@@ -139,6 +139,14 @@ type Upstream struct {
 	// MaxIdleConns sizes the pool of idle connections kept to the upstream.
 	// Default 256.
 	MaxIdleConns int `toml:"max_idle_conns"`
+	// H2C speaks HTTP/2 with prior knowledge (h2c) to an http:// base_url,
+	// and nothing else: the upstream must serve it. Its streams then share a
+	// few connections (one per 100 to 250 concurrent streams, as the
+	// upstream allows) instead of taking one each, so that an open stream
+	// costs the gateway one file descriptor, its caller's, not two. An
+	// https:// upstream negotiates HTTP/2 on its own (ALPN) and may not set
+	// it. Default false.
+	H2C bool `toml:"h2c"`
 
 	// Timeouts by phase. TimeoutSeconds bounds one attempt whole;
 	// ConnectTimeoutSeconds the dial (and TLS handshake).

@@ -236,6 +236,7 @@ func fillUpstreamDefaults(ups []Upstream, raw any) {
 		fill(present, "connect_timeout_seconds", &u.ConnectTimeoutSeconds, def.ConnectTimeoutSeconds)
 		fill(present, "include_usage", &u.IncludeUsage, def.IncludeUsage)
 		fill(present, "max_idle_conns", &u.MaxIdleConns, def.MaxIdleConns)
+		fill(present, "h2c", &u.H2C, def.H2C)
 		fill(present, "header_timeout_seconds", &u.HeaderTimeoutSeconds, def.HeaderTimeoutSeconds)
 		fill(present, "first_token_timeout_seconds", &u.FirstTokenTimeoutSeconds, def.FirstTokenTimeoutSeconds)
 		fill(present, "idle_timeout_seconds", &u.IdleTimeoutSeconds, def.IdleTimeoutSeconds)

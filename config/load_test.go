@@ -95,6 +95,7 @@ timeout_seconds = 5
 connect_timeout_seconds = 0.5
 include_usage = false
 max_idle_conns = 3
+h2c = true
 header_timeout_seconds = 0
 first_token_timeout_seconds = 20
 idle_timeout_seconds = 0
@@ -128,7 +129,7 @@ base_url = "http://127.0.0.1:2"
 `,
 		"inline": `
 upstreams = [
-  { name = "set", base_url = "http://127.0.0.1:1", dialects = ["anthropic"], timeout_seconds = 5, connect_timeout_seconds = 0.5, include_usage = false, max_idle_conns = 3, header_timeout_seconds = 0, first_token_timeout_seconds = 20, idle_timeout_seconds = 0, max_concurrent = 8, requests_per_second = 2.5, queue_size = 0, queue_timeout_seconds = 1, retry = { max_attempts = 1, base_delay_ms = 100, max_delay_ms = 100, multiplier = 1, max_wait_seconds = 0, statuses = [], budget_ratio = 0, budget_min_per_second = 0 }, breaker = { enabled = false, consecutive_failures = 0, failure_ratio = 0, min_requests = 0, window_seconds = 0, cooldown_seconds = 0, half_open_probes = 0 } },
+  { name = "set", base_url = "http://127.0.0.1:1", dialects = ["anthropic"], timeout_seconds = 5, connect_timeout_seconds = 0.5, include_usage = false, max_idle_conns = 3, h2c = true, header_timeout_seconds = 0, first_token_timeout_seconds = 20, idle_timeout_seconds = 0, max_concurrent = 8, requests_per_second = 2.5, queue_size = 0, queue_timeout_seconds = 1, retry = { max_attempts = 1, base_delay_ms = 100, max_delay_ms = 100, multiplier = 1, max_wait_seconds = 0, statuses = [], budget_ratio = 0, budget_min_per_second = 0 }, breaker = { enabled = false, consecutive_failures = 0, failure_ratio = 0, min_requests = 0, window_seconds = 0, cooldown_seconds = 0, half_open_probes = 0 } },
   { name = "unset", base_url = "http://127.0.0.1:2" },
 ]
 `,
@@ -140,7 +141,7 @@ upstreams = [
 				t.Fatalf("got %d upstreams, want 2", len(c.Upstreams))
 			}
 			set := Upstream{Name: "set", BaseURL: "http://127.0.0.1:1", Dialects: []string{"anthropic"},
-				TimeoutSeconds: 5, ConnectTimeoutSeconds: 0.5, IncludeUsage: false, MaxIdleConns: 3,
+				TimeoutSeconds: 5, ConnectTimeoutSeconds: 0.5, IncludeUsage: false, MaxIdleConns: 3, H2C: true,
 				FirstTokenTimeoutSeconds: 20, MaxConcurrent: 8, RequestsPerSecond: 2.5, QueueTimeoutSeconds: 1,
 				Retry: Retry{MaxAttempts: 1, BaseDelayMs: 100, MaxDelayMs: 100, Multiplier: 1, Statuses: []int{}}}
 			if !reflect.DeepEqual(c.Upstreams[0], set) {

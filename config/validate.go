@@ -188,6 +188,11 @@ func (u *Upstream) validate(v *validator, key string) {
 		v.add(key+".name", "%q may hold only a-z, 0-9, _ and - (it becomes a metric label value)", u.Name)
 	}
 	validateBaseURL(v, key+".base_url", u.BaseURL)
+	if u.H2C && strings.HasPrefix(strings.ToLower(u.BaseURL), "https:") {
+		// Over TLS the protocol is negotiated (ALPN), HTTP/2 included:
+		// prior knowledge would only be a second, conflicting answer.
+		v.add(key+".h2c", "is for http:// upstreams (HTTP/2 without TLS); an https:// base_url negotiates HTTP/2 by itself, so leave h2c out")
+	}
 
 	if len(u.Dialects) == 0 {
 		v.add(key+".dialects", `must list at least one of "openai", "anthropic"`)

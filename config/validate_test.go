@@ -130,6 +130,8 @@ func TestBadConfigs(t *testing.T) {
 			nil, []string{`gateway.toml:4: upstreams[0].api_key_env: is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*); give the variable's name, not the key itself`}},
 		{"api_key_env unset", up + "api_key_env = \"MY_KEY\"\n",
 			map[string]string{"OTHER": "x"}, []string{`gateway.toml:4: upstreams[0].api_key_env: environment variable MY_KEY is not set or is empty`}},
+		{"h2c on an https upstream", "[[upstreams]]\nname = \"tls\"\nbase_url = \"https://api.openai.com\"\nh2c = true\n",
+			nil, []string{`gateway.toml:4: upstreams[0].h2c: is for http:// upstreams (HTTP/2 without TLS); an https:// base_url negotiates HTTP/2 by itself, so leave h2c out`}},
 		{"upstream sizes", up + "timeout_seconds = 0\nconnect_timeout_seconds = -1\nmax_idle_conns = 0\n",
 			nil, []string{
 				`gateway.toml:4: upstreams[0].timeout_seconds: must be greater than 0, not 0`,

@@ -202,7 +202,7 @@ func New(opts Options) (*Gateway, error) {
 // reconnect constantly; there is no overall client timeout,
 // since it would cap the length of a stream.
 func newTransport(u *config.Upstream) *http.Transport {
-	return &http.Transport{
+	t := &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
 		DialContext: (&net.Dialer{
 			Timeout:   config.Seconds(u.ConnectTimeoutSeconds),
@@ -215,6 +215,14 @@ func newTransport(u *config.Upstream) *http.Transport {
 		TLSHandshakeTimeout:   config.Seconds(u.ConnectTimeoutSeconds),
 		ExpectContinueTimeout: time.Second,
 	}
+	if u.H2C {
+		// HTTP/2 only, without TLS: the upstream serves it by prior
+		// knowledge (there is no upgrade from HTTP/1.1).
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		t.Protocols = &p
+	}
+	return t
 }
 
 // Handler returns the gateway's router.

@@ -1,13 +1,17 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tollgate-llm/tollgate/config"
@@ -205,5 +209,89 @@ func TestExchangeTargetsForwarded(t *testing.T) {
 				t.Errorf("targets = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// teeUpstream serves mockllm and keeps, per X-Test-Stream header, the bytes
+// it wrote and the protocol and connection the request came on.
+type teeUpstream struct {
+	h     http.Handler
+	mu    sync.Mutex
+	wrote map[string]*bytes.Buffer
+	proto map[string]int
+	conns map[string]bool
+}
+
+type teeWriter struct {
+	http.ResponseWriter
+	buf *bytes.Buffer
+}
+
+func (w teeWriter) Write(p []byte) (int, error) { w.buf.Write(p); return w.ResponseWriter.Write(p) }
+func (w teeWriter) Flush()                      { w.ResponseWriter.(http.Flusher).Flush() }
+
+func (u *teeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("X-Test-Stream")
+	buf := &bytes.Buffer{}
+	u.mu.Lock()
+	u.wrote[id], u.proto[id], u.conns[r.RemoteAddr] = buf, r.ProtoMajor, true
+	u.mu.Unlock()
+	u.h.ServeHTTP(teeWriter{w, buf}, r)
+}
+
+// TestH2CUpstreamCarriesStreamsByteExact: with h2c = true the gateway
+// speaks HTTP/2 without TLS to the upstream, the concurrent streams share
+// its connections, and each reaches the caller byte for byte as the
+// upstream wrote it; a non-streamed answer too.
+func TestH2CUpstreamCarriesStreamsByteExact(t *testing.T) {
+	tee := &teeUpstream{h: mockllm.New(mockllm.Options{OutputTokens: 40}),
+		wrote: map[string]*bytes.Buffer{}, proto: map[string]int{}, conns: map[string]bool{}}
+	srv := httptest.NewUnstartedServer(tee)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(srv.Close)
+	tg := newTestGateway(t, srv.URL, func(c *config.Config) { c.Upstreams[0].H2C = true })
+
+	const streams = 20
+	got := make([][]byte, streams+1)
+	var wg sync.WaitGroup
+	for i := range streams + 1 {
+		wg.Go(func() {
+			body := `{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+			if i == streams { // the last one not streamed
+				body = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+			}
+			req, _ := http.NewRequest(http.MethodPost, tg.URL+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("X-Test-Stream", strconv.Itoa(i))
+			req.Header.Set("X-Mock-ITL-Ms", "5") // long enough that the streams overlap
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			got[i], err = io.ReadAll(resp.Body)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Errorf("request %d: status %d, %v", i, resp.StatusCode, err)
+			}
+		})
+	}
+	wg.Wait()
+	tee.mu.Lock()
+	defer tee.mu.Unlock()
+	for i := range streams + 1 {
+		id := strconv.Itoa(i)
+		if tee.proto[id] != 2 {
+			t.Errorf("request %d reached the upstream over HTTP/%d, want 2", i, tee.proto[id])
+		}
+		if w := tee.wrote[id]; w == nil || !bytes.Equal(got[i], w.Bytes()) || w.Len() == 0 {
+			t.Errorf("request %d: the caller got %d bytes, not the %d the upstream wrote", i, len(got[i]), tee.wrote[id].Len())
+		}
+	}
+	if len(tee.conns) > 2 {
+		t.Errorf("%d concurrent requests came on %d connections; HTTP/2 should carry them on one or two", streams+1, len(tee.conns))
 	}
 }

@@ -69,8 +69,14 @@ func runMock(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listening on %q: %w", *listen, err)
 	}
-	srv := &http.Server{Handler: mockllm.New(mf.options(log)), ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(stdout, "fake upstream on http://%s (TTFT %s, ITL %s, %d tokens)\n", ln.Addr(), mf.ttft, mf.itl, mf.tokens)
+	// HTTP/1.1 and HTTP/2 without TLS (prior knowledge, for an upstream
+	// with h2c = true) on the same port.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: mockllm.New(mf.options(log)), ReadHeaderTimeout: 10 * time.Second, Protocols: &protocols,
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1000}}
+	fmt.Fprintf(stdout, "fake upstream on http://%s (TTFT %s, ITL %s, %d tokens; HTTP/1.1 and h2c)\n", ln.Addr(), mf.ttft, mf.itl, mf.tokens)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
