@@ -150,8 +150,18 @@ func drive(s shape, t *target, timeout time.Duration) run {
 		wg    sync.WaitGroup
 		start = time.Now()
 	)
-	for range s.concurrency {
+	// Workers start spread over one request's length, so that requests
+	// arrive steadily, as the same number in flight would in production,
+	// rather than all in the first millisecond.
+	length := s.ttft + time.Duration(s.tokens)*s.itl
+	for w := range s.concurrency {
 		wg.Go(func() {
+			if length > 0 {
+				select {
+				case <-time.After(length * time.Duration(w) / time.Duration(s.concurrency)):
+				case <-ctx.Done():
+				}
+			}
 			var ttfts, gaps []time.Duration
 			errs, n := 0, 0
 			first := ""

@@ -196,7 +196,7 @@ func startNginx(nginx, repo, dir, upstream string, noFile uint64) (*target, erro
 	var conf bytes.Buffer
 	if err := tmpl.Execute(&conf, map[string]any{
 		"Dir": d, "Listen": listen, "Upstream": upstream,
-		"NoFile": noFile, "Connections": max(noFile/2, 1024),
+		"NoFile": noFile, "Connections": noFile,
 	}); err != nil {
 		return nil, err
 	}
