@@ -44,7 +44,8 @@ func TestReadmeTestCommandInstallsWhatTheTestsNeed(t *testing.T) {
 }
 
 // TestSetupFindsWhatIsMissing runs .ci/setup --check with a PATH that has
-// every tool the tests need but redis-server and redis-cli: it names
+// every tool the tests need (nginx among them, for cmd/bench-compare) but
+// redis-server and redis-cli: it names
 // redis-server (whose package brings redis-cli), and installs nothing; with
 // a redis-server but no redis-cli, it names redis-tools.
 func TestSetupFindsWhatIsMissing(t *testing.T) {
@@ -56,7 +57,7 @@ func TestSetupFindsWhatIsMissing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, name := range []string{"gcc", "git", "prometheus", "promtool", "docker-compose", "chromium"} {
+	for _, name := range []string{"gcc", "git", "prometheus", "promtool", "docker-compose", "chromium", "nginx"} {
 		tool(name)
 	}
 	run := func(path string) (string, error) {
