@@ -105,7 +105,7 @@ func writeTable(w io.Writer, s shape, targets []*target, res map[string][]run) {
 				}
 				return r.rps() / d.rps(), true
 			}, "×"},
-			row{"proxy CPU per 1,000 requests", "x", fig(func(r *run) float64 { return r.cpuPer1000() }), "s"},
+			row{"CPU per 1,000 requests", "x", fig(func(r *run) float64 { return r.cpuPer1000() }), "s"},
 			row{"peak RSS", "x", fig(func(r *run) float64 { return float64(r.peakKiB) / 1024 }), "MiB"},
 		)
 	}
@@ -183,6 +183,8 @@ func writeTable(w io.Writer, s shape, targets []*target, res map[string][]run) {
 	}
 	if s.held {
 		fmt.Fprintln(w, "\nnginx's figures are the sum over its master and workers.")
+	} else {
+		fmt.Fprintln(w, "\nCPU and RSS are each process's own: direct's are the fake upstream's, nginx's the sum over its master and workers.")
 	}
 }
 
