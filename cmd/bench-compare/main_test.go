@@ -7,7 +7,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 )
+
+// TestMain fails the package when a test leaves a goroutine running: the
+// driver starts thousands.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestQuickRunMeasuresEveryTarget runs the tool's smoke test for real: the
 // fake upstream, nginx (when installed; in CI it must be) and tollgate as

@@ -23,7 +23,9 @@ type target struct {
 	name string
 	url  string
 	cmd  *exec.Cmd
-	pids func() []int
+	// exited is closed once the process has been waited for.
+	exited <-chan struct{}
+	pids   func() []int
 	// c is the driver's client for this target, kept across the warm-up
 	// and the rounds so that they reuse its connections.
 	c *http.Client
@@ -43,13 +45,11 @@ func (t *target) stop() {
 	}
 	if t.cmd != nil && t.cmd.Process != nil {
 		_ = t.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = t.cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-t.exited:
 		case <-time.After(5 * time.Second):
 			_ = t.cmd.Process.Kill()
-			<-done
+			<-t.exited
 		}
 	}
 }
@@ -65,32 +65,35 @@ func freePort() (int, error) {
 }
 
 // start runs name with args in dir, its output to dir/<label>.log, and
-// waits until url answers (any status).
-func start(label, dir, url string, env []string, name string, args ...string) (*exec.Cmd, error) {
+// waits until url answers (any status). exited is closed once the process
+// has ended and been waited for (by start's own goroutine, the only one).
+func start(label, dir, url string, env []string, name string, args ...string) (cmd *exec.Cmd, exited <-chan struct{}, err error) {
 	logf, err := os.Create(filepath.Join(dir, label+".log"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	cmd := exec.Command(name, args...)
+	cmd = exec.Command(name, args...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, logf, logf
 	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("starting %s: %w", label, err)
+		return nil, nil, fmt.Errorf("starting %s: %w", label, err)
 	}
-	go func() { _ = cmd.Wait(); logf.Close() }()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		resp, err := http.Get(url)
 		if err == nil {
 			resp.Body.Close()
-			return cmd, nil
+			return cmd, done, nil
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // waiting for the process to listen
 	}
 	_ = cmd.Process.Kill()
+	<-done
 	log, _ := os.ReadFile(filepath.Join(dir, label+".log"))
-	return nil, fmt.Errorf("%s did not answer at %s within 20 s; its log:\n%s", label, url, log)
+	return nil, nil, fmt.Errorf("%s did not answer at %s within 20 s; its log:\n%s", label, url, log)
 }
 
 // buildGateway builds ./cmd/gateway of the tree at src into out.
@@ -153,11 +156,11 @@ func startTollgate(label, bin, dir, upstream string, h2c bool) (*target, error) 
 		return nil, err
 	}
 	url := "http://" + listen
-	cmd, err := start(label, d, url+"/healthz", nil, bin, "serve", "-config", "gateway.toml")
+	cmd, exited, err := start(label, d, url+"/healthz", nil, bin, "serve", "-config", "gateway.toml")
 	if err != nil {
 		return nil, err
 	}
-	return &target{name: label, url: url, cmd: cmd, pids: func() []int { return []int{cmd.Process.Pid} }}, nil
+	return &target{name: label, url: url, cmd: cmd, exited: exited, pids: func() []int { return []int{cmd.Process.Pid} }}, nil
 }
 
 // startMock starts the fake upstream (tollgate's mock-upstream); each
@@ -168,11 +171,11 @@ func startMock(bin, dir string) (*target, error) {
 		return nil, err
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", port)
-	cmd, err := start("mock", dir, "http://"+listen+"/", nil, bin, "mock-upstream", "-listen", listen, "-ttft", "0s", "-itl", "0s")
+	cmd, exited, err := start("mock", dir, "http://"+listen+"/", nil, bin, "mock-upstream", "-listen", listen, "-ttft", "0s", "-itl", "0s")
 	if err != nil {
 		return nil, err
 	}
-	return &target{name: "direct", url: "http://" + listen, cmd: cmd, pids: func() []int { return []int{cmd.Process.Pid} }}, nil
+	return &target{name: "direct", url: "http://" + listen, cmd: cmd, exited: exited, pids: func() []int { return []int{cmd.Process.Pid} }}, nil
 }
 
 // nginxTemplate is the nginx config the run uses, relative to the repo.
@@ -205,12 +208,12 @@ func startNginx(nginx, repo, dir, upstream string, noFile uint64) (*target, erro
 		return nil, err
 	}
 	url := "http://" + listen
-	cmd, err := start("nginx", d, url+"/", nil, nginx, "-p", d, "-c", path)
+	cmd, exited, err := start("nginx", d, url+"/", nil, nginx, "-p", d, "-c", path)
 	if err != nil {
 		return nil, err
 	}
 	master := cmd.Process.Pid
-	return &target{name: "nginx", url: url, cmd: cmd, pids: func() []int { return append([]int{master}, children(master)...) }}, nil
+	return &target{name: "nginx", url: url, cmd: cmd, exited: exited, pids: func() []int { return append([]int{master}, children(master)...) }}, nil
 }
 
 // children lists the processes whose parent is pid.
