@@ -239,11 +239,9 @@ func (u *teeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.h.ServeHTTP(teeWriter{w, buf}, r)
 }
 
-// TestH2CUpstreamCarriesStreamsByteExact: with h2c = true the gateway
-// speaks HTTP/2 without TLS to the upstream, the concurrent streams share
-// its connections, and each reaches the caller byte for byte as the
-// upstream wrote it; a non-streamed answer too.
-func TestH2CUpstreamCarriesStreamsByteExact(t *testing.T) {
+// newTeeUpstream starts a teeUpstream of mockllm serving HTTP/1.1 and h2c
+// on one port.
+func newTeeUpstream(t *testing.T) (*teeUpstream, *httptest.Server) {
 	tee := &teeUpstream{h: mockllm.New(mockllm.Options{OutputTokens: 40}),
 		wrote: map[string]*bytes.Buffer{}, proto: map[string]int{}, conns: map[string]bool{}}
 	srv := httptest.NewUnstartedServer(tee)
@@ -253,6 +251,56 @@ func TestH2CUpstreamCarriesStreamsByteExact(t *testing.T) {
 	srv.Config.Protocols = &p
 	srv.Start()
 	t.Cleanup(srv.Close)
+	return tee, srv
+}
+
+// TestH2CReloads: turning h2c on in a reload moves the next request to
+// HTTP/2, and turning it off moves it back.
+func TestH2CReloads(t *testing.T) {
+	tee, srv := newTeeUpstream(t)
+	tg := newTestGateway(t, srv.URL, nil)
+	send := func(id string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, tg.URL+"/v1/chat/completions",
+			strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("X-Test-Stream", id)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %s: status %d", id, resp.StatusCode)
+		}
+	}
+	reload := func(h2c bool) {
+		t.Helper()
+		cfg := testConfig(t, srv.URL, func(c *config.Config) { c.Upstreams[0].H2C = h2c })
+		if _, err := tg.gw.Reload(&cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("before")
+	reload(true)
+	send("on")
+	reload(false)
+	send("off")
+	tee.mu.Lock()
+	defer tee.mu.Unlock()
+	for id, want := range map[string]int{"before": 1, "on": 2, "off": 1} {
+		if tee.proto[id] != want {
+			t.Errorf("request %q reached the upstream over HTTP/%d, want %d", id, tee.proto[id], want)
+		}
+	}
+}
+
+// TestH2CUpstreamCarriesStreamsByteExact: with h2c = true the gateway
+// speaks HTTP/2 without TLS to the upstream, the concurrent streams share
+// its connections, and each reaches the caller byte for byte as the
+// upstream wrote it; a non-streamed answer too.
+func TestH2CUpstreamCarriesStreamsByteExact(t *testing.T) {
+	tee, srv := newTeeUpstream(t)
 	tg := newTestGateway(t, srv.URL, func(c *config.Config) { c.Upstreams[0].H2C = true })
 
 	const streams = 20
