@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -57,7 +58,7 @@ func (x *exchange) appendBlockStart(b []byte, index int, thinking bool) []byte {
 		b = append(b, `,"content_block":{"type":"tool_use","id":"`...)
 		b = append(b, x.toolID...)
 		b = append(b, `","name":`...)
-		b = appendJSONString(b, x.plan.tool)
+		b = jsonscan.AppendString(b, x.plan.tool)
 		b = append(b, `,"input":{}}}`...)
 	default:
 		b = append(b, `,"content_block":{"type":"text","text":""}}`...)
@@ -141,7 +142,7 @@ func (x *exchange) streamAnthropic() outcome {
 			x.buf = append(x.buf, "\"}}\n\n"...)
 		} else {
 			x.buf = append(x.buf, `input_json_delta","partial_json":`...)
-			x.buf = appendJSONString(x.buf, pl.toolArgs[j])
+			x.buf = jsonscan.AppendString(x.buf, pl.toolArgs[j])
 			x.buf = append(x.buf, "}}\n\n"...)
 		}
 		if !x.emit() {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -184,7 +185,7 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 func (x *exchange) prepare(t0 time.Time) {
 	x.sched = newSchedule(t0, x.p, x.srv.opts.Seed, x.seq)
 	x.created = t0.Unix()
-	x.model = appendJSONString(nil, x.req.Model)
+	x.model = jsonscan.AppendString(nil, x.req.Model)
 	n := pad(x.seq)
 	tool := x.req.toolName()
 	if x.dialect == llm.DialectAnthropic {
@@ -419,35 +420,4 @@ func (x *exchange) log(status int, oc outcome) {
 		slog.String("outcome", names[oc]),
 		slog.Int("output_tokens", x.plan.output()),
 		slog.Duration("elapsed", time.Since(x.arrival)))
-}
-
-// appendJSONString appends s as a JSON string. Bodies come from
-// encoding/json, so s is valid UTF-8; only quotes, backslashes and control
-// characters need escaping.
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
-		start = i + 1
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -83,13 +84,13 @@ func (x *exchange) streamOpenAI() outcome {
 			x.buf = append(x.buf, `{"tool_calls":[{"index":0,"id":"`...)
 			x.buf = append(x.buf, x.toolID...)
 			x.buf = append(x.buf, `","type":"function","function":{"name":`...)
-			x.buf = appendJSONString(x.buf, pl.tool)
+			x.buf = jsonscan.AppendString(x.buf, pl.tool)
 			x.buf = append(x.buf, `,"arguments":`...)
-			x.buf = appendJSONString(x.buf, pl.toolArgs[0])
+			x.buf = jsonscan.AppendString(x.buf, pl.toolArgs[0])
 			x.buf = append(x.buf, `}}]}`...)
 		} else {
 			x.buf = append(x.buf, `{"tool_calls":[{"index":0,"function":{"arguments":`...)
-			x.buf = appendJSONString(x.buf, pl.toolArgs[j])
+			x.buf = jsonscan.AppendString(x.buf, pl.toolArgs[j])
 			x.buf = append(x.buf, `}}]}`...)
 		}
 		x.buf = append(x.buf, choiceTail...)

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 )
 
 func TestScheduleOffsets(t *testing.T) {
@@ -121,7 +123,7 @@ func TestAppendJSONString(t *testing.T) {
 		"":                   `""`,
 		`{"city": "Bergen"}`: `"{\"city\": \"Bergen\"}"`,
 	} {
-		if got := string(appendJSONString(nil, in)); got != want {
+		if got := string(jsonscan.AppendString(nil, in)); got != want {
 			t.Errorf("%q: got %s, want %s", in, got, want)
 		}
 	}

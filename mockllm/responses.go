@@ -2,6 +2,8 @@ package mockllm
 
 import (
 	"strconv"
+
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 )
 
 // The Responses API (POST /v1/responses), streamed and not, in the shapes
@@ -117,7 +119,7 @@ func (x *exchange) streamResponses() outcome {
 			x.buf = append(x.buf, `,"item_id":"`+fc+`","output_index":`...)
 			x.buf = strconv.AppendInt(x.buf, int64(x.outputIndex()), 10)
 			x.buf = append(x.buf, `,"delta":`...)
-			x.buf = appendJSONString(x.buf, pl.toolArgs[j])
+			x.buf = jsonscan.AppendString(x.buf, pl.toolArgs[j])
 			x.respEnd()
 		}
 		if !x.emit() {
@@ -174,11 +176,11 @@ func (x *exchange) closeReasoning(rs string) {
 	text := pl.reasoningText()
 	x.respEvent("response.reasoning_summary_text.done")
 	x.buf = append(x.buf, `,"item_id":"`+rs+`","output_index":0,"summary_index":0,"text":`...)
-	x.buf = appendJSONString(x.buf, text)
+	x.buf = jsonscan.AppendString(x.buf, text)
 	x.respEnd()
 	x.respEvent("response.reasoning_summary_part.done")
 	x.buf = append(x.buf, `,"item_id":"`+rs+`","output_index":0,"summary_index":0,"part":{"type":"summary_text","text":`...)
-	x.buf = appendJSONString(x.buf, text)
+	x.buf = jsonscan.AppendString(x.buf, text)
 	x.buf = append(x.buf, '}')
 	x.respEnd()
 	x.respEvent("response.output_item.done")
@@ -209,9 +211,9 @@ func (x *exchange) closeAnswer(msg, fc string) {
 	if pl.tool != "" {
 		x.respEvent("response.function_call_arguments.done")
 		x.buf = append(x.buf, `,"item_id":"`+fc+`","output_index":`+idx+`,"name":`...)
-		x.buf = appendJSONString(x.buf, pl.tool)
+		x.buf = jsonscan.AppendString(x.buf, pl.tool)
 		x.buf = append(x.buf, `,"arguments":`...)
-		x.buf = appendJSONString(x.buf, pl.toolText())
+		x.buf = jsonscan.AppendString(x.buf, pl.toolText())
 		x.respEnd()
 		x.respEvent("response.output_item.done")
 		x.buf = append(x.buf, `,"output_index":`+idx+`,"item":`...)
@@ -222,7 +224,7 @@ func (x *exchange) closeAnswer(msg, fc string) {
 	text := pl.answerText()
 	x.respEvent("response.output_text.done")
 	x.buf = append(x.buf, `,"item_id":"`+msg+`","output_index":`+idx+`,"content_index":0,"text":`...)
-	x.buf = appendJSONString(x.buf, text)
+	x.buf = jsonscan.AppendString(x.buf, text)
 	x.buf = append(x.buf, `,"logprobs":[]`...)
 	x.respEnd()
 	x.respEvent("response.content_part.done")
@@ -299,11 +301,11 @@ func (x *exchange) appendResponseHead(b []byte, status string) []byte {
 	}
 	if x.req.PreviousResponseID != "" {
 		b = append(b, `,"previous_response_id":`...)
-		b = appendJSONString(b, x.req.PreviousResponseID)
+		b = jsonscan.AppendString(b, x.req.PreviousResponseID)
 	}
 	if x.conv != "" {
 		b = append(b, `,"conversation":{"id":`...)
-		b = appendJSONString(b, x.conv)
+		b = jsonscan.AppendString(b, x.conv)
 		b = append(b, '}')
 	}
 	return b
@@ -340,7 +342,7 @@ func (x *exchange) appendOutput(b []byte, status string) []byte {
 
 func (x *exchange) appendReasoningItem(b []byte, rs string) []byte {
 	b = append(b, `{"id":"`+rs+`","type":"reasoning","summary":[{"type":"summary_text","text":`...)
-	b = appendJSONString(b, x.plan.reasoningText())
+	b = jsonscan.AppendString(b, x.plan.reasoningText())
 	return append(b, `}]}`...)
 }
 
@@ -352,17 +354,17 @@ func (x *exchange) appendMessage(b []byte, msg, status string) []byte {
 
 func appendOutputText(b []byte, text string) []byte {
 	b = append(b, `{"type":"output_text","annotations":[],"logprobs":[],"text":`...)
-	b = appendJSONString(b, text)
+	b = jsonscan.AppendString(b, text)
 	return append(b, '}')
 }
 
 func (x *exchange) appendCall(b []byte, fc, status, args string) []byte {
 	b = append(b, `{"id":"`+fc+`","type":"function_call","status":"`+status+`","arguments":`...)
-	b = appendJSONString(b, args)
+	b = jsonscan.AppendString(b, args)
 	b = append(b, `,"call_id":"`...)
 	b = append(b, x.toolID...)
 	b = append(b, `","name":`...)
-	b = appendJSONString(b, x.plan.tool)
+	b = jsonscan.AppendString(b, x.plan.tool)
 	return append(b, '}')
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -335,7 +336,7 @@ func normalizeItem(raw json.RawMessage, seq uint64, k int) (item, string) {
 			if role == "assistant" {
 				part = `[{"type":"output_text","annotations":[],"text":`
 			}
-			m["content"] = json.RawMessage(string(appendJSONString([]byte(part), text)) + "}]")
+			m["content"] = json.RawMessage(string(jsonscan.AppendString([]byte(part), text)) + "}]")
 		}
 		if _, ok := m["status"]; !ok {
 			m["status"] = json.RawMessage(`"completed"`)
@@ -355,9 +356,9 @@ func normalizeItem(raw json.RawMessage, seq uint64, k int) (item, string) {
 	}
 	delete(m, "id")
 	delete(m, "type")
-	b := appendJSONString([]byte(`{"id":`), id)
+	b := jsonscan.AppendString([]byte(`{"id":`), id)
 	if typ != "" {
-		b = appendJSONString(append(b, `,"type":`...), typ)
+		b = jsonscan.AppendString(append(b, `,"type":`...), typ)
 	}
 	keys := make([]string, 0, len(m))
 	for key := range m {
@@ -365,7 +366,7 @@ func normalizeItem(raw json.RawMessage, seq uint64, k int) (item, string) {
 	}
 	slices.Sort(keys)
 	for _, key := range keys {
-		b = append(appendJSONString(append(b, ','), key), ':')
+		b = append(jsonscan.AppendString(append(b, ','), key), ':')
 		b = append(b, m[key]...)
 	}
 	return item{id: id, raw: append(b, '}')}, ""
@@ -551,7 +552,7 @@ func (h *storedCall) deleteResponse(id string) outcome {
 
 // deleted is the answer to a DELETE of an object.
 func deleted(id, object string) []byte {
-	b := appendJSONString([]byte(`{"id":`), id)
+	b := jsonscan.AppendString([]byte(`{"id":`), id)
 	return append(b, `,"object":"`+object+`","deleted":true}`...)
 }
 
@@ -674,8 +675,8 @@ func appendList(b []byte, items []item, more bool) []byte {
 	if len(items) == 0 {
 		b = append(b, `null,"last_id":null`...)
 	} else {
-		b = appendJSONString(b, items[0].id)
-		b = appendJSONString(append(b, `,"last_id":`...), items[len(items)-1].id)
+		b = jsonscan.AppendString(b, items[0].id)
+		b = jsonscan.AppendString(append(b, `,"last_id":`...), items[len(items)-1].id)
 	}
 	b = append(b, `,"has_more":`...)
 	b = strconv.AppendBool(b, more)
@@ -734,7 +735,7 @@ func (h *storedCall) newConversation() outcome {
 
 // object is the conversation's JSON.
 func (c *conversation) object() []byte {
-	b := appendJSONString([]byte(`{"id":`), c.id)
+	b := jsonscan.AppendString([]byte(`{"id":`), c.id)
 	b = append(b, `,"object":"conversation","created_at":`...)
 	b = strconv.AppendInt(b, c.created, 10)
 	b = append(b, `,"metadata":`...)

@@ -16,7 +16,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
+
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 )
 
 // Handler writes one JSON object per record, one Write per line.
@@ -55,11 +56,11 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 
 // Enabled reports whether level is at or above the handler's level.
 func (h *Handler) Enabled(_ context.Context, level slog.Level) bool {
-	min := slog.LevelInfo
+	lowest := slog.LevelInfo
 	if h.opts.Level != nil {
-		min = h.opts.Level.Level()
+		lowest = h.opts.Level.Level()
 	}
-	return level >= min
+	return level >= lowest
 }
 
 // WithAttrs and WithGroup return slog's own handler: records with handler
@@ -102,9 +103,9 @@ func appendRecord(b []byte, r slog.Record) (_ []byte, ok bool) {
 		b = append(b, `",`...)
 	}
 	b = append(b, `"level":`...)
-	b = appendString(b, r.Level.String())
+	b = jsonscan.AppendString(b, r.Level.String())
 	b = append(b, `,"msg":`...)
-	b = appendString(b, r.Message)
+	b = jsonscan.AppendString(b, r.Message)
 	ok = true
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Equal(slog.Attr{}) {
@@ -115,7 +116,7 @@ func appendRecord(b []byte, r slog.Record) (_ []byte, ok bool) {
 			return false
 		}
 		b = append(b, ',')
-		b = appendString(b, a.Key)
+		b = jsonscan.AppendString(b, a.Key)
 		b = append(b, ':')
 		b, ok = appendValue(b, a.Value)
 		return ok
@@ -126,7 +127,7 @@ func appendRecord(b []byte, r slog.Record) (_ []byte, ok bool) {
 func appendValue(b []byte, v slog.Value) ([]byte, bool) {
 	switch v.Kind() {
 	case slog.KindString:
-		return appendString(b, v.String()), true
+		return jsonscan.AppendString(b, v.String()), true
 	case slog.KindInt64:
 		return strconv.AppendInt(b, v.Int64(), 10), true
 	case slog.KindUint64:
@@ -157,55 +158,4 @@ func appendFloat(b []byte, f float64) ([]byte, bool) {
 		}
 	}
 	return b, true
-}
-
-// appendString appends s quoted and escaped as slog's JSON handler does:
-// '"', '\\' and control bytes escaped, invalid UTF-8 as \ufffd, U+2028 and
-// U+2029 escaped.
-func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		c, size := utf8.DecodeRuneInString(s[i:])
-		if c == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if c == '\u2028' || c == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hex[c&0xF])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

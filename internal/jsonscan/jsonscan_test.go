@@ -688,3 +688,26 @@ func canonicalJSON(t *testing.T, v []byte) []byte {
 	}
 	return buf.Bytes()
 }
+
+// TestAppendStringRoundTrips: what AppendString writes is one valid JSON
+// string that decodes (with encoding/json and with AppendUnescape) to the
+// input, invalid UTF-8 aside, which becomes U+FFFD as encoding/json makes it.
+func TestAppendStringRoundTrips(t *testing.T) {
+	for _, s := range []string{"", "plain", `quo"te`, `back\slash`, "new\nline\r\t", "\x00\x01\x1f\x7f", "<a&b>",
+		"caf\u00e9 \u65e5\u672c", "line\u2028sep\u2029para", "emoji \U0001F600", "\xff\xfe bad", "trunc\xe2\x82"} {
+		b := AppendString([]byte("prefix:"), s)
+		q, ok := strings.CutPrefix(string(b), "prefix:")
+		if !ok || !json.Valid([]byte(q)) {
+			t.Errorf("AppendString(%q) = %s: not a JSON string after the prefix", s, b)
+			continue
+		}
+		want := string([]rune(s)) // each invalid byte one U+FFFD, as encoding/json decodes it
+		var got string
+		if err := json.Unmarshal([]byte(q), &got); err != nil || got != want {
+			t.Errorf("AppendString(%q) = %s decodes to %q (%v), want %q", s, q, got, err, want)
+		}
+		if u := AppendUnescape(nil, []byte(q[1:len(q)-1])); string(u) != want {
+			t.Errorf("AppendUnescape(AppendString(%q)) = %q, want %q", s, u, want)
+		}
+	}
+}
