@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"text/template"
 	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/procstat"
 )
 
 // target is one endpoint the load is sent to: the fake upstream itself
@@ -231,30 +233,13 @@ func children(pid int) []int {
 	return out
 }
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's CPU times (100 on
-// Linux).
-const clockTicks = 100
-
-// cpuSeconds sums user and system CPU of pids from /proc.
+// cpuSeconds sums user and system CPU of pids.
 func cpuSeconds(pids []int) float64 {
-	var ticks int64
+	var sum float64
 	for _, p := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-		if err != nil {
-			continue
-		}
-		// Fields after the command name (which may hold spaces), from
-		// field 3 on: utime and stime are fields 14 and 15.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += u + st
+		sum += procstat.CPUSeconds(p)
 	}
-	return float64(ticks) / clockTicks
+	return sum
 }
 
 // resetPeak starts pids' peak RSS afresh (VmHWM back to VmRSS).
@@ -272,16 +257,7 @@ func resetPeak(pids []int) error {
 func memKiB(pids []int, field string) int64 {
 	var sum int64
 	for _, p := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, field+":"); ok {
-				n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				sum += n
-			}
-		}
+		sum += procstat.StatusKiB(p, field)
 	}
 	return sum
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/internal/procstat"
 	"github.com/tollgate-llm/tollgate/mockllm"
 )
 
@@ -72,18 +73,6 @@ func (u *barrierUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.wrote[r.Header.Get("X-Test-Stream")] = buf
 	u.mu.Unlock()
 	u.h.ServeHTTP(keptWriter{w, buf}, r)
-}
-
-// procStatus reads a field (VmRSS, VmHWM) of pid's /proc status, in KiB.
-func procStatus(pid int, field string) int64 {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 // TestGatewayHoldsTenThousandStreams: the gateway binary, as its own
@@ -165,7 +154,7 @@ header_timeout_seconds = 300
 		}
 		time.Sleep(20 * time.Millisecond) // waiting for the process to listen
 	}
-	rssIdle := procStatus(gw.Process.Pid, "VmRSS")
+	rssIdle := procstat.StatusKiB(gw.Process.Pid, "VmRSS")
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: heldStreams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
@@ -202,7 +191,7 @@ header_timeout_seconds = 300
 	select {
 	case <-up.all:
 		held = true
-		rssHeld = procStatus(gw.Process.Pid, "VmRSS")
+		rssHeld = procstat.StatusKiB(gw.Process.Pid, "VmRSS")
 		if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", gw.Process.Pid)); err == nil {
 			fds = int64(len(ents))
 		}
@@ -250,7 +239,7 @@ header_timeout_seconds = 300
 	}
 	t.Logf("%d streams open at once after %s; gateway: %d open files, RSS %d MiB idle, %d MiB with all open (%.1f KiB per stream), peak %d MiB",
 		heldStreams, opened.Round(time.Millisecond), fds, rssIdle>>10, rssHeld>>10,
-		float64(rssHeld-rssIdle)/heldStreams, procStatus(gw.Process.Pid, "VmHWM")>>10)
+		float64(rssHeld-rssIdle)/heldStreams, procstat.StatusKiB(gw.Process.Pid, "VmHWM")>>10)
 }
 
 func tail(s string, n int) string {
