@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -111,13 +113,7 @@ func tokenAttrs(attrs []slog.Attr, rec *llm.Record) []slog.Attr {
 // between and before them.
 func attemptAttrs(attrs []slog.Attr, rec *llm.Record) []slog.Attr {
 	if rec.AttemptCount > 0 {
-		n := min(rec.AttemptCount, llm.MaxRecordedAttempts)
-		list := make([]attemptEntry, n)
-		for i, a := range rec.Attempts[:n] {
-			list[i] = attemptEntry{Upstream: a.Upstream, Status: a.Status, Result: a.Result, Ms: ms(a.Duration),
-				BreakerBypass: a.BreakerBypass}
-		}
-		attrs = append(attrs, slog.Int("attempt_count", rec.AttemptCount), slog.Any("attempts", list))
+		attrs = append(attrs, slog.Int("attempt_count", rec.AttemptCount), slog.Any("attempts", attemptsJSON{rec}))
 	}
 	if rec.RetryWait > 0 {
 		attrs = append(attrs, slog.Float64("retry_wait_ms", ms(rec.RetryWait)))
@@ -128,14 +124,41 @@ func attemptAttrs(attrs []slog.Attr, rec *llm.Record) []slog.Attr {
 	return attrs
 }
 
-// attemptEntry is one upstream attempt in the access log: the upstream, its
-// status (0 when it sent none or was skipped), the result ("ok" or why it
-// failed or was skipped), how long it took, and breaker_bypass (only when
+// attemptsJSON writes a record's upstream attempts as the access log's
+// "attempts" array, one object per attempt: the upstream, its status (0
+// when it sent none or was skipped), the result ("ok" or why it failed or
+// was skipped), how long it took in ms, and breaker_bypass (only when
 // true) for an attempt sent although the upstream's breaker refused it.
-type attemptEntry struct {
-	Upstream      string  `json:"upstream"`
-	Status        int     `json:"status"`
-	Result        string  `json:"result"`
-	Ms            float64 `json:"ms"`
-	BreakerBypass bool    `json:"breaker_bypass,omitempty"`
+// It writes its own JSON (jsonlog.Appender) so the line takes the log's
+// fast path and the list costs no allocation.
+type attemptsJSON struct{ rec *llm.Record }
+
+// AppendJSON appends the array to b.
+func (a attemptsJSON) AppendJSON(b []byte) []byte {
+	b = append(b, '[')
+	for i, at := range a.rec.Attempts[:min(a.rec.AttemptCount, llm.MaxRecordedAttempts)] {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"upstream":`...)
+		b = jsonscan.AppendString(b, at.Upstream)
+		b = append(b, `,"status":`...)
+		b = strconv.AppendInt(b, int64(at.Status), 10)
+		b = append(b, `,"result":`...)
+		b = jsonscan.AppendString(b, at.Result)
+		b = append(b, `,"ms":`...)
+		b = jsonscan.AppendFloat(b, ms(at.Duration))
+		if at.BreakerBypass {
+			b = append(b, `,"breaker_bypass":true`...)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']')
 }
+
+// MarshalJSON is AppendJSON, for slog's JSON handler.
+func (a attemptsJSON) MarshalJSON() ([]byte, error) { return a.AppendJSON(nil), nil }
+
+// MarshalText is AppendJSON too, for slog's text handler ([log] format =
+// "text"), which would otherwise print the struct.
+func (a attemptsJSON) MarshalText() ([]byte, error) { return a.AppendJSON(nil), nil }

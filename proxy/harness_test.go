@@ -33,6 +33,7 @@ import (
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/conversation"
+	"github.com/tollgate-llm/tollgate/internal/jsonlog"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/mockllm"
@@ -76,7 +77,7 @@ func newTestGatewayWith(t *testing.T, upstreamURL string, edit func(*config.Conf
 	}
 	tg := &testGateway{registry: reg, logs: &bytes.Buffer{}, recCh: make(chan llm.Record, 1024)}
 	var logMu sync.Mutex
-	access := slog.New(slog.NewJSONHandler(lockedWriter{&logMu, tg.logs}, nil))
+	access := slog.New(jsonlog.NewHandler(lockedWriter{&logMu, tg.logs}, nil)) // as the gateway writes it
 	o := Options{
 		Config: &cfg, Metrics: m, Gatherer: reg,
 		Logger:    slog.New(slog.DiscardHandler),

@@ -4,8 +4,9 @@
 // slog's JSON handler formats each float through encoding/json and each
 // attribute through a closure, which made the line a tenth of the CPU of a
 // short non-streamed request. Records it has no fast path for (groups,
-// handler attributes, other kinds, ReplaceAttr, AddSource, NaN) go to an
-// slog.JSONHandler on the same writer, so the output is the same either way.
+// handler attributes, values of kind Any other than an Appender, other
+// kinds, ReplaceAttr, AddSource, NaN) go to an slog.JSONHandler on the
+// same writer, so the output is the same either way.
 package jsonlog
 
 import (
@@ -19,6 +20,14 @@ import (
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 )
+
+// Appender is a value that writes its own JSON: an slog.Any attribute
+// holding one takes the fast path, where any other value of kind Any goes
+// to slog's handler. Its MarshalJSON, which slog's handler calls, must
+// return the same compact bytes (AppendJSON(nil)).
+type Appender interface {
+	AppendJSON(b []byte) []byte
+}
 
 // Handler writes one JSON object per record, one Write per line.
 type Handler struct {
@@ -135,27 +144,15 @@ func appendValue(b []byte, v slog.Value) ([]byte, bool) {
 	case slog.KindBool:
 		return strconv.AppendBool(b, v.Bool()), true
 	case slog.KindFloat64:
-		return appendFloat(b, v.Float64())
-	}
-	return b, false
-}
-
-// appendFloat formats f as encoding/json does (which slog calls): %f in
-// [1e-6, 1e21), else %e with a one-digit negative exponent unpadded.
-func appendFloat(b []byte, f float64) ([]byte, bool) {
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		return b, false
-	}
-	format := byte('f')
-	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
-		format = 'e'
-	}
-	b = strconv.AppendFloat(b, f, format, -1, 64)
-	if format == 'e' {
-		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
-			b[n-2] = b[n-1]
-			b = b[:n-1]
+		f := v.Float64()
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return b, false // slog writes the error in the line
+		}
+		return jsonscan.AppendFloat(b, f), true
+	case slog.KindAny:
+		if a, ok := v.Any().(Appender); ok {
+			return a.AppendJSON(b), true
 		}
 	}
-	return b, true
+	return b, false
 }

@@ -41,7 +41,7 @@ func TestSameLinesAsSlog(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	randomAttr := func(i int) slog.Attr {
 		key := "k" + awkward[rng.IntN(len(awkward))]
-		switch rng.IntN(11) {
+		switch rng.IntN(12) {
 		case 0:
 			return slog.String(key, awkward[rng.IntN(len(awkward))])
 		case 1:
@@ -62,6 +62,8 @@ func TestSameLinesAsSlog(t *testing.T) {
 			return slog.Any(key, errors.New("an error"))
 		case 9:
 			return slog.Time(key, at.Add(time.Duration(i)*time.Millisecond))
+		case 10:
+			return slog.Any(key, rawJSON(`[{"upstream":"u\"1","status":200,"ms":1.5}]`))
 		default:
 			return slog.Attr{}
 		}
@@ -144,8 +146,28 @@ func accessLine() slog.Record {
 		slog.Bool("terminal_seen", true), slog.Float64("tpot_ms", 20.01), slog.Float64("itl_mean_ms", 20.05),
 		slog.Float64("itl_max_ms", 22.44), slog.Int64("input_tokens", 42), slog.Int64("cache_read_tokens", 0),
 		slog.Int64("cache_write_tokens", 0), slog.Int64("output_tokens", 100), slog.Float64("cost_usd", 0.0000663),
-		slog.String("input_bucket", "short"), slog.String("goodput", "good"), slog.Int("attempts", 1))
+		slog.String("input_bucket", "short"), slog.String("goodput", "good"),
+		slog.Int("attempt_count", 1), slog.Any("attempts", rawJSON(`[{"upstream":"openai","status":200,"result":"ok","ms":2187.9}]`)))
 	return r
+}
+
+// rawJSON is an Appender that holds its compact JSON.
+type rawJSON string
+
+func (r rawJSON) AppendJSON(b []byte) []byte   { return append(b, r...) }
+func (r rawJSON) MarshalJSON() ([]byte, error) { return []byte(r), nil }
+
+// TestAppenderTakesTheFastPath: a value of kind Any that writes its own
+// JSON is written by the fast path; any other one goes to slog's handler.
+func TestAppenderTakesTheFastPath(t *testing.T) {
+	if _, ok := appendRecord(nil, accessLine()); !ok {
+		t.Error("the access line, its attempts an Appender, went to slog's handler")
+	}
+	r := slog.NewRecord(at, slog.LevelInfo, "request", 0)
+	r.AddAttrs(slog.Any("attempts", []int{1}))
+	if _, ok := appendRecord(nil, r); ok {
+		t.Error("a slice of kind Any took the fast path")
+	}
 }
 
 // BenchmarkAccessLine: one access-log line through slog's JSON handler and

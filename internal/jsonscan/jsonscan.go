@@ -28,7 +28,9 @@ package jsonscan
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"math/bits"
+	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -947,4 +949,22 @@ func AppendString(b []byte, s string) []byte {
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
+}
+
+// AppendFloat appends f, which must be finite, as encoding/json formats a
+// float64 (as log/slog's JSON handler writes one): %f in [1e-6, 1e21),
+// else %e with a one-digit negative exponent unpadded.
+func AppendFloat(b []byte, f float64) []byte {
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
 }

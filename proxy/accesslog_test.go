@@ -1,0 +1,120 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/internal/jsonlog"
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// attemptEntry is one element of the access log's "attempts" array, as a
+// reader of the log decodes it.
+type attemptEntry struct {
+	Upstream      string  `json:"upstream"`
+	Status        int     `json:"status"`
+	Result        string  `json:"result"`
+	Ms            float64 `json:"ms"`
+	BreakerBypass bool    `json:"breaker_bypass,omitempty"`
+}
+
+// streamedRecord is a record as a retried stream leaves it: every figure
+// set, more attempts than the record keeps, one sent past an open breaker,
+// and an upstream name that JSON must escape.
+func streamedRecord() *llm.Record {
+	t0 := time.Date(2026, 12, 2, 11, 27, 41, 0, time.UTC)
+	rec := &llm.Record{
+		RequestID: "tg_7e85537e6979959087cab62e", KeyID: "e0af5a5e4f88", Team: "search", Route: llm.RouteChatCompletions,
+		Model: "gpt-4o-mini", Upstream: "primary", Stream: true, Status: 200, UpstreamRequestID: "req_abc",
+		Timing: llm.Timing{In: t0, UpSent: t0.Add(400 * time.Microsecond), UpFirstByte: t0.Add(200 * time.Millisecond),
+			FirstToken: t0.Add(201 * time.Millisecond), FirstTokenOut: t0.Add(201*time.Millisecond + 30*time.Microsecond),
+			LastToken: t0.Add(2181 * time.Millisecond), End: t0.Add(2188 * time.Millisecond)},
+		Usage:      llm.Usage{Input: 42, Output: 100, HasInput: true, HasOutput: true},
+		CostMicros: 66, TokenEvents: 100, ITLCount: 99, ITLSum: 1980 * time.Millisecond, ITLMax: 22 * time.Millisecond,
+		InputBucket: "0-500", TerminalSeen: true, BytesOut: 18234, RetryWait: 5 * time.Millisecond,
+	}
+	for i := range llm.MaxRecordedAttempts + 2 {
+		rec.AddAttempt(llm.Attempt{Upstream: `a "quoted"` + "\n" + `name`, Status: 503, Result: "server_error",
+			Duration: time.Duration(i+1) * 1234567, BreakerBypass: i == 1})
+	}
+	rec.AddAttempt(llm.Attempt{Upstream: "primary", Status: 200, Result: "ok", Duration: 2188 * time.Millisecond})
+	return rec
+}
+
+// writeAccessLine writes rec's access-log line through h and returns it with
+// its time cut off (two handlers never stamp the same instant): from
+// "level" on.
+func writeAccessLine(t *testing.T, h func(io.Writer) slog.Handler, rec *llm.Record) string {
+	t.Helper()
+	var b bytes.Buffer
+	logRecord(slog.New(h(&b)), rec, false)
+	line := b.String()
+	if i := strings.Index(line, "level"); i >= 0 {
+		return line[i:]
+	}
+	t.Fatalf("no level in %q", line)
+	return ""
+}
+
+// TestAccessLineSameThroughEitherJSONHandler: the gateway's access-log
+// line, attempts included, is byte for byte what slog's JSON handler
+// writes, and its attempts are the record's in order, the ones past what
+// the record keeps left out.
+func TestAccessLineSameThroughEitherJSONHandler(t *testing.T) {
+	rec := streamedRecord()
+	want := writeAccessLine(t, func(w io.Writer) slog.Handler { return slog.NewJSONHandler(w, nil) }, rec)
+	got := writeAccessLine(t, func(w io.Writer) slog.Handler { return jsonlog.NewHandler(w, nil) }, rec)
+	if got != want {
+		t.Fatalf("\nslog    %s\njsonlog %s", want, got)
+	}
+	var line struct {
+		Count    int            `json:"attempt_count"`
+		Attempts []attemptEntry `json:"attempts"`
+	}
+	if err := json.Unmarshal([]byte(`{"`+got), &line); err != nil {
+		t.Fatalf("%v in %s", err, got)
+	}
+	if line.Count != llm.MaxRecordedAttempts+3 || len(line.Attempts) != llm.MaxRecordedAttempts {
+		t.Fatalf("attempt_count %d with %d attempts, want %d with %d", line.Count, len(line.Attempts),
+			llm.MaxRecordedAttempts+3, llm.MaxRecordedAttempts)
+	}
+	for i, a := range line.Attempts {
+		w := rec.Attempts[i]
+		if a.Upstream != w.Upstream || a.Status != w.Status || a.Result != w.Result || a.Ms != ms(w.Duration) ||
+			a.BreakerBypass != w.BreakerBypass {
+			t.Errorf("attempt %d: %+v, want %+v", i, a, w)
+		}
+	}
+	if last := line.Attempts[len(line.Attempts)-1]; last.Result != "ok" {
+		t.Errorf("last attempt kept is %+v, want the final ok", last)
+	}
+}
+
+// TestTextAccessLineListsAttempts: with [log] format = "text" the attempts
+// are written as their JSON array, not as a Go value.
+func TestTextAccessLineListsAttempts(t *testing.T) {
+	rec := streamedRecord()
+	line := writeAccessLine(t, func(w io.Writer) slog.Handler { return slog.NewTextHandler(w, nil) }, rec)
+	if !strings.Contains(line, `attempts="[{\"upstream\":`) || !strings.Contains(line, `\"result\":\"ok\",\"ms\":2188}]"`) {
+		t.Errorf("text line's attempts are not the JSON array: %s", line)
+	}
+	if strings.Contains(line, "rec:0x") || strings.Contains(line, "Upstream:") {
+		t.Errorf("text line prints a Go value: %s", line)
+	}
+}
+
+// BenchmarkAccessLogLine: one streamed request's access-log line as the
+// gateway writes it (jsonlog, attempts and all), to a discarding writer.
+func BenchmarkAccessLogLine(b *testing.B) {
+	rec := streamedRecord()
+	l := slog.New(jsonlog.NewHandler(io.Discard, nil))
+	b.ReportAllocs()
+	for b.Loop() {
+		logRecord(l, rec, false)
+	}
+}
