@@ -60,6 +60,7 @@ type options struct {
 	h2c     bool
 	noNginx bool
 	timeout time.Duration
+	env     []string // NAME=value for the tollgate column's process
 }
 
 func run1(args []string, out io.Writer) error {
@@ -74,6 +75,13 @@ func run1(args []string, out io.Writer) error {
 	fs.BoolVar(&o.noNginx, "no-nginx", false, "leave nginx out")
 	fs.StringVar(&o.repo, "repo", ".", "the tollgate repository")
 	fs.BoolVar(&o.h2c, "upstream-h2c", false, "tollgate speaks HTTP/2 without TLS to the fake upstream ([[upstreams]] h2c)")
+	fs.Func("env", "NAME=value in the environment of the tollgate column's process (not of -base's), e.g. GOMAXPROCS=1; repeatable", func(v string) error {
+		if name, _, ok := strings.Cut(v, "="); !ok || name == "" {
+			return fmt.Errorf("%q is not NAME=value", v)
+		}
+		o.env = append(o.env, v)
+		return nil
+	})
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "bound on one target's run of one shape")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -104,6 +112,9 @@ func compare(o options, out io.Writer) error {
 		}
 	}
 	fmt.Fprintf(out, "# bench-compare %s\n\n%s; %d cores; open files %d; %s\n", time.Now().UTC().Format(time.RFC3339), runtime.Version(), runtime.NumCPU(), noFile, nginxVersion(o.nginx, o.noNginx))
+	if len(o.env) > 0 {
+		fmt.Fprintf(out, "tollgate's environment adds %s\n", strings.Join(o.env, " "))
+	}
 	for _, s := range shapes(o.quick, o.held) {
 		if o.only != "" && !slices.Contains(strings.Split(o.only, ","), s.name) {
 			continue
@@ -153,13 +164,13 @@ func launch(o options, repo, dir, bin, baseBin string, noFile uint64) ([]*target
 		}
 		targets = append(targets, ng)
 	}
-	tg, err := startTollgate("tollgate", bin, dir, upstream, o.h2c)
+	tg, err := startTollgate("tollgate", bin, dir, upstream, o.h2c, o.env)
 	if err != nil {
 		return fail(err)
 	}
 	targets = append(targets, tg)
 	if baseBin != "" {
-		bt, err := startTollgate("tollgate@"+o.base, baseBin, dir, upstream, false)
+		bt, err := startTollgate("tollgate@"+o.base, baseBin, dir, upstream, false, nil)
 		if err != nil {
 			return fail(err)
 		}

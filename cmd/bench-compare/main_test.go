@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -77,6 +78,17 @@ func TestQuickRunMeasuresEveryTarget(t *testing.T) {
 		}
 		if rpsRow == "" || strings.Contains(rpsRow, "–") {
 			t.Errorf("%s: a target has no figure: %q", name, rpsRow)
+		}
+	}
+}
+
+// TestEnvFlagNeedsNameAndValue: -env takes NAME=value and refuses
+// anything else before building or starting anything.
+func TestEnvFlagNeedsNameAndValue(t *testing.T) {
+	for _, bad := range []string{"GOMAXPROCS", "=1", ""} {
+		err := run1([]string{"-env", bad, "-repo", t.TempDir()}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "NAME=value") {
+			t.Errorf("-env %q: %v, want an error naming NAME=value", bad, err)
 		}
 	}
 }

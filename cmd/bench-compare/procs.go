@@ -143,8 +143,8 @@ func gatewayConfig(listen, upstream string, h2c bool) string {
 }
 
 // startTollgate starts the gateway binary bin on a free port in its own
-// directory under dir.
-func startTollgate(label, bin, dir, upstream string, h2c bool) (*target, error) {
+// directory under dir, with env added to its environment.
+func startTollgate(label, bin, dir, upstream string, h2c bool, env []string) (*target, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -158,7 +158,7 @@ func startTollgate(label, bin, dir, upstream string, h2c bool) (*target, error) 
 		return nil, err
 	}
 	url := "http://" + listen
-	cmd, exited, err := start(label, d, url+"/healthz", nil, bin, "serve", "-config", "gateway.toml")
+	cmd, exited, err := start(label, d, url+"/healthz", env, bin, "serve", "-config", "gateway.toml")
 	if err != nil {
 		return nil, err
 	}
