@@ -44,6 +44,17 @@ func (mf *mockFlags) options(log *slog.Logger) mockllm.Options {
 		TokensPerChunk: mf.perChunk, MaxConcurrent: mf.maxConcurrent, RequireKey: mf.requireKey, Logger: log}
 }
 
+// mockServer serves h as the fake upstream does: HTTP/1.1 and HTTP/2
+// without TLS (prior knowledge, for an upstream with h2c = true) on the
+// same port, up to 1,000 streams on one HTTP/2 connection.
+func mockServer(h http.Handler) *http.Server {
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: &protocols,
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1000}}
+}
+
 func runMock(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("mock-upstream",
 		"Serves the fake OpenAI/Anthropic upstream (package mockllm): POST /v1/chat/completions,\n"+
@@ -69,13 +80,7 @@ func runMock(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listening on %q: %w", *listen, err)
 	}
-	// HTTP/1.1 and HTTP/2 without TLS (prior knowledge, for an upstream
-	// with h2c = true) on the same port.
-	var protocols http.Protocols
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Handler: mockllm.New(mf.options(log)), ReadHeaderTimeout: 10 * time.Second, Protocols: &protocols,
-		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1000}}
+	srv := mockServer(mockllm.New(mf.options(log)))
 	fmt.Fprintf(stdout, "fake upstream on http://%s (TTFT %s, ITL %s, %d tokens; HTTP/1.1 and h2c)\n", ln.Addr(), mf.ttft, mf.itl, mf.tokens)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
