@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/internal/jsonlog"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/stats"
@@ -79,12 +81,14 @@ func cpuTime() time.Duration {
 // mockllm directly and through the gateway, in the same process. The
 // difference of ns/op is the gateway's added latency per streamed request;
 // divided by the events it is the added latency per event; the difference of
-// cpu-ms/1000req is the gateway's CPU per 1,000 streamed requests.
+// cpu-ms/1000req is the gateway's CPU per 1,000 streamed requests, the
+// access-log line included.
 func BenchmarkStreamLoopback(b *testing.B) {
 	const tokens = 64
 	mock := httptest.NewServer(mockllm.New(mockllm.Options{OutputTokens: tokens}))
 	defer mock.Close()
-	g := bareGateway(b, mock.URL, nil)
+	// The access log on, as it is by default, to a writer that drops it.
+	g := bareGatewayWith(b, mock.URL, nil, func(o *Options) { o.AccessLog = slog.New(jsonlog.NewHandler(io.Discard, nil)) })
 	gw := httptest.NewServer(g.Handler())
 	defer gw.Close()
 	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hello"}]}`
