@@ -130,7 +130,10 @@ func attemptAttrs(attrs []slog.Attr, rec *llm.Record) []slog.Attr {
 // was skipped), how long it took in ms, and breaker_bypass (only when
 // true) for an attempt sent although the upstream's breaker refused it.
 // It writes its own JSON (jsonlog.Appender) so the line takes the log's
-// fast path and the list costs no allocation.
+// fast path and the list costs no allocation. Strings are escaped as slog
+// escapes them (jsonscan.AppendString), which writes a backspace or form
+// feed as \u0008 or \u000c where encoding/json writes \b or \f; upstream
+// names (config allows [a-z0-9_-]) and results never hold either.
 type attemptsJSON struct{ rec *llm.Record }
 
 // AppendJSON appends the array to b.

@@ -13,6 +13,9 @@ import (
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
+// The attempts take jsonlog's fast path only as an Appender.
+var _ jsonlog.Appender = attemptsJSON{}
+
 // attemptEntry is one element of the access log's "attempts" array, as a
 // reader of the log decodes it.
 type attemptEntry struct {
@@ -63,8 +66,9 @@ func writeAccessLine(t *testing.T, h func(io.Writer) slog.Handler, rec *llm.Reco
 
 // TestAccessLineSameThroughEitherJSONHandler: the gateway's access-log
 // line, attempts included, is byte for byte what slog's JSON handler
-// writes, and its attempts are the record's in order, the ones past what
-// the record keeps left out.
+// writes; its attempts array is what encoding/json wrote for a list of the
+// record's attempts, in order, the ones past what the record keeps left
+// out.
 func TestAccessLineSameThroughEitherJSONHandler(t *testing.T) {
 	rec := streamedRecord()
 	want := writeAccessLine(t, func(w io.Writer) slog.Handler { return slog.NewJSONHandler(w, nil) }, rec)
@@ -82,6 +86,22 @@ func TestAccessLineSameThroughEitherJSONHandler(t *testing.T) {
 	if line.Count != llm.MaxRecordedAttempts+3 || len(line.Attempts) != llm.MaxRecordedAttempts {
 		t.Fatalf("attempt_count %d with %d attempts, want %d with %d", line.Count, len(line.Attempts),
 			llm.MaxRecordedAttempts+3, llm.MaxRecordedAttempts)
+	}
+	// The array is what encoding/json wrote for the list the line had
+	// before the attempts wrote their own JSON.
+	var list []attemptEntry
+	for _, a := range rec.Attempts {
+		list = append(list, attemptEntry{Upstream: a.Upstream, Status: a.Status, Result: a.Result, Ms: ms(a.Duration),
+			BreakerBypass: a.BreakerBypass})
+	}
+	var encoded bytes.Buffer
+	enc := json.NewEncoder(&encoded)
+	enc.SetEscapeHTML(false) // as slog's JSON handler encodes
+	if err := enc.Encode(list); err != nil {
+		t.Fatal(err)
+	}
+	if array := `"attempts":` + strings.TrimSuffix(encoded.String(), "\n"); !strings.Contains(got, array) {
+		t.Errorf("attempts are not encoding/json's %s in\n%s", array, got)
 	}
 	for i, a := range line.Attempts {
 		w := rec.Attempts[i]

@@ -41,27 +41,30 @@ func TestMockUpstreamServesHTTP1AndH2C(t *testing.T) {
 	dialer := &net.Dialer{}
 	var h2c http.Protocols
 	h2c.SetUnencryptedHTTP2(true)
-	clients := map[string]*http.Client{
-		"HTTP/1.1": {Transport: &http.Transport{}},
-		"HTTP/2.0": {Transport: &http.Transport{Protocols: &h2c, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	for _, c := range []struct {
+		name, proto string
+		tr          *http.Transport
+	}{
+		{"http1", "HTTP/1.1", &http.Transport{}},
+		{"h2c", "HTTP/2.0", &http.Transport{Protocols: &h2c, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			mu.Lock()
 			dials++
 			mu.Unlock()
 			return dialer.DialContext(ctx, network, addr)
 		}}},
-	}
-	for proto, c := range clients {
-		t.Run(proto, func(t *testing.T) {
-			defer c.CloseIdleConnections()
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client := &http.Client{Transport: c.tr}
+			defer client.CloseIdleConnections()
 			// One stream first opens the connection; the rest share it.
-			if err := mockStream(c, url, proto); err != nil {
+			if err := mockStream(client, url, c.proto); err != nil {
 				t.Fatal(err)
 			}
 			const n = 20
 			var wg sync.WaitGroup
 			errs := make(chan error, n)
 			for range n {
-				wg.Go(func() { errs <- mockStream(c, url, proto) })
+				wg.Go(func() { errs <- mockStream(client, url, c.proto) })
 			}
 			wg.Wait()
 			close(errs)
@@ -70,10 +73,12 @@ func TestMockUpstreamServesHTTP1AndH2C(t *testing.T) {
 					t.Error(err)
 				}
 			}
+			mu.Lock()
+			defer mu.Unlock()
+			if c.name == "h2c" && dials != 1 {
+				t.Errorf("HTTP/2 streams, 20 at once, took %d connections, want 1 (over HTTP/1.1 they take 20)", dials)
+			}
 		})
-	}
-	if dials != 1 {
-		t.Errorf("HTTP/2 streams, 20 at once, took %d connections, want 1 (over HTTP/1.1 they take 20)", dials)
 	}
 }
 
