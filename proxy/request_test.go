@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	rtmetrics "runtime/metrics"
 	"strings"
 	"sync"
@@ -579,5 +580,110 @@ func TestResponsesRequestNamesItsStoredState(t *testing.T) {
 		if _, _, bad := caseVariantField([]byte(body)); !bad {
 			t.Errorf("%s: case variant not caught", body)
 		}
+	}
+}
+
+// requestFieldBodies are bodies for the one-pass field scan, with whether
+// it takes them (else encoding/json reads them).
+var requestFieldBodies = []struct {
+	body  string
+	takes bool
+}{
+	{`{"model":"gpt-4o","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`, true},
+	{`{"Model":"a","MODEL":"b","stream":false,"Max_Tokens":1,"max_completion_tokens":2}`, true},
+	{`{"model":"m","stream_options":{"include_usage":true,"Include_Usage":false,"x":1}}`, true},
+	{`{"model":"m","stream_options":null}`, true},
+	{`{"model":"m","input":"x","max_output_tokens":9,"background":true,"previous_response_id":"resp_1","conversation":{"id":"conv_1"},"store":false}`, true},
+	{` {"model" : null , "stream" : "yes" , "max_tokens" : 1.5e3 } `, true},
+	{`{"model":"m","messages":[{"content":"\u00e9\ud83d\ude00 \"quoted\""}],"nested":{"model":"no"}}`, true},
+	{`{}`, true},
+	{`{"mod\u0065l":"m"}`, false},          // an escaped key
+	{`{"ſtream":true,"model":"m"}`, false}, // encoding/json folds ſ to s
+	{`{"model":"m","stream_options":{"include_usage":true},"stream_options":{}}`, false},
+	{`{"model":"m","stream_options":5}`, false},
+	{`{"model":"m","stream_options":{"include_usage":tru}}`, false},
+	{`{"model":"m",}`, false},
+	{`{"model":"m"} x`, false},
+	{"{\"model\":\"m\",\"messages\":[\"\xff\"]}", true},
+}
+
+// TestScanRequestFieldsReadsAsEncodingJSON: the one-pass scan takes the
+// bodies it can be sure of and reads each of their fields as json.Unmarshal
+// does; it leaves the rest to encoding/json.
+func TestScanRequestFieldsReadsAsEncodingJSON(t *testing.T) {
+	for _, c := range requestFieldBodies {
+		got, ok := scanRequestFields([]byte(c.body))
+		if ok != c.takes {
+			t.Errorf("%s: taken %v, want %v", c.body, ok, c.takes)
+		}
+		if ok {
+			sameAsEncodingJSON(t, []byte(c.body), got)
+		}
+	}
+}
+
+// FuzzScanRequestFieldsAsEncodingJSON: whatever body the one-pass scan
+// takes, encoding/json takes too, reading every field the same.
+func FuzzScanRequestFieldsAsEncodingJSON(f *testing.F) {
+	for _, c := range requestFieldBodies {
+		f.Add([]byte(c.body))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, ok := scanRequestFields(b); ok {
+			sameAsEncodingJSON(t, b, got)
+		}
+	})
+}
+
+func sameAsEncodingJSON(t *testing.T, body []byte, got requestFields) {
+	t.Helper()
+	var want requestFields
+	if err := json.Unmarshal(body, &want); err != nil {
+		t.Fatalf("%q: scanned, but encoding/json refuses it: %v", body, err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%q:\nscanned       %s\nencoding/json %s", body, fieldsString(got), fieldsString(want))
+	}
+}
+
+func fieldsString(f requestFields) string {
+	s := fmt.Sprintf("model=%s stream=%s max=%s/%s/%s background=%s prev=%s conv=%s store=%s", f.Model, f.Stream,
+		f.MaxTokens, f.MaxCompletionTokens, f.MaxOutputTokens, f.Background, f.PreviousResponseID, f.Conversation, f.Store)
+	if f.StreamOptions != nil {
+		s += fmt.Sprintf(" include_usage=%s", f.StreamOptions.IncludeUsage)
+	}
+	return s
+}
+
+// BenchmarkRequestFields reads a request body's fields in one jsonscan pass
+// and through encoding/json, for a short chat request and one carrying a
+// 100 KB prompt (the size of a retrieval-augmented request).
+func BenchmarkRequestFields(b *testing.B) {
+	for _, c := range []struct{ name, prompt string }{
+		{"short", "hello"},
+		{"100KB", strings.Repeat("Retrieved passage, with \"quotes\" and a newline\n. ", 2000)},
+	} {
+		content, _ := json.Marshal(c.prompt)
+		body := []byte(`{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"max_tokens":256,` +
+			`"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":` + string(content) + `}]}`)
+		b.Run(c.name+"/scan", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := scanRequestFields(body); !ok {
+					b.Fatal("not taken")
+				}
+			}
+		})
+		b.Run(c.name+"/encoding-json", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var f requestFields
+				if err := json.Unmarshal(body, &f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
