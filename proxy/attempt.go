@@ -51,13 +51,11 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	ex.conv.pendingLink = ex.linksResponse()
 
 	// The attempt lives in the caller's context: a caller that hangs up
-	// cancels it. No http.Client.Timeout: it would cap streams.
-	ctx, cancelTotal := context.WithTimeoutCause(ex.r.Context(), up.timeout, errAttemptTimeout)
-	defer cancelTotal()
-	ctx, cancelCause := context.WithCancelCause(ctx)
-	defer cancelCause(nil)
-	pt := newPhaseTimer(cancelCause, up.idle)
-	pt.now = g.now
+	// cancels it. No http.Client.Timeout: it would cap streams. The phase
+	// timer ends it at the upstream's total timeout too.
+	ctx, cancel := context.WithCancelCause(ex.r.Context())
+	defer cancel(nil)
+	pt := newPhaseTimer(cancel, up.idle, up.timeout, g.now)
 	defer pt.stop()
 
 	tr := &attemptTrace{}
@@ -99,7 +97,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 		}
 		ex.rec.Stream = true
 		ex.rec.Status = resp.StatusCode
-		return ex.relay(ctx, func() { cancelCause(nil) }, resp, mayRetry, pt)
+		return ex.relay(ctx, resp, mayRetry, pt)
 	default:
 		pt.enter(phaseNone, 0)
 		ex.rec.Status = resp.StatusCode

@@ -780,7 +780,8 @@ type relayRig struct {
 	// events wait for the first token.
 	hold bool
 	// ctx and cancel are the exchange's context and how the relay ends
-	// it; when ctx is nil, each run derives one from the request's.
+	// it (the phase timer's cancel calls cancel); when ctx is nil, each run
+	// derives one from the request's.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -800,14 +801,17 @@ func (rg *relayRig) run(body io.Reader) attemptResult {
 	rg.ex.rec.Timing.In = rg.g.now()
 	rg.ex.info.suppressUsage = rg.suppress
 	rg.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
-	ctx, cancel := rg.ctx, rg.cancel
+	defer rg.pt.stop() // as the attempt does after its relay
+	ctx := rg.ctx
 	if ctx == nil {
-		var stop context.CancelFunc
-		ctx, stop = context.WithCancel(rg.r.Context())
-		defer stop()
-		cancel = stop
+		var stop context.CancelCauseFunc
+		ctx, stop = context.WithCancelCause(rg.r.Context())
+		defer stop(nil)
+		rg.pt.cancel = stop
+	} else if rg.cancel != nil && rg.pt.cancel == nil {
+		rg.pt.cancel = func(error) { rg.cancel() }
 	}
-	return rg.ex.relay(ctx, cancel, &rg.resp, rg.hold, &rg.pt)
+	return rg.ex.relay(ctx, &rg.resp, rg.hold, &rg.pt)
 }
 
 // relayStream relays body through a fresh exchange of g (see relayRig),
@@ -837,7 +841,6 @@ func newRelayBench(tb testing.TB, events int, native bool) *relayBench {
 	rb.relayRig = relayRig{g: g, w: &discardWriter{h: http.Header{}}, d: llm.DialectOpenAI, suppress: true,
 		ctx: context.Background(), cancel: func() {}}
 	rb.r = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	rb.pt.cancel = func(error) {}
 	return rb
 }
 

@@ -26,9 +26,11 @@ const (
 )
 
 // phaseTimer cancels an attempt whose current phase outlasts its timeout,
-// with the phase's error as the context's cause. One timer serves every
-// phase; in the idle phase a read only moves the deadline (touchAt), and the
-// timer, firing before it, re-arms itself for the rest.
+// with the phase's error as the context's cause, or the attempt as a whole
+// outlasts the upstream's total timeout (errAttemptTimeout), or a stream
+// whose end is out waits too long for its upstream's end of body (no
+// cause). One timer serves all of them, armed for whichever comes first. In the idle phase a read only moves the deadline (touchAt),
+// and the timer, firing before it, re-arms itself for the rest.
 type phaseTimer struct {
 	t      *time.Timer
 	phase  atomic.Int32
@@ -36,11 +38,16 @@ type phaseTimer struct {
 	idle   time.Duration
 	// deadline (UnixNano) is when the current phase runs out: a timer that
 	// fires as its phase ends (the headers came just in time) finds the
-	// deadline moved or cleared and does nothing. mu makes the deadline and
-	// the phase change together, so fire never pairs an old deadline with
-	// the next phase.
+	// deadline moved or cleared and sleeps again until the next deadline, or
+	// does nothing. end (UnixNano) is when the attempt runs out (0: never).
+	// mu makes the deadline, the phase and the timer change together, so
+	// fire never pairs an old deadline with the next phase, and finds t set.
 	mu       sync.Mutex
 	deadline atomic.Int64
+	end      int64
+	// grace (UnixNano, 0: none) is when a stream whose end is already out
+	// stops waiting for its upstream's end of body (see graceAt).
+	grace int64
 	// now is the clock deadlines are read on (nil: time.Now); the gateway's,
 	// so that the relay can pass the time it already read to touchAt.
 	now func() time.Time
@@ -53,21 +60,57 @@ func (pt *phaseTimer) clock() time.Time {
 	return time.Now()
 }
 
-func newPhaseTimer(cancel context.CancelCauseFunc, idle time.Duration) *phaseTimer {
-	return &phaseTimer{cancel: cancel, idle: idle}
+// newPhaseTimer starts the timer of an attempt that may last total (0: no
+// limit but its phases'), on the clock now (nil: time.Now). It stands in
+// for a context deadline, whose context, child and timer would cost the
+// attempt another few allocations.
+func newPhaseTimer(cancel context.CancelCauseFunc, idle, total time.Duration, now func() time.Time) *phaseTimer {
+	pt := &phaseTimer{cancel: cancel, idle: idle, now: now}
+	pt.deadline.Store(math.MaxInt64)
+	if total > 0 {
+		pt.mu.Lock()
+		t := pt.clock()
+		pt.end = t.Add(total).UnixNano()
+		pt.arm(t.UnixNano())
+		pt.mu.Unlock()
+	}
+	return pt
+}
+
+// arm sets the timer for the earlier of the phase's deadline and the
+// attempt's end, from now (UnixNano); it stops it when neither is set.
+// mu is held.
+func (pt *phaseTimer) arm(now int64) {
+	wake := pt.deadline.Load()
+	if pt.end != 0 {
+		wake = min(wake, pt.end)
+	}
+	if pt.grace != 0 {
+		wake = min(wake, pt.grace)
+	}
+	switch {
+	case wake == math.MaxInt64:
+		if pt.t != nil {
+			pt.t.Stop()
+		}
+	case pt.t == nil:
+		pt.t = time.AfterFunc(time.Duration(wake-now), pt.fire)
+	default:
+		pt.t.Reset(time.Duration(wake - now))
+	}
 }
 
 func (pt *phaseTimer) fire() {
 	pt.mu.Lock()
 	var cause error
 	now := pt.clock().UnixNano()
-	if d := pt.deadline.Load(); now < d {
-		// touch moved the idle deadline without resetting the timer:
-		// sleep again for what is left.
-		if pt.t != nil && pt.phase.Load() == phaseIdle && d != math.MaxInt64 {
-			pt.t.Reset(time.Duration(d - now))
-		}
-	} else {
+	abort := false
+	switch d := pt.deadline.Load(); {
+	case pt.grace != 0 && now >= pt.grace:
+		abort = true // the answer is out: no timeout to report
+	case pt.end != 0 && now >= pt.end:
+		cause = errAttemptTimeout
+	case now >= d:
 		switch pt.phase.Load() {
 		case phaseHeaders:
 			cause = errHeaderTimeout
@@ -76,9 +119,17 @@ func (pt *phaseTimer) fire() {
 		case phaseIdle:
 			cause = errIdleTimeout
 		}
+	case pt.t != nil:
+		// touch moved the idle deadline without resetting the timer, or
+		// the phase changed as the timer fired: sleep again for what is
+		// left (arm stops it when nothing is).
+		pt.arm(now)
 	}
 	pt.mu.Unlock()
-	if cause != nil {
+	switch {
+	case abort:
+		pt.abort()
+	case cause != nil:
 		pt.cancel(cause)
 	}
 }
@@ -86,23 +137,15 @@ func (pt *phaseTimer) fire() {
 // enter starts phase ph with timeout d (0: no timer in this phase).
 func (pt *phaseTimer) enter(ph int32, d time.Duration) {
 	pt.mu.Lock()
+	now := pt.clock()
 	if d <= 0 {
 		pt.deadline.Store(math.MaxInt64)
 	} else {
-		pt.deadline.Store(pt.clock().Add(d).UnixNano())
+		pt.deadline.Store(now.Add(d).UnixNano())
 	}
 	pt.phase.Store(ph)
+	pt.arm(now.UnixNano())
 	pt.mu.Unlock()
-	switch {
-	case d <= 0:
-		if pt.t != nil {
-			pt.t.Stop()
-		}
-	case pt.t == nil:
-		pt.t = time.AfterFunc(d, pt.fire)
-	default:
-		pt.t.Reset(d)
-	}
 }
 
 // firstToken moves a stream whose first token arrived to its idle phase.
@@ -120,12 +163,28 @@ func (pt *phaseTimer) touchAt(now time.Time) {
 	}
 }
 
+// graceAt ends the attempt d after now (the time its terminal event went
+// out) unless it ends first, on the timer that serves its phases, so that a
+// stream's end costs no timer of its own.
+func (pt *phaseTimer) graceAt(now time.Time, d time.Duration) {
+	pt.mu.Lock()
+	pt.grace = now.Add(d).UnixNano()
+	pt.arm(now.UnixNano())
+	pt.mu.Unlock()
+}
+
+// abort ends the attempt's context with no timer's cause: the caller left,
+// or the stream's end is out and its upstream need not finish.
+func (pt *phaseTimer) abort() { pt.cancel(nil) }
+
+// stop clears every deadline and stops the timer; the attempt is over.
 func (pt *phaseTimer) stop() {
 	pt.mu.Lock()
 	pt.deadline.Store(math.MaxInt64)
+	pt.end, pt.grace = 0, 0
 	pt.phase.Store(phaseNone)
-	pt.mu.Unlock()
 	if pt.t != nil {
 		pt.t.Stop()
 	}
+	pt.mu.Unlock()
 }

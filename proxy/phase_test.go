@@ -33,7 +33,7 @@ func TestPhaseTimerTouchMovesIdleDeadline(t *testing.T) {
 // testPhaseTimer is the phase timer of an attempt whose cancel is cancel,
 // with the idle timeout idle, stopped when the test ends.
 func testPhaseTimer(t *testing.T, cancel context.CancelCauseFunc, idle time.Duration) *phaseTimer {
-	pt := newPhaseTimer(cancel, idle)
+	pt := newPhaseTimer(cancel, idle, 0, nil)
 	t.Cleanup(pt.stop)
 	return pt
 }
@@ -190,5 +190,83 @@ func TestPhaseTimerTouchRearms(t *testing.T) {
 	}
 	if got := phaseTimerCause(t, ctx); !errors.Is(got, errIdleTimeout) {
 		t.Errorf("cause %v, want %v", got, errIdleTimeout)
+	}
+}
+
+// The attempt's total timeout ends it in whichever phase it is in, and the
+// earlier of the phase's deadline and the attempt's end decides the cause;
+// the grace after a stream's terminal event ends it with no timer's cause.
+// The clock is the test's and fire is called by hand, so nothing depends
+// on the scheduler; stop clears the end with the phases.
+func TestPhaseTimerTotalEndsTheAttempt(t *testing.T) {
+	const total = time.Minute
+	tests := []struct {
+		name    string
+		run     func(pt *phaseTimer)
+		advance time.Duration
+		want    error // nil: not cancelled
+	}{
+		{"before any phase", func(pt *phaseTimer) {}, total, errAttemptTimeout},
+		{"not yet", func(pt *phaseTimer) {}, total - time.Nanosecond, nil},
+		{"headers phase longer than the attempt", func(pt *phaseTimer) { pt.enter(phaseHeaders, time.Hour) }, total, errAttemptTimeout},
+		{"headers phase shorter than the attempt", func(pt *phaseTimer) { pt.enter(phaseHeaders, time.Second) }, time.Second, errHeaderTimeout},
+		{"first-token phase", func(pt *phaseTimer) { pt.enter(phaseFirstToken, time.Hour) }, total, errAttemptTimeout},
+		{"idle phase touched past the end", func(pt *phaseTimer) {
+			pt.firstToken()
+			pt.touch()
+		}, total, errAttemptTimeout},
+		{"body of a non-streamed answer", func(pt *phaseTimer) { pt.enter(phaseNone, 0) }, total, errAttemptTimeout},
+		{"stopped", func(pt *phaseTimer) { pt.stop() }, total, nil},
+		{"grace after the terminal event", func(pt *phaseTimer) {
+			pt.firstToken()
+			pt.graceAt(pt.clock(), time.Second)
+		}, time.Second, context.Canceled},
+		{"grace longer than the attempt", func(pt *phaseTimer) {
+			pt.firstToken()
+			pt.graceAt(pt.clock(), 2*total)
+		}, total, errAttemptTimeout},
+		{"grace not yet over", func(pt *phaseTimer) {
+			pt.firstToken()
+			pt.graceAt(pt.clock(), time.Second)
+		}, time.Second - time.Nanosecond, nil},
+		{"grace stopped", func(pt *phaseTimer) {
+			pt.graceAt(pt.clock(), time.Second)
+			pt.stop()
+		}, time.Second, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			now := time.Unix(1_700_000_000, 0)
+			pt := newPhaseTimer(cancel, time.Hour, total, func() time.Time { return now })
+			t.Cleanup(pt.stop)
+			tc.run(pt)
+			now = now.Add(tc.advance)
+			pt.fire()
+			got := context.Cause(ctx)
+			if ctx.Err() == nil {
+				got = nil
+			}
+			if !errors.Is(got, tc.want) || (got == nil) != (tc.want == nil) {
+				t.Errorf("cause %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// On a real timer the total timeout fires even while reads keep moving the
+// idle deadline past it: the timer is armed for the attempt's end, not
+// only for the phase's.
+func TestPhaseTimerTotalOutlastsTouches(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	pt := newPhaseTimer(cancel, time.Hour, 5*time.Millisecond, nil)
+	t.Cleanup(pt.stop)
+	pt.enter(phaseHeaders, time.Hour)
+	pt.firstToken()
+	pt.touch()
+	if got := phaseTimerCause(t, ctx); !errors.Is(got, errAttemptTimeout) {
+		t.Errorf("cause %v, want %v", got, errAttemptTimeout)
 	}
 }

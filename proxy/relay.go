@@ -119,7 +119,7 @@ const terminalGrace = time.Second
 // usage or terminal event, so that an error event or a stall before the
 // first token can still be retried elsewhere. The hold is bounded by one
 // relay buffer and by maxHold (or the first-token timeout, if longer).
-func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *http.Response, hold bool, pt *phaseTimer) attemptResult {
+func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, pt *phaseTimer) attemptResult {
 	g := ex.g
 	st := g.getStreamState()
 	defer g.putStreamState(st)
@@ -131,12 +131,9 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 	}
 	sp := g.streamBufs.Get().(*[]byte)
 	defer g.streamBufs.Put(sp)
-	l := relayLoop{ex: ex, st: st, resp: resp, rc: *http.NewResponseController(ex.w), ctx: ctx, cancel: cancel,
+	l := relayLoop{ex: ex, st: st, resp: resp, rc: *http.NewResponseController(ex.w), ctx: ctx,
 		pt: pt, buf: *sp, suppress: ex.info.suppressUsage}
 	defer func() {
-		if l.grace != nil {
-			l.grace.Stop()
-		}
 		if l.big != nil { // a private buffer grown past it is dropped
 			g.bufPool.Put(l.big)
 		}
@@ -160,15 +157,14 @@ func (ex *exchange) relay(ctx context.Context, cancel context.CancelFunc, resp *
 
 // relayLoop is the state of one relayed stream, on the relay's stack.
 type relayLoop struct {
-	ex     *exchange
-	st     *streamState
-	resp   *http.Response
-	rc     http.ResponseController // a value: a pointer would escape with the timer
-	ctx    context.Context
-	cancel context.CancelFunc
-	pt     *phaseTimer
-	buf    []byte
-	big    *[]byte // the pooled relayBufSize buffer, once the stream needed it
+	ex   *exchange
+	st   *streamState
+	resp *http.Response
+	rc   http.ResponseController // a value: a pointer would escape with the timer
+	ctx  context.Context
+	pt   *phaseTimer
+	buf  []byte
+	big  *[]byte // the pooled relayBufSize buffer, once the stream needed it
 	// buf[start:end] is not yet written; the framer has consumed buf[:pos];
 	// buf[start:writeEnd] holds complete events to write; buf[:heldEnd] are
 	// the complete events held back while nothing is committed. The bytes
@@ -183,8 +179,6 @@ type relayLoop struct {
 	lfPending, prevWithheld bool
 	holdStart               time.Time
 	holdCap                 time.Duration
-	// grace ends the stream terminalGrace after its terminal marker went out.
-	grace *time.Timer
 	// The events of the current read: how many were relayed, whether the
 	// first token is among them, whether any bytes were written.
 	events              int
@@ -432,7 +426,7 @@ func (l *relayLoop) flush(readAt time.Time, events int, firstInBatch, wrote bool
 	ex.rec.RelayOverhead += time.Duration(events) * done.Sub(readAt)
 	if !ex.terminalOut && l.st.tap.TerminalSeen() {
 		ex.terminalOut = true
-		l.grace = time.AfterFunc(terminalGrace, l.cancel)
+		l.pt.graceAt(done, terminalGrace)
 	}
 	return nil
 }
@@ -499,7 +493,7 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 	}
 	e := ex.classify(s)
 	if e.gone {
-		l.cancel() // stop the upstream now rather than when the handler returns
+		l.pt.abort() // stop the upstream now rather than when the handler returns
 	}
 	ex.record(e)
 	if !ex.terminalOut && !e.gone && !s.errorEvent && ex.gen.cfg.Server.StreamErrorEvents {
