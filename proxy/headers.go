@@ -89,13 +89,15 @@ func upstreamRequestHeaders(in http.Header) http.Header {
 
 // copyResponseHeaders copies the upstream's response headers to the client,
 // less hop-by-hop headers and Content-Length (the server sets it again, or
-// uses chunked encoding, for the bytes actually written).
+// uses chunked encoding, for the bytes actually written). The value slices
+// are shared, not copied: src is the attempt's own response, read once, and
+// the gateway replaces a header's values (Set, Del), never edits them.
 func copyResponseHeaders(dst, src http.Header) {
 	for k, vv := range src {
 		if isHopHeader(k) || k == "Content-Length" {
 			continue
 		}
-		dst[k] = append(dst[k][:0:0], vv...)
+		dst[k] = vv
 	}
 	deleteConnectionTokens(dst, src)
 }

@@ -54,19 +54,21 @@ func storedPath(method string, u *url.URL) storedUse {
 	if !ok {
 		return storedUse{}
 	}
-	segs := strings.Split(rest, "/")
+	// The path's first two segments, and whether it has more (no Split:
+	// this runs on every request).
+	first, rest, two := strings.Cut(rest, "/")
+	id, _, more := strings.Cut(rest, "/")
+	only := two && !more // exactly first/id
 	switch {
-	case segs[0] == "responses" && len(segs) >= 2 && segs[1] != "":
-		if len(segs) == 2 && (segs[1] == "input_tokens" || segs[1] == "compact") {
+	case first == "responses" && id != "":
+		if only && (id == "input_tokens" || id == "compact") {
 			return storedUse{}
 		}
-		return storedUse{kind: storedResponse, id: segs[1],
-			release: len(segs) == 2 && method == http.MethodDelete}
-	case segs[0] == "conversations" && len(segs) == 1 && method == http.MethodPost:
+		return storedUse{kind: storedResponse, id: id, release: only && method == http.MethodDelete}
+	case first == "conversations" && !two && method == http.MethodPost:
 		return storedUse{kind: storedConversation, create: true}
-	case segs[0] == "conversations" && len(segs) >= 2 && segs[1] != "":
-		return storedUse{kind: storedConversation, id: segs[1],
-			release: len(segs) == 2 && method == http.MethodDelete}
+	case first == "conversations" && id != "":
+		return storedUse{kind: storedConversation, id: id, release: only && method == http.MethodDelete}
 	}
 	return storedUse{}
 }

@@ -49,6 +49,10 @@ func TestStoredPathNamesTheObject(t *testing.T) {
 		{"DELETE", "/v1/conversations/conv_1", storedUse{kind: storedConversation, id: "conv_1", release: true}},
 		{"POST", "/v1/conversations/conv_1/items", storedUse{kind: storedConversation, id: "conv_1"}},
 		{"DELETE", "/v1/conversations/conv_1/items/msg_2", storedUse{kind: storedConversation, id: "conv_1"}},
+		{"DELETE", "/v1/responses/resp_1/", storedUse{kind: storedResponse, id: "resp_1"}},
+		{"DELETE", "/v1/conversations/conv_1/", storedUse{kind: storedConversation, id: "conv_1"}},
+		{"POST", "/v1/conversations/", storedUse{}},
+		{"GET", "/v1/responses//x", storedUse{}},
 		{"GET", "/v1/files/file_1", storedUse{}},
 		{"GET", "/v2/responses/resp_1", storedUse{}},
 		// Escaped: the upstream may split the path otherwise, so it names
