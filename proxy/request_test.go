@@ -100,6 +100,16 @@ func TestInspectRequest(t *testing.T) {
 		{name: "responses background not bool", d: llm.DialectResponses,
 			body: `{"model":"gpt","background":"yes"}`, wantErr: `"background" must be a boolean`},
 		{name: "responses missing model", d: llm.DialectResponses, body: `{"input":"hi"}`, wantErr: `missing required field "model"`},
+		{name: "JSON whitespace around the object", d: llm.DialectOpenAI, body: " \t\r\n{\"model\":\"m\"}\n\r\t ",
+			want: requestInfo{Model: "m", MaxTokens: -1}},
+		{name: "vertical tab before the object", d: llm.DialectOpenAI, body: "\v{\"model\":\"m\"}", wantErr: "JSON object"},
+		{name: "form feed after the object", d: llm.DialectOpenAI, body: "{\"model\":\"m\"}\f", wantErr: "not valid JSON"},
+		{name: "no-break space before the object", d: llm.DialectOpenAI, body: "\u00a0{\"model\":\"m\"}", wantErr: "JSON object"},
+		{name: "next-line after the object", d: llm.DialectOpenAI, body: "{\"model\":\"m\"}\u0085", wantErr: "not valid JSON"},
+		{name: "escaped model", d: llm.DialectOpenAI, body: `{"model":"gpt\u002d4o"}`,
+			want: requestInfo{Model: "gpt-4o", MaxTokens: -1}},
+		{name: "model with invalid UTF-8", d: llm.DialectOpenAI, body: "{\"model\":\"m\xff\"}",
+			want: requestInfo{Model: "m\ufffd", MaxTokens: -1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -631,6 +641,27 @@ func FuzzScanRequestFieldsAsEncodingJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if got, ok := scanRequestFields(b); ok {
 			sameAsEncodingJSON(t, b, got)
+		}
+	})
+}
+
+// FuzzJSONScalarsAsEncodingJSON: jsonText and jsonBool read any value as
+// json.Unmarshal does into a string and a bool, their shortcuts included.
+func FuzzJSONScalarsAsEncodingJSON(f *testing.F) {
+	for _, seed := range []string{`"gpt-4o"`, `""`, `"a\"b"`, `"\u00e9"`, "\"\xff\"", "\"a\x01\"", `"a"b"`, `"`,
+		`true`, `false`, ` true`, `null`, `1`, `tru`, `"true"`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var ws string
+		werr := json.Unmarshal(raw, &ws)
+		if s, ok := jsonText(raw); ok != (werr == nil) || (ok && s != ws) {
+			t.Fatalf("jsonText(%q) = %q, %v; encoding/json %q, %v", raw, s, ok, ws, werr)
+		}
+		var wb bool
+		werr = json.Unmarshal(raw, &wb)
+		if b, ok := jsonBool(raw); ok != (werr == nil) || (ok && b != wb) {
+			t.Fatalf("jsonBool(%q) = %v, %v; encoding/json %v, %v", raw, b, ok, wb, werr)
 		}
 	})
 }
