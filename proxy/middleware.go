@@ -40,10 +40,14 @@ func requestIDFrom(ctx context.Context) string {
 	return id
 }
 
+// newRequestID is "tg_" and 24 random hex digits, built in one allocation.
 func newRequestID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	return "tg_" + hex.EncodeToString(b[:])
+	var id [3 + 2*len(b)]byte
+	copy(id[:], "tg_")
+	hex.Encode(id[3:], b[:])
+	return string(id[:])
 }
 
 func validRequestID(id string) bool {
