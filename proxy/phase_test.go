@@ -38,6 +38,19 @@ func testPhaseTimer(t *testing.T, cancel context.CancelCauseFunc, idle time.Dura
 	return pt
 }
 
+// checkCause fails t unless ctx ended with cause want, or is still live
+// when want is nil.
+func checkCause(t *testing.T, ctx context.Context, want error) {
+	t.Helper()
+	got := context.Cause(ctx)
+	if ctx.Err() == nil {
+		got = nil
+	}
+	if !errors.Is(got, want) || (got == nil) != (want == nil) {
+		t.Errorf("cause %v, want %v", got, want)
+	}
+}
+
 // touch is touchAt now, on the timer's clock.
 func (pt *phaseTimer) touch() { pt.touchAt(pt.clock()) }
 
@@ -165,13 +178,7 @@ func TestPhaseTimerStaleAndTouch(t *testing.T) {
 			defer cancel(nil)
 			pt := testPhaseTimer(t, cancel, tc.idle)
 			tc.run(pt)
-			got := context.Cause(ctx)
-			if ctx.Err() == nil {
-				got = nil
-			}
-			if !errors.Is(got, tc.want) || (got == nil) != (tc.want == nil) {
-				t.Errorf("cause %v, want %v", got, tc.want)
-			}
+			checkCause(t, ctx, tc.want)
 		})
 	}
 }
@@ -244,13 +251,7 @@ func TestPhaseTimerTotalEndsTheAttempt(t *testing.T) {
 			tc.run(pt)
 			now = now.Add(tc.advance)
 			pt.fire()
-			got := context.Cause(ctx)
-			if ctx.Err() == nil {
-				got = nil
-			}
-			if !errors.Is(got, tc.want) || (got == nil) != (tc.want == nil) {
-				t.Errorf("cause %v, want %v", got, tc.want)
-			}
+			checkCause(t, ctx, tc.want)
 		})
 	}
 }
