@@ -197,6 +197,18 @@ func New(opts Options) (*Gateway, error) {
 	return g, nil
 }
 
+// dialTimeout is the upstream's connect timeout, capped by its total
+// timeout. The dialer splits it across a host's addresses, and the
+// attempt's context has no deadline for it to take the total from: the
+// phase timer, not a context deadline, ends an attempt.
+func dialTimeout(u *config.Upstream) time.Duration {
+	d, total := config.Seconds(u.ConnectTimeoutSeconds), config.Seconds(u.TimeoutSeconds)
+	if total > 0 && (d <= 0 || total < d) {
+		return total
+	}
+	return d
+}
+
 // newTransport sizes a transport for one upstream. http.DefaultTransport
 // keeps two idle connections per host, which under load makes a proxy
 // reconnect constantly; there is no overall client timeout,
@@ -205,7 +217,7 @@ func newTransport(u *config.Upstream) *http.Transport {
 	t := &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
 		DialContext: (&net.Dialer{
-			Timeout:   config.Seconds(u.ConnectTimeoutSeconds),
+			Timeout:   dialTimeout(u),
 			KeepAlive: 30 * time.Second,
 		}).DialContext,
 		ForceAttemptHTTP2:     true,

@@ -539,3 +539,24 @@ func TestStatsLimitedInFlight(t *testing.T) {
 		t.Errorf("after the others finished: %d, want 200", rr.Code)
 	}
 }
+
+// The dial is bounded by the connect timeout, or by the attempt's total
+// timeout when that is shorter or the connect timeout is off, since the
+// attempt's context carries no deadline for the dialer to read.
+func TestDialTimeoutIsTheShorterOfConnectAndTotal(t *testing.T) {
+	for _, c := range []struct {
+		connect, total float64
+		want           time.Duration
+	}{
+		{10, 600, 10 * time.Second},
+		{10, 5, 5 * time.Second},
+		{0, 5, 5 * time.Second},
+		{10, 0, 10 * time.Second},
+		{0, 0, 0},
+	} {
+		u := &config.Upstream{ConnectTimeoutSeconds: c.connect, TimeoutSeconds: c.total}
+		if got := dialTimeout(u); got != c.want {
+			t.Errorf("connect %v s, total %v s: dial timeout %v, want %v", c.connect, c.total, got, c.want)
+		}
+	}
+}

@@ -808,9 +808,14 @@ func (rg *relayRig) run(body io.Reader) attemptResult {
 		ctx, stop = context.WithCancelCause(rg.r.Context())
 		defer stop(nil)
 		rg.pt.cancel = stop
-	} else if rg.cancel != nil && rg.pt.cancel == nil {
-		rg.pt.cancel = func(error) { rg.cancel() }
+	} else if rg.pt.cancel == nil {
+		rg.pt.cancel = func(error) {
+			if rg.cancel != nil {
+				rg.cancel()
+			}
+		}
 	}
+	rg.pt.init(rg.pt.cancel, rg.pt.idle, 0, nil) // no total timeout
 	return rg.ex.relay(ctx, &rg.resp, rg.hold, &rg.pt)
 }
 

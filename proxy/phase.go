@@ -29,26 +29,32 @@ const (
 // with the phase's error as the context's cause, or the attempt as a whole
 // outlasts the upstream's total timeout (errAttemptTimeout), or a stream
 // whose end is out waits too long for its upstream's end of body (no
-// cause). One timer serves all of them, armed for whichever comes first. In the idle phase a read only moves the deadline (touchAt),
-// and the timer, firing before it, re-arms itself for the rest.
+// cause). One timer serves all of them, armed for whichever comes first.
+// In the idle phase a read only moves the deadline (touchAt), and the
+// timer, firing before it, re-arms itself for the rest.
+//
+// Every instant is kept as nanoseconds since base, the timer's start read
+// on its clock: with time.Now that difference is monotonic, so a step of
+// the wall clock neither cuts a healthy attempt nor holds one past its
+// timeout. math.MaxInt64 is "never", and a timeout too long to represent
+// saturates to it.
 type phaseTimer struct {
 	t      *time.Timer
 	phase  atomic.Int32
 	cancel context.CancelCauseFunc
 	idle   time.Duration
-	// deadline (UnixNano) is when the current phase runs out: a timer that
-	// fires as its phase ends (the headers came just in time) finds the
-	// deadline moved or cleared and sleeps again until the next deadline, or
-	// does nothing. end (UnixNano) is when the attempt runs out (0: never).
-	// mu makes the deadline, the phase and the timer change together, so
+	base   time.Time
+	// deadline is when the current phase runs out: a timer that fires as
+	// its phase ends (the headers came just in time) finds the deadline
+	// moved or cleared and sleeps again until the next instant, or stops.
+	// end is when the attempt runs out, grace when a stream whose end is
+	// already out stops waiting for its upstream's end of body (graceAt).
+	// mu makes the instants, the phase and the timer change together, so
 	// fire never pairs an old deadline with the next phase, and finds t set.
-	mu       sync.Mutex
-	deadline atomic.Int64
-	end      int64
-	// grace (UnixNano, 0: none) is when a stream whose end is already out
-	// stops waiting for its upstream's end of body (see graceAt).
-	grace int64
-	// now is the clock deadlines are read on (nil: time.Now); the gateway's,
+	mu         sync.Mutex
+	deadline   atomic.Int64
+	end, grace int64
+	// now is the clock instants are read on (nil: time.Now); the gateway's,
 	// so that the relay can pass the time it already read to touchAt.
 	now func() time.Time
 }
@@ -65,30 +71,42 @@ func (pt *phaseTimer) clock() time.Time {
 // for a context deadline, whose context, child and timer would cost the
 // attempt another few allocations.
 func newPhaseTimer(cancel context.CancelCauseFunc, idle, total time.Duration, now func() time.Time) *phaseTimer {
-	pt := &phaseTimer{cancel: cancel, idle: idle, now: now}
-	pt.deadline.Store(math.MaxInt64)
-	if total > 0 {
-		pt.mu.Lock()
-		t := pt.clock()
-		pt.end = t.Add(total).UnixNano()
-		pt.arm(t.UnixNano())
-		pt.mu.Unlock()
-	}
+	pt := &phaseTimer{}
+	pt.init(cancel, idle, total, now)
 	return pt
 }
 
-// arm sets the timer for the earlier of the phase's deadline and the
-// attempt's end, from now (UnixNano); it stops it when neither is set.
+// init readies a phase timer held by value, as newPhaseTimer does.
+func (pt *phaseTimer) init(cancel context.CancelCauseFunc, idle, total time.Duration, now func() time.Time) {
+	pt.cancel, pt.idle, pt.now = cancel, idle, now
+	pt.base = pt.clock()
+	pt.deadline.Store(math.MaxInt64)
+	pt.mu.Lock()
+	pt.end, pt.grace = math.MaxInt64, math.MaxInt64
+	if total > 0 {
+		pt.end = later(0, total)
+		pt.arm(0)
+	}
+	pt.mu.Unlock()
+}
+
+// since is t as nanoseconds since the timer's base.
+func (pt *phaseTimer) since(t time.Time) int64 { return int64(t.Sub(pt.base)) }
+
+// later is d after at, or math.MaxInt64 (never) when that is past what an
+// int64 holds or d is not positive.
+func later(at int64, d time.Duration) int64 {
+	if d <= 0 || at > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return at + int64(d)
+}
+
+// arm sets the timer for the earliest of the phase's deadline, the
+// attempt's end and the grace, from now; it stops it when none is set.
 // mu is held.
 func (pt *phaseTimer) arm(now int64) {
-	wake := pt.deadline.Load()
-	if pt.end != 0 {
-		wake = min(wake, pt.end)
-	}
-	if pt.grace != 0 {
-		wake = min(wake, pt.grace)
-	}
-	switch {
+	switch wake := min(pt.deadline.Load(), pt.end, pt.grace); {
 	case wake == math.MaxInt64:
 		if pt.t != nil {
 			pt.t.Stop()
@@ -103,12 +121,12 @@ func (pt *phaseTimer) arm(now int64) {
 func (pt *phaseTimer) fire() {
 	pt.mu.Lock()
 	var cause error
-	now := pt.clock().UnixNano()
+	now := pt.since(pt.clock())
 	abort := false
 	switch d := pt.deadline.Load(); {
-	case pt.grace != 0 && now >= pt.grace:
+	case now >= pt.grace:
 		abort = true // the answer is out: no timeout to report
-	case pt.end != 0 && now >= pt.end:
+	case now >= pt.end:
 		cause = errAttemptTimeout
 	case now >= d:
 		switch pt.phase.Load() {
@@ -118,8 +136,11 @@ func (pt *phaseTimer) fire() {
 			cause = errFirstTokenTimeout
 		case phaseIdle:
 			cause = errIdleTimeout
+		default: // no phase to cut: wait for the end or the grace
+			pt.deadline.Store(math.MaxInt64)
+			pt.arm(now)
 		}
-	case pt.t != nil:
+	default:
 		// touch moved the idle deadline without resetting the timer, or
 		// the phase changed as the timer fired: sleep again for what is
 		// left (arm stops it when nothing is).
@@ -137,14 +158,10 @@ func (pt *phaseTimer) fire() {
 // enter starts phase ph with timeout d (0: no timer in this phase).
 func (pt *phaseTimer) enter(ph int32, d time.Duration) {
 	pt.mu.Lock()
-	now := pt.clock()
-	if d <= 0 {
-		pt.deadline.Store(math.MaxInt64)
-	} else {
-		pt.deadline.Store(now.Add(d).UnixNano())
-	}
+	now := pt.since(pt.clock())
+	pt.deadline.Store(later(now, d))
 	pt.phase.Store(ph)
-	pt.arm(now.UnixNano())
+	pt.arm(now)
 	pt.mu.Unlock()
 }
 
@@ -159,7 +176,7 @@ func (pt *phaseTimer) firstToken() { pt.enter(phaseIdle, pt.idle) }
 // race each other.
 func (pt *phaseTimer) touchAt(now time.Time) {
 	if pt.idle > 0 && pt.phase.Load() == phaseIdle {
-		pt.deadline.Store(now.Add(pt.idle).UnixNano())
+		pt.deadline.Store(later(pt.since(now), pt.idle))
 	}
 }
 
@@ -168,8 +185,9 @@ func (pt *phaseTimer) touchAt(now time.Time) {
 // stream's end costs no timer of its own.
 func (pt *phaseTimer) graceAt(now time.Time, d time.Duration) {
 	pt.mu.Lock()
-	pt.grace = now.Add(d).UnixNano()
-	pt.arm(now.UnixNano())
+	at := pt.since(now)
+	pt.grace = later(at, d)
+	pt.arm(at)
 	pt.mu.Unlock()
 }
 
@@ -177,11 +195,11 @@ func (pt *phaseTimer) graceAt(now time.Time, d time.Duration) {
 // or the stream's end is out and its upstream need not finish.
 func (pt *phaseTimer) abort() { pt.cancel(nil) }
 
-// stop clears every deadline and stops the timer; the attempt is over.
+// stop clears every instant and stops the timer; the attempt is over.
 func (pt *phaseTimer) stop() {
 	pt.mu.Lock()
 	pt.deadline.Store(math.MaxInt64)
-	pt.end, pt.grace = 0, 0
+	pt.end, pt.grace = math.MaxInt64, math.MaxInt64
 	pt.phase.Store(phaseNone)
 	if pt.t != nil {
 		pt.t.Stop()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 )
@@ -240,6 +241,9 @@ func TestPhaseTimerTotalEndsTheAttempt(t *testing.T) {
 			pt.graceAt(pt.clock(), time.Second)
 			pt.stop()
 		}, time.Second, nil},
+		{"phase timeout too long to hold", func(pt *phaseTimer) {
+			pt.enter(phaseFirstToken, time.Duration(math.MaxInt64))
+		}, total, errAttemptTimeout},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -254,6 +258,39 @@ func TestPhaseTimerTotalEndsTheAttempt(t *testing.T) {
 			checkCause(t, ctx, tc.want)
 		})
 	}
+}
+
+// A timer that wakes for a deadline that passed with no phase to cut sleeps
+// again for what else is set, here the grace, instead of dropping it.
+func TestPhaseTimerPassedDeadlineKeepsTheGrace(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	pt := testPhaseTimer(t, cancel, 0)
+	pt.deadline.Store(0) // passed, in no phase: the timer wakes at once
+	pt.graceAt(pt.clock(), 5*time.Millisecond)
+	if got := phaseTimerCause(t, ctx); !errors.Is(got, context.Canceled) {
+		t.Errorf("cause %v, want the grace's (none)", got)
+	}
+}
+
+// A total or idle timeout too long to hold in nanoseconds means never: it
+// does not wrap around and take the place of a phase's shorter timeout.
+func TestPhaseTimerLongTimeoutsSaturate(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	now := time.Unix(1_700_000_000, 0)
+	long := time.Duration(math.MaxInt64)
+	pt := newPhaseTimer(cancel, long, long, func() time.Time { return now })
+	t.Cleanup(pt.stop)
+	pt.firstToken()
+	now = now.Add(100 * 365 * 24 * time.Hour)
+	pt.touch()
+	pt.fire()
+	checkCause(t, ctx, nil)
+	pt.enter(phaseFirstToken, time.Second)
+	now = now.Add(time.Second)
+	pt.fire()
+	checkCause(t, ctx, errFirstTokenTimeout)
 }
 
 // On a real timer the total timeout fires even while reads keep moving the
