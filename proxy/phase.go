@@ -82,11 +82,8 @@ func (pt *phaseTimer) init(cancel context.CancelCauseFunc, idle, total time.Dura
 	pt.base = pt.clock()
 	pt.deadline.Store(math.MaxInt64)
 	pt.mu.Lock()
-	pt.end, pt.grace = math.MaxInt64, math.MaxInt64
-	if total > 0 {
-		pt.end = later(0, total)
-		pt.arm(0)
-	}
+	pt.end, pt.grace = later(0, total), math.MaxInt64
+	pt.arm(0)
 	pt.mu.Unlock()
 }
 
@@ -122,13 +119,12 @@ func (pt *phaseTimer) fire() {
 	pt.mu.Lock()
 	var cause error
 	now := pt.since(pt.clock())
-	abort := false
-	switch d := pt.deadline.Load(); {
+	switch {
 	case now >= pt.grace:
-		abort = true // the answer is out: no timeout to report
+		cause = context.Canceled // the answer is out: no timeout to report
 	case now >= pt.end:
 		cause = errAttemptTimeout
-	case now >= d:
+	case now >= pt.deadline.Load():
 		switch pt.phase.Load() {
 		case phaseHeaders:
 			cause = errHeaderTimeout
@@ -136,21 +132,18 @@ func (pt *phaseTimer) fire() {
 			cause = errFirstTokenTimeout
 		case phaseIdle:
 			cause = errIdleTimeout
-		default: // no phase to cut: wait for the end or the grace
+		default: // no phase to cut
 			pt.deadline.Store(math.MaxInt64)
-			pt.arm(now)
 		}
-	default:
-		// touch moved the idle deadline without resetting the timer, or
-		// the phase changed as the timer fired: sleep again for what is
-		// left (arm stops it when nothing is).
+	}
+	if cause == nil {
+		// touch moved the idle deadline without resetting the timer, the
+		// phase changed as the timer fired, or there was no phase to cut:
+		// sleep again for what is left (arm stops it when nothing is).
 		pt.arm(now)
 	}
 	pt.mu.Unlock()
-	switch {
-	case abort:
-		pt.abort()
-	case cause != nil:
+	if cause != nil {
 		pt.cancel(cause)
 	}
 }
@@ -192,7 +185,7 @@ func (pt *phaseTimer) graceAt(now time.Time, d time.Duration) {
 }
 
 // abort ends the attempt's context with no timer's cause: the caller left,
-// or the stream's end is out and its upstream need not finish.
+// and the upstream need not finish.
 func (pt *phaseTimer) abort() { pt.cancel(nil) }
 
 // stop clears every instant and stops the timer; the attempt is over.

@@ -147,7 +147,9 @@ var jsonNull = []byte("null")
 // the gateway needs. Errors are phrased for the caller.
 func inspectRequest(d llm.Dialect, body []byte) (requestInfo, *apiError) {
 	info := requestInfo{MaxTokens: -1}
-	trimmed := trimJSONSpace(body)
+	// Only JSON's own whitespace may come before the object (after it, the
+	// decoders allow the same and nothing else).
+	trimmed := body[jsonscan.SkipWS(body, 0):]
 	if len(trimmed) == 0 {
 		return info, errBadRequest("the request body is empty: expected a JSON object", "")
 	}
@@ -201,27 +203,13 @@ func inspectRequest(d llm.Dialect, body []byte) (requestInfo, *apiError) {
 	return info, nil
 }
 
-// trimJSONSpace trims the whitespace JSON allows around a value (space, tab,
-// line feed, carriage return); bytes.TrimSpace would also take a form feed,
-// a vertical tab or a Unicode space, which no JSON parser upstream does.
-func trimJSONSpace(b []byte) []byte {
-	isSpace := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-	for len(b) > 0 && isSpace(b[0]) {
-		b = b[1:]
-	}
-	for len(b) > 0 && isSpace(b[len(b)-1]) {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
 // jsonText is the string the JSON value raw holds, as json.Unmarshal reads
 // it; ok is false when raw is not a string. A string with no escape, no
 // control character and only valid UTF-8 is its bytes, copied without
 // encoding/json (two allocations fewer on every request's model).
 func jsonText(raw []byte) (s string, ok bool) {
-	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' {
-		in, plain := raw[1:n-1], true
+	if in, quoted := jsonscan.String(raw); quoted {
+		plain := true
 		for _, c := range in {
 			if c < 0x20 || c == '"' || c == '\\' {
 				plain = false
@@ -387,13 +375,13 @@ type storedRefs struct {
 // read puts the references into info: conversation is "conv_…" or
 // {"id":"conv_…"}. Errors are phrased for the caller.
 func (f *storedRefs) read(info *requestInfo) *apiError {
+	var ok bool
 	if len(f.PreviousResponseID) > 0 && !bytes.Equal(f.PreviousResponseID, jsonNull) {
-		var ok bool
 		if info.PreviousResponseID, ok = jsonText(f.PreviousResponseID); !ok {
 			return errBadRequest("\"previous_response_id\" must be a string", "previous_response_id")
 		}
 	}
-	if c := trimJSONSpace(f.Conversation); len(c) > 0 && !bytes.Equal(c, jsonNull) {
+	if c := f.Conversation; len(c) > 0 && !bytes.Equal(c, jsonNull) { // a value span: no whitespace around it
 		if c[0] == '{' {
 			// Exact keys, escapes decoded, the last of duplicates: as the
 			// upstream reads it.
@@ -403,14 +391,13 @@ func (f *storedRefs) read(info *requestInfo) *apiError {
 			}
 			c = obj["id"]
 		}
-		var ok bool
 		if info.Conversation, ok = jsonText(c); !ok || info.Conversation == "" {
 			return errBadRequest("\"conversation\" must be a conversation id or {\"id\": ...}", "conversation")
 		}
 	}
 	if len(f.Store) > 0 && !bytes.Equal(f.Store, jsonNull) {
-		on, ok := jsonBool(f.Store)
-		if !ok {
+		var on bool
+		if on, ok = jsonBool(f.Store); !ok {
 			return errBadRequest("\"store\" must be a boolean", "store")
 		}
 		info.NoStore = !on

@@ -56,8 +56,8 @@ func storedPath(method string, u *url.URL) storedUse {
 	}
 	// The path's first two segments, and whether it has more (no Split:
 	// this runs on every request).
-	first, rest, two := strings.Cut(rest, "/")
-	id, _, more := strings.Cut(rest, "/")
+	first, after, two := strings.Cut(rest, "/")
+	id, _, more := strings.Cut(after, "/")
 	only := two && !more // exactly first/id
 	switch {
 	case first == "responses" && id != "":
