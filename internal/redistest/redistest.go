@@ -10,6 +10,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ type Server struct {
 	persist bool
 	args    []string // more redis-server arguments (a cluster node's)
 	cmd     *exec.Cmd
+	stalled bool // SIGSTOP sent, no SIGCONT yet
 }
 
 // Option configures Start.
@@ -118,9 +120,34 @@ func (s *Server) Kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
+	s.Resume() // a stopped process dies of SIGKILL too, but Wait must not race SIGCONT
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Stall stops the server with SIGSTOP, as a Redis that hangs (a long
+// command, a swapped-out host, a network partition) would: connections stay
+// open and commands wait unanswered until Resume. Kill and the test's
+// cleanup resume it first.
+func (s *Server) Stall() {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatal("redistest: Stall of a server that is not running")
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("redistest: stall: %v", err)
+	}
+	s.stalled = true
+}
+
+// Resume lets a stalled server answer again (SIGCONT).
+func (s *Server) Resume() {
+	if s.cmd == nil || s.cmd.Process == nil || !s.stalled {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	s.stalled = false
 }
 
 // Restart kills the server and starts it again on the same port.
