@@ -85,6 +85,9 @@ type Metrics struct {
 	rejections   *prometheus.CounterVec
 	degraded     *prometheus.GaugeVec
 	replicas     prometheus.Gauge
+	// claimsDeferred counts streams the relay did not hold for the record
+	// of their new stored response.
+	claimsDeferred prometheus.Counter
 
 	// Configuration reloads.
 	reloads          *prometheus.CounterVec
@@ -202,6 +205,8 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 			Help: "1 if the last configuration reload succeeded (or none was tried since the start), 0 if it was refused: the file on disk is then not what runs."}),
 		replicas: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "fleet_replicas",
 			Help: "Replicas sharing Redis at this replica's last heartbeat; while Redis is down, its fallback admits 1/this of every limit."}),
+		claimsDeferred: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "stored_claims_deferred_total",
+			Help: "Streams whose new stored response's owner or conversation link the store had not recorded within the relay's few-millisecond wait: the relay went on without it rather than hold a token (a slow or stalled ownership or conversation store)."}),
 
 		attempts: counter("upstream_attempts_total",
 			"Attempts sent to an upstream, by result (ok, client_error, rate_limited, overloaded, server_error, connect_error, connection_error, header_timeout, first_token_timeout, idle_timeout, error_event, stream_broken, timeout, client_gone).",
@@ -285,7 +290,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
 		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded, m.replicas,
-		m.reloads, m.reloadOK, m.reloadSuccessful,
+		m.claimsDeferred, m.reloads, m.reloadOK, m.reloadSuccessful,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
 		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval,
@@ -511,6 +516,10 @@ func (m *Metrics) SetDegraded(component string, degraded bool) {
 	}
 	m.degraded.WithLabelValues(component).Set(v)
 }
+
+// StoredClaimDeferred counts a stream the relay did not hold for the record
+// of its new stored response (the store answered too slowly).
+func (m *Metrics) StoredClaimDeferred() { m.claimsDeferred.Inc() }
 
 // SetReplicas sets the replicas sharing Redis, as the fleet's heartbeat
 // last read them.

@@ -114,6 +114,7 @@ func (ex *exchange) identifyConversation() *apiError {
 		ex.conv.key = conversation.Key(owner, ex.info.Conversation)
 	case ex.info.PreviousResponseID != "":
 		ctx, cancel := context.WithTimeout(ex.r.Context(), conversationTimeout)
+		g.claims.wait(ctx, ex.info.PreviousResponseID) // its link may be in flight
 		key, err := g.conv.Resolve(ctx, linkName(owner, ex.info.PreviousResponseID))
 		cancel()
 		if err != nil {
@@ -214,22 +215,29 @@ func (ex *exchange) linksResponse() bool {
 	return ex.g.conv != nil && ex.conv.fromResponse && !ex.info.NoStore && ex.probe == nil
 }
 
-// linkResponse links a new stored response to the exchange's conversation
-// (a first turn's conversation is named by it) before its id reaches the
-// caller. A link that fails is logged: the chain's next turn then starts a
-// conversation of its own.
-func (ex *exchange) linkResponse(id string) {
+// takeLink returns the conversation key the new stored response id must
+// be linked to ("" when it is not linked), and clears the attempt's pending
+// link. A first turn's conversation is named by its own response.
+func (ex *exchange) takeLink(id string) (key string) {
+	link := ex.conv.pendingLink && id != ""
 	ex.conv.pendingLink = false
-	if id == "" {
-		return
+	switch {
+	case !link:
+		return ""
+	case ex.conv.key != "":
+		return ex.conv.key
 	}
-	if ex.conv.key == "" {
-		ex.conv.key = conversation.Key(ex.owner(), id)
-	}
+	return conversation.Key(ex.owner(), id)
+}
+
+// linkResponse links a new stored response to the conversation key before
+// its id reaches the caller. A link that fails is logged: the chain's next
+// turn then starts a conversation of its own.
+func (ex *exchange) linkResponse(id, key string) {
 	// The caller may be gone; the response exists upstream all the same.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), conversationTimeout)
 	defer cancel()
-	if err := ex.g.conv.Link(ctx, linkName(ex.owner(), id), ex.conv.key); err != nil {
+	if err := ex.g.conv.Link(ctx, linkName(ex.owner(), id), key); err != nil {
 		ex.g.log.Warn("linking a response to its conversation failed: a turn continuing it starts another",
 			"request_id", ex.rec.RequestID, "err", err)
 	}

@@ -120,6 +120,7 @@ type Gateway struct {
 	chainMu  sync.Mutex // the generations' chain (generation.ended)
 
 	owners ownership.Store
+	claims claimsInFlight // stream claims the relay went on without
 	// conv is the conversation store, nil when [conversations] is off;
 	// onOutcome is Options.OnOutcome.
 	conv      conversation.Store

@@ -137,6 +137,9 @@ func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, p
 		if l.big != nil { // a private buffer grown past it is dropped
 			g.bufPool.Put(l.big)
 		}
+		if l.claim != nil {
+			ex.awaitClaim(l.claim)
+		}
 	}()
 	ex.terminalOut = false
 	if !hold {
@@ -179,6 +182,11 @@ type relayLoop struct {
 	lfPending, prevWithheld bool
 	holdStart               time.Time
 	holdCap                 time.Duration
+	// claim is the new response's owner and link being recorded
+	// (claimStream), nil before response.created; claimSeen: the relay
+	// has read the answer of a claim it went on without.
+	claim     *storedClaim
+	claimSeen bool
 	// The events of the current read: how many were relayed, whether the
 	// first token is among them, whether any bytes were written.
 	events              int
@@ -309,24 +317,27 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 		return attemptResult{}, false, false
 	}
 	withheld := false
+	if l.claim != nil && l.claim.deferred && !l.claimSeen {
+		// A claim the relay went on without: its conflict ends the stream
+		// before this event (the events before it are the caller's).
+		if conflict, ok := l.claim.result(); ok {
+			l.claimSeen = true
+			if conflict {
+				return l.endConflict(now)
+			}
+		}
+	}
 	if ev := l.st.fr.Event(); ev != nil {
 		obs := l.st.tap.Observe(ev, now)
 		ex.traceEvent(ev)
 		if ex.pendingClaim != storedNone || ex.conv.pendingLink {
 			// Before it is written: the caller must not hold the id of a
-			// response its team does not own yet.
+			// response its team does not own yet (see claimWait).
 			switch {
 			case len(obs.ResponseID) > 0:
-				if ex.claimCreated(l.st.tap.ResponseID()) {
-					if !l.committed {
-						return l.endHeld(stop{conflict: true}, nil), true, false
-					}
-					// Committed already (a long opening): the events
-					// before this one go, then an error event ends it.
-					if err := l.flush(now, l.events, l.firstInBatch, l.wrote); err != nil {
-						return l.endStream(nil, err), true, false
-					}
-					return l.endStream(errIDConflict, nil), true, false
+				l.claim = ex.claimStream(string(l.st.tap.ResponseID()))
+				if conflict, ok := l.claim.result(); ok && conflict {
+					return l.endConflict(now)
 				}
 			case obs.TokenBearing:
 				ex.pendingClaim, ex.conv.pendingLink = storedNone, false
@@ -377,6 +388,20 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 	l.prevWithheld = withheld
 	l.lfPending = l.pos == l.end && l.buf[l.pos-1] == '\r'
 	return attemptResult{}, false, true
+}
+
+// endConflict ends a stream whose new response another team owns: held,
+// nothing of it reaches the caller; committed (a long opening, or a claim
+// the relay went on without), the events before this one go, then an
+// error event ends it.
+func (l *relayLoop) endConflict(now time.Time) (res attemptResult, done, more bool) {
+	if !l.committed {
+		return l.endHeld(stop{conflict: true}, nil), true, false
+	}
+	if err := l.flush(now, l.events, l.firstInBatch, l.wrote); err != nil {
+		return l.endStream(nil, err), true, false
+	}
+	return l.endStream(errIDConflict, nil), true, false
 }
 
 // commit sends the headers: from here on the answer is the caller's.

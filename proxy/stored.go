@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
@@ -140,6 +141,7 @@ func (ex *exchange) checkStored() *apiError {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ex.r.Context(), ownershipTimeout)
+		g.claims.wait(ctx, ref.id)
 		holder, err := g.owners.Owner(ctx, ref.id)
 		cancel()
 		if errors.Is(err, ownership.ErrInvalid) {
@@ -174,15 +176,6 @@ func (ex *exchange) claims() storedKind {
 	return storedNone
 }
 
-// claimCreated records the response a stream's response.created names
-// (id, decoded by the tap), before that event is written. It reports
-// whether another team owns the id (claimID).
-func (ex *exchange) claimCreated(id []byte) (conflict bool) {
-	kind := ex.pendingClaim
-	ex.pendingClaim = storedNone
-	return ex.newStored(kind, string(id))
-}
-
 // claimAnswer records the object a non-streamed answer (a response, a
 // conversation) names by its top-level id. It reports whether another team
 // owns the id (claimID).
@@ -204,14 +197,147 @@ func (ex *exchange) claimAnswer(body []byte) (conflict bool) {
 // and, for a response, its conversation. It reports whether another team
 // owns the id (claimID), in which case nothing else is recorded.
 func (ex *exchange) newStored(kind storedKind, id string) (conflict bool) {
+	key := ex.takeLink(id)
+	conflict = ex.recordStored(kind, id, key)
+	ex.joinConversation(key, conflict)
+	return conflict
+}
+
+// recordStored writes what newStored decided: the owner of id, when kind
+// is not storedNone, then the response's link to the conversation key
+// ("" for none). It reads only what stays fixed while the exchange runs
+// (the caller, the configuration), so a stream runs it off the relay loop
+// (claimStream).
+func (ex *exchange) recordStored(kind storedKind, id, key string) (conflict bool) {
 	if kind != storedNone && ex.claimID(kind, id) {
-		ex.conv.pendingLink = false
 		return true
 	}
-	if ex.conv.pendingLink {
-		ex.linkResponse(id)
+	if key != "" {
+		ex.linkResponse(id, key)
 	}
 	return false
+}
+
+// joinConversation makes a response's conversation the exchange's once it
+// is recorded: a first turn's conversation is named by its own response,
+// unless that response is another team's.
+func (ex *exchange) joinConversation(key string, conflict bool) {
+	if !conflict && key != "" {
+		ex.conv.key = key
+	}
+}
+
+// claimWait is how long the relay waits for a stream's new response to be
+// recorded (owner and conversation link) before it writes the
+// response.created event that names it. A local store answers in
+// microseconds and a healthy Redis in well under a millisecond, so the
+// wait normally ends with the answer, and an answer naming another team's
+// response is withheld whole. A store slower than this (a stalled Redis)
+// delays no event: the relay goes on, counts it
+// (tollgate_stored_claims_deferred_total), keeps the claim in flight for
+// requests that race it (claimsInFlight) and ends the stream at its next
+// event if the claim finds a conflict. The first token follows
+// response.created by the model's prefill time, so this bound normally
+// costs no token anything.
+const claimWait = 5 * time.Millisecond
+
+// storedClaim is a stream's new response being recorded off the relay
+// loop: done is closed when it is, and conflict is then its answer.
+type storedClaim struct {
+	id       string
+	convKey  string // the conversation it is linked to, "" for none
+	done     chan struct{}
+	conflict bool
+	deferred bool // the relay went on before it was recorded
+}
+
+// result returns the claim's answer without waiting; ok is false while it
+// is still in flight.
+func (c *storedClaim) result() (conflict, ok bool) {
+	select {
+	case <-c.done:
+		return c.conflict, true
+	default:
+		return false, false
+	}
+}
+
+// claimStream starts recording the new response a stream's
+// response.created names (id), off the relay loop, and waits for it at
+// most claimWait. A claim still in flight after that is registered, so a
+// request naming id on this replica waits for it instead of finding it
+// unowned.
+func (ex *exchange) claimStream(id string) *storedClaim {
+	kind := ex.pendingClaim
+	ex.pendingClaim = storedNone
+	c := &storedClaim{id: id, convKey: ex.takeLink(id), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		c.conflict = ex.recordStored(kind, id, c.convKey)
+	}()
+	t := time.NewTimer(claimWait)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
+		c.deferred = true
+		ex.g.claims.add(c)
+		ex.g.metrics.StoredClaimDeferred()
+	}
+	return c
+}
+
+// awaitClaim waits for a stream's claim to be recorded (each store call is
+// bounded by its own timeout), unregisters it and joins its conversation.
+// The relay calls it once the stream has ended, so the handler does not
+// return with the claim in flight.
+func (ex *exchange) awaitClaim(c *storedClaim) {
+	<-c.done
+	if c.deferred {
+		ex.g.claims.remove(c)
+	}
+	ex.joinConversation(c.convKey, c.conflict)
+}
+
+// claimsInFlight are the stream claims the relay went on without (see
+// claimWait), by response id: a request on this replica that names one
+// (a GET of it, or previous_response_id) waits for it before it looks the
+// owner or the conversation up, so it is served as it would be a moment
+// later. Another replica sees the claim once its store has it.
+type claimsInFlight struct {
+	mu sync.Mutex
+	m  map[string]*storedClaim
+}
+
+func (f *claimsInFlight) add(c *storedClaim) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = make(map[string]*storedClaim)
+	}
+	f.m[c.id] = c
+}
+
+func (f *claimsInFlight) remove(c *storedClaim) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m[c.id] == c {
+		delete(f.m, c.id)
+	}
+}
+
+// wait returns once no claim of id is in flight, or ctx ends.
+func (f *claimsInFlight) wait(ctx context.Context, id string) {
+	f.mu.Lock()
+	c := f.m[id]
+	f.mu.Unlock()
+	if c == nil {
+		return
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+	}
 }
 
 // claimID records id, of a new object of kind, as the caller's. A claim

@@ -1,14 +1,20 @@
 package proxy
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -632,7 +638,9 @@ func BenchmarkStoredState(b *testing.B) {
 				for i, v := len(id)-1, n; v > 0; i, v = i-1, v/10 { // a new id each time, same length
 					id[i] = byte('0' + v%10)
 				}
-				ex.claimCreated(id)
+				if ex.claimID(storedResponse, string(id)) {
+					b.Fatal("a new id is another team's")
+				}
 			}
 		})
 		_ = owners.Close()
@@ -667,5 +675,178 @@ func TestStoredStateHasNoOtherSpelling(t *testing.T) {
 	}
 	if n := len(mock.Requests()) - before; n != 0 {
 		t.Errorf("the upstream got %d of those requests, want none", n)
+	}
+}
+
+// streamUntilCompleted opens a Responses stream as key and reads its events
+// until response.completed, leaving the body open: it returns the new
+// response's id, the event types read, and the body to read on.
+func streamUntilCompleted(t *testing.T, tg *testGateway, key string) (id string, types []string, body io.ReadCloser) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, tg.URL+"/v1/responses",
+		strings.NewReader(`{"model":"gpt-test","input":"What is stored here?","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		_ = resp.Body.Close()
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	for len(types) == 0 || types[len(types)-1] != "response.completed" {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			_ = resp.Body.Close()
+			t.Fatalf("the stream ended after %v: %v", types, err)
+		}
+		data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type     string `json:"type"`
+			Response struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("event %q: %v", data, err)
+		}
+		types = append(types, ev.Type)
+		if ev.Type == "response.created" {
+			id = ev.Response.ID
+		}
+	}
+	return id, types, resp.Body
+}
+
+// TestStalledOwnershipStoreHoldsNoEvent: in mode "keys" a stream's new
+// response is recorded as its team's, but a stalled Redis holds none of
+// its events: with the ownership store's Redis stopped (SIGSTOP), the
+// caller reads the whole stream, response.completed included; the claim
+// lands once Redis answers again, the deferral is counted, and the
+// response is then the team's through the gateway.
+func TestStalledOwnershipStoreHoldsNoEvent(t *testing.T) {
+	_, up := mockUpstream(t, mockllm.Options{OutputTokens: 4, RequireKey: upstreamKey, TTFT: 20 * time.Millisecond})
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	owners := ownership.NewRedis(c, "tollgate:own:")
+	tg := storedGateway(t, up, owners)
+	// A first stream, Redis healthy: its claim is made (normally before its
+	// response.created goes out; how often a busy machine defers it is no
+	// test's business).
+	id, _, body := streamUntilCompleted(t, tg, keyAlpha)
+	_, _ = io.Copy(io.Discard, body)
+	_ = body.Close()
+	tg.record(t)
+	deferred := metricValue(t, tg, "tollgate_stored_claims_deferred_total", nil)
+	ctx := testCtx(t)
+	if holder, err := owners.Owner(ctx, id); err != nil || holder != "team:search" {
+		t.Fatalf("healthy Redis: %s owned by %q (%v)", id, holder, err)
+	}
+
+	srv.Stall()
+	id, types, body := streamUntilCompleted(t, tg, keyAlpha)
+	srv.Resume() // only now: every event above reached the caller while Redis was stopped
+	_, _ = io.Copy(io.Discard, body)
+	_ = body.Close()
+	if types[0] != "response.created" || !slices.Contains(types, "response.output_text.delta") {
+		t.Errorf("events with Redis stalled: %v", types)
+	}
+	rec := tg.record(t)
+	if rec.Outcome != llm.OutcomeOK || rec.TokenEvents != 4 {
+		t.Errorf("record with Redis stalled: outcome %v, %d token events", rec.Outcome, rec.TokenEvents)
+	}
+	wantMetric(t, tg, "tollgate_stored_claims_deferred_total", nil, deferred+1)
+	if holder, err := owners.Owner(ctx, id); err != nil || holder != "team:search" {
+		t.Errorf("stalled Redis: %s owned by %q (%v) after it came back, want team:search", id, holder, err)
+	}
+	if got, err := storedClient(tg, keyAlpha).Responses.Get(ctx, id, responses.ResponseGetParams{}); err != nil || got.ID != id {
+		t.Errorf("the team's own response after the deferred claim: %v", err)
+	}
+	if _, err := storedClient(tg, keyBeta).Responses.Get(ctx, id, responses.ResponseGetParams{}); err == nil {
+		t.Error("another team read the response of a deferred claim")
+	}
+}
+
+// gatedOwners is an in-process ownership store whose claims wait for gate
+// to close, and which notes an owner lookup made while a claim waits.
+type gatedOwners struct {
+	ownership.Store
+	gate          chan struct{}
+	waiting       atomic.Int32
+	askedMidClaim atomic.Bool
+}
+
+func (o *gatedOwners) Claim(ctx context.Context, id, owner string, ttl time.Duration) (string, error) {
+	o.waiting.Add(1)
+	defer o.waiting.Add(-1)
+	select {
+	case <-o.gate:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	return o.Store.Claim(ctx, id, owner, ttl)
+}
+
+func (o *gatedOwners) Owner(ctx context.Context, id string) (string, error) {
+	if o.waiting.Load() > 0 {
+		o.askedMidClaim.Store(true)
+	}
+	return o.Store.Owner(ctx, id)
+}
+
+// TestRequestRacingADeferredClaimWaitsForIt: a GET of a new response sent
+// while the relay's claim of it is still in flight (the store slower than
+// the relay waits) waits for that claim on this replica and is served as
+// the owner's, instead of finding the response unowned (a 404).
+func TestRequestRacingADeferredClaimWaitsForIt(t *testing.T) {
+	mock, up := storedMock(t)
+	local, err := ownership.NewLocal(ownership.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	owners := &gatedOwners{Store: local, gate: make(chan struct{})}
+	var open sync.Once
+	openGate := func() { open.Do(func() { close(owners.gate) }) }
+	t.Cleanup(openGate) // before the gateway's cleanup, which waits for the stream's handler
+	tg := storedGateway(t, up, owners)
+	id, _, body := streamUntilCompleted(t, tg, keyAlpha) // its claim waits on the gate
+	type got struct {
+		r   *responses.Response
+		err error
+	}
+	done := make(chan got, 1)
+	go func() {
+		r, err := storedClient(tg, keyAlpha).Responses.Get(testCtx(t), id, responses.ResponseGetParams{})
+		done <- got{r, err}
+	}()
+	// Give the GET the time to reach the gateway (ordering only: were it
+	// late, the claim would be in the store and the test would prove less,
+	// never fail).
+	waitFor(t, "the GET's exchange to open", func() bool { return tg.gw.open.Load() == 2 || len(done) > 0 })
+	time.Sleep(20 * time.Millisecond)
+	openGate()
+	res := await(t, done, "the GET")
+	if res.err != nil || res.r.ID != id {
+		t.Errorf("GET racing the claim: %v, want the response", res.err)
+	}
+	if owners.askedMidClaim.Load() {
+		t.Error("the GET looked the owner up while the claim was in flight")
+	}
+	_, _ = io.Copy(io.Discard, body)
+	_ = body.Close()
+	tg.record(t)
+	tg.record(t)
+	if n := upstreamSaw(mock, "GET", "/v1/responses/"+id); n != 1 {
+		t.Errorf("the upstream saw %d GETs, want 1", n)
 	}
 }
