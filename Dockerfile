@@ -5,8 +5,10 @@
 #   docker run --rm -p 127.0.0.1:8080:8080 tollgate/gateway:dev
 #
 # The image runs `gateway serve -config /etc/tollgate/gateway.toml` (the
-# repository's gateway.toml: passthrough to OpenAI); mount another file there
-# to change it, as docker-compose.yml does. State (the spend file, Redis
+# repository's starter gateway.toml: callers' keys passed through to OpenAI
+# and Anthropic, every other setting at its default; docs/gateway.toml lists
+# them all); mount another file there to change it, as docker-compose.yml
+# does. State (the spend file, Redis
 # spill files and their locks) goes to /var/lib/tollgate, the working
 # directory: mount a volume there to keep it. The same image also runs
 # `gateway mock-upstream` and `gateway bench` (the compose demo profile).

@@ -14,8 +14,10 @@ import (
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
-// shippedPath is the example configuration at the top of the repository.
-const shippedPath = "../gateway.toml"
+// shippedPath is the reference configuration: every setting, at its
+// default. The gateway.toml at the top of the repository is a short starter
+// (starter_toml_test.go).
+const shippedPath = "../docs/gateway.toml"
 
 // readShipped returns the shipped file; the same file with its
 // commented-out api_key_env lines switched on; and that one with the example

@@ -405,7 +405,7 @@ func TestDockerImageBinary(t *testing.T) {
 				t.Errorf("build context lacks %s: %v", keep, err)
 			}
 		}
-		for _, drop := range []string{".git", "deploy", "docker-compose.yml"} {
+		for _, drop := range []string{".git", "deploy", "docs", "docker-compose.yml"} {
 			if _, err := os.Stat(filepath.Join(root, drop)); err != nil {
 				continue
 			}
@@ -491,7 +491,8 @@ func TestDockerImageBinary(t *testing.T) {
 		return stdout.String() + stderr.String(), err
 	}
 	const dummyKey = "dummy-key-for-check-config-0123456789"
-	// The compose configs, and gateway.toml, which the image serves by default.
+	// The compose configs, and gateway.toml (the starter), which the image
+	// serves by default.
 	files := []string{"gateway.toml"}
 	for _, name := range composeGatewayConfigs {
 		files = append(files, path.Join("deploy", "compose", name))

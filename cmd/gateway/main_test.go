@@ -73,10 +73,12 @@ func TestCheckConfig(t *testing.T) {
 		!strings.Contains(errOut.String(), "bad.toml:3") || !strings.Contains(errOut.String(), "base_ur") {
 		t.Errorf("bad config: exit %d, %q", code, errOut.String())
 	}
-	// The shipped example config passes.
-	errOut.Reset()
-	if code := run([]string{"check-config", "-config", "../../gateway.toml"}, &out, &errOut); code != 0 {
-		t.Errorf("gateway.toml: exit %d, %q", code, errOut.String())
+	// The shipped configs pass: the starter and the reference.
+	for _, file := range []string{"../../gateway.toml", "../../docs/gateway.toml"} {
+		errOut.Reset()
+		if code := run([]string{"check-config", "-config", file}, &out, &errOut); code != 0 {
+			t.Errorf("%s: exit %d, %q", file, code, errOut.String())
+		}
 	}
 }
 
