@@ -49,7 +49,7 @@ type shared struct {
 
 // maxShared bounds the subjects a sharedView remembers. Past it, an
 // arbitrary one is forgotten: a subject unknown at an outage's start gets
-// a full share of its burst, which is the bound the README states.
+// a full share of its burst, which is the bound docs/redis.md states.
 const maxShared = 100000
 
 // sharedView remembers, per subject, what the primary last said, so that
