@@ -339,7 +339,7 @@ func scrapeModelSeries(t *testing.T, tg *testGateway, model string) (int, map[st
 // non-streamed one adds, and what a stream of one token adds.
 func readmeSeriesCounts(t *testing.T) (streamed, native, plain, oneToken int) {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +351,7 @@ func readmeSeriesCounts(t *testing.T) (streamed, native, plain, oneToken int) {
 		words.Replace(`a stream of one token (\d+)`))
 	m := re.FindSubmatch(b)
 	if m == nil {
-		t.Fatalf("README.md does not say the series per model label in the expected words (%s)", re)
+		t.Fatalf("docs/metrics.md does not say the series per model label in the expected words (%s)", re)
 	}
 	nums := make([]int, 4)
 	for i := range nums {
