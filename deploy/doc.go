@@ -2,8 +2,9 @@
 // gateway, which live here and at the repository root: the Prometheus
 // config, rules and their unit tests, the Grafana provisioning and
 // dashboard, the compose gateway configs, docker-compose.yml, the Dockerfile
-// and .dockerignore, and the test scripts in .ci (the README's test command
-// and what it installs). Where a check needs a running gateway it builds the
+// and .dockerignore, the test scripts in .ci (the README's test command
+// and what it installs), and the Markdown files' relative links and the
+// README's length. Where a check needs a running gateway it builds the
 // binary from ../cmd/gateway.
 //
 // Tests that need a tool (Debian's prometheus package, docker-compose) skip
