@@ -50,6 +50,9 @@ func logRecord(l *slog.Logger, rec *llm.Record, probe bool) {
 	if rec.Interruption != llm.InterruptNone {
 		attrs = append(attrs, slog.String("interruption", rec.Interruption.String()))
 	}
+	if rec.Rejection != llm.RejectNone {
+		attrs = append(attrs, slog.String("rejection", rec.Rejection.String()))
+	}
 	if rec.ErrorType != "" {
 		attrs = append(attrs, slog.String("error_type", rec.ErrorType))
 	}

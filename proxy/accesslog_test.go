@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/jsonlog"
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/mockllm"
 )
 
 // The attempts take jsonlog's fast path only as an Appender.
@@ -136,5 +140,60 @@ func BenchmarkAccessLogLine(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		logRecord(l, rec, false)
+	}
+}
+
+// TestRejectedRequestLogNamesItsReason: a request the gateway refuses
+// leaves an access-log line that says why (the rejection /stats and the
+// span name), not only "outcome": "rejected": a path that is not
+// canonical (400) and a model the caller's team may not use (403), sent
+// through a running gateway. The line never shows the caller's key.
+func TestRejectedRequestLogNamesItsReason(t *testing.T) {
+	t.Run("non_canonical_path", func(t *testing.T) {
+		tg := newTestGateway(t, "http://127.0.0.1:1", nil)
+		req, err := http.NewRequest(http.MethodGet, tg.URL+"/v1/models%2F..%2Ffiles", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer sk-caller-secret")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		rec := tg.record(t)
+		if resp.StatusCode != http.StatusBadRequest || rec.Rejection != llm.RejectNonCanonicalPath {
+			t.Fatalf("status %d, rejection %q; want 400 non_canonical_path", resp.StatusCode, rec.Rejection)
+		}
+		wantRejectionLogged(t, tg, rec, "non_canonical_path", "sk-caller-secret")
+	})
+	t.Run("model_not_allowed", func(t *testing.T) {
+		w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, false, func(c *config.Config) {
+			c.Teams[0].Models = []string{"claude-test*"}
+		})
+		resp, _ := post(t, w.tg.URL+"/v1/chat/completions", `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{"Authorization": "Bearer " + keyAlpha})
+		rec := w.tg.record(t)
+		if resp.StatusCode != http.StatusForbidden || rec.Rejection != llm.RejectModelNotAllowed {
+			t.Fatalf("status %d, rejection %q; want 403 model_not_allowed", resp.StatusCode, rec.Rejection)
+		}
+		wantRejectionLogged(t, w.tg, rec, "model_not_allowed", keyAlpha)
+	})
+}
+
+// wantRejectionLogged checks rec's access-log line says it was rejected
+// for reason and does not hold key.
+func wantRejectionLogged(t *testing.T, tg *testGateway, rec llm.Record, reason, key string) {
+	t.Helper()
+	line := accessLogLine(t, tg, rec.RequestID)
+	if got, want := string(line["outcome"]), `"rejected"`; got != want {
+		t.Errorf("outcome %s, want %s", got, want)
+	}
+	if got, want := string(line["rejection"]), strconv.Quote(reason); got != want {
+		t.Errorf("access log rejection %s, want %s in\n%s", got, want, tg.logs.String())
+	}
+	if strings.Contains(tg.logs.String(), key) {
+		t.Errorf("the access log shows the caller's key:\n%s", tg.logs.String())
 	}
 }
