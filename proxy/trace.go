@@ -195,7 +195,7 @@ func validUTF8(attrs []attribute.KeyValue) []attribute.KeyValue {
 // access log writes them: same fields, same conditions).
 func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 	rec := &ex.rec
-	a := make([]attribute.KeyValue, 0, 40)
+	a := make([]attribute.KeyValue, 0, 48)
 	a = append(a, tracing.OperationName.String(op))
 	if p := ex.providerName(); p != "" {
 		a = append(a, tracing.ProviderName.String(p))
@@ -213,6 +213,9 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 		a = append(a, tracing.UsageInputTokens.Int64(rec.Usage.Input),
 			tracing.UsageCacheReadInputTokens.Int64(rec.Usage.CacheRead),
 			tracing.UsageCacheCreationInputTokens.Int64(rec.Usage.CacheWrite))
+		if rec.InputEstimated {
+			a = append(a, tracing.InputEstimated.Bool(true))
+		}
 	}
 	if rec.Usage.HasOutput || rec.Estimated {
 		a = append(a, tracing.UsageOutputTokens.Int64(rec.Usage.Output),
@@ -248,12 +251,16 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 		a = append(a, tracing.UpstreamRequestID.String(rec.UpstreamRequestID))
 	}
 	if rec.Stream {
-		a = append(a, tracing.TokenEvents.Int(rec.TokenEvents))
+		a = append(a, tracing.TokenEvents.Int(rec.TokenEvents), tracing.TerminalSeen.Bool(rec.TerminalSeen))
 		if !rec.Timing.FirstToken.IsZero() && !rec.Timing.UpSent.IsZero() {
 			a = append(a, tracing.UpstreamTTFT.Float64(ms(rec.UpstreamTTFT())))
 		}
 		if tpot, ok := rec.TPOT(); ok {
 			a = append(a, tracing.TPOTMs.Float64(ms(tpot)))
+		}
+		if rec.ITLCount > 0 {
+			a = append(a, tracing.ITLMeanMs.Float64(ms(rec.ITLSum/time.Duration(rec.ITLCount))),
+				tracing.ITLMaxMs.Float64(ms(rec.ITLMax)))
 		}
 	}
 	if rec.CostMicros > 0 {
@@ -264,6 +271,9 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 	}
 	if rec.Rejection != llm.RejectNone {
 		a = append(a, tracing.Rejection.String(rec.Rejection.String()))
+	}
+	if rec.IncompleteReason != "" {
+		a = append(a, tracing.IncompleteReason.String(rec.IncompleteReason))
 	}
 	if rec.AttemptCount > 0 {
 		a = append(a, tracing.AttemptCount.Int(rec.AttemptCount))

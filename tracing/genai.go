@@ -92,6 +92,20 @@ const (
 	RetryWaitMs     = attribute.Key("tollgate.retry_wait_ms")
 	QueueWaitMs     = attribute.Key("tollgate.queue_wait_ms")
 
+	// TerminalSeen: the stream's terminal marker ([DONE], message_stop, a
+	// Responses terminal event) was read.
+	TerminalSeen = attribute.Key("tollgate.terminal_seen")
+	// ITLMeanMs and ITLMaxMs summarise the gaps between a stream's token
+	// events (inter-token latency).
+	ITLMeanMs = attribute.Key("tollgate.itl_mean_ms")
+	ITLMaxMs  = attribute.Key("tollgate.itl_max_ms")
+	// InputEstimated: the input tokens are the prompt estimate billed, the
+	// upstream reporting none.
+	InputEstimated = attribute.Key("tollgate.input_estimated")
+	// IncompleteReason is why a Responses answer is incomplete
+	// (incomplete_details.reason); the answer is still a success.
+	IncompleteReason = attribute.Key("tollgate.incomplete_reason")
+
 	// RequestContent and ResponseContent are exported only with
 	// [tracing] capture_content: the request's messages (its "messages",
 	// or a Responses request's "input", as JSON) and a non-streamed
