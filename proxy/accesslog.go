@@ -24,8 +24,14 @@ func logRecord(l *slog.Logger, rec *llm.Record, probe bool) {
 		slog.String("request_id", rec.RequestID),
 		slog.String("key_id", rec.KeyID),
 		slog.String("route", rec.Route.String()),
-		slog.String("model", rec.Model),
-		slog.String("upstream", rec.Upstream),
+	)
+	if rec.Model != "" {
+		attrs = append(attrs, slog.String("model", rec.Model))
+	}
+	if rec.Upstream != "" {
+		attrs = append(attrs, slog.String("upstream", rec.Upstream))
+	}
+	attrs = append(attrs,
 		slog.Bool("stream", rec.Stream),
 		slog.Int("status", rec.Status),
 		slog.String("outcome", rec.Outcome.String()),
@@ -53,8 +59,8 @@ func logRecord(l *slog.Logger, rec *llm.Record, probe bool) {
 	if rec.Rejection != llm.RejectNone {
 		attrs = append(attrs, slog.String("rejection", rec.Rejection.String()))
 	}
-	if rec.ErrorType != "" {
-		attrs = append(attrs, slog.String("error_type", rec.ErrorType))
+	if rec.Outcome != llm.OutcomeOK {
+		attrs = append(attrs, slog.String("error_type", errorType(rec)))
 	}
 	if rec.IncompleteReason != "" {
 		attrs = append(attrs, slog.String("incomplete_reason", rec.IncompleteReason))

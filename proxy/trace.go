@@ -222,7 +222,7 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 			tracing.UsageReasoningOutputTokens.Int64(rec.Usage.Reasoning),
 			tracing.TokensEstimated.Bool(rec.Estimated))
 	}
-	if !rec.Timing.FirstTokenOut.IsZero() {
+	if rec.Stream && !rec.Timing.FirstTokenOut.IsZero() {
 		a = append(a, tracing.ResponseTimeToFirstChunk.Float64(rec.TTFT().Seconds()),
 			tracing.TTFTMs.Float64(ms(rec.TTFT())))
 	}
@@ -519,8 +519,9 @@ func (ex *exchange) providerName() string {
 	return ""
 }
 
-// errorType is error.type for a failed exchange: the upstream's error type
-// when it named one, else the outcome (low cardinality either way).
+// errorType is error.type (the access log's error_type) for a failed
+// exchange: the upstream's error type when it named one, else the outcome
+// (low cardinality either way).
 func errorType(rec *llm.Record) string {
 	if rec.ErrorType != "" {
 		return rec.ErrorType
