@@ -191,8 +191,9 @@ func validUTF8(attrs []attribute.KeyValue) []attribute.KeyValue {
 }
 
 // spanAttributes returns the request span's attributes: the GenAI
-// conventions' that apply, then tollgate's own, all from the record (as the
-// access log writes them: same fields, same conditions).
+// conventions' that are not the record's (spanOnly), then the record's
+// fields that recordFields gives a span attribute, under the same
+// conditions and with the same values as the access log writes them.
 func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 	rec := &ex.rec
 	a := make([]attribute.KeyValue, 0, 48)
@@ -200,89 +201,22 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 	if p := ex.providerName(); p != "" {
 		a = append(a, tracing.ProviderName.String(p))
 	}
-	if rec.Model != "" {
-		a = append(a, tracing.RequestModel.String(rec.Model))
-	}
-	if rec.Stream {
-		a = append(a, tracing.RequestStream.Bool(true))
-	}
 	if ex.info.MaxTokens > 0 {
 		a = append(a, tracing.RequestMaxTokens.Int64(ex.info.MaxTokens))
 	}
-	if rec.Usage.HasInput {
-		a = append(a, tracing.UsageInputTokens.Int64(rec.Usage.Input),
-			tracing.UsageCacheReadInputTokens.Int64(rec.Usage.CacheRead),
-			tracing.UsageCacheCreationInputTokens.Int64(rec.Usage.CacheWrite))
-		if rec.InputEstimated {
-			a = append(a, tracing.InputEstimated.Bool(true))
+	if hasTTFT(rec) {
+		a = append(a, tracing.ResponseTimeToFirstChunk.Float64(rec.TTFT().Seconds()))
+	}
+	for i := range recordFields {
+		f := &recordFields[i]
+		if f.span == "" || f.present != nil && !f.present(rec) {
+			continue
 		}
-	}
-	if rec.Usage.HasOutput || rec.Estimated {
-		a = append(a, tracing.UsageOutputTokens.Int64(rec.Usage.Output),
-			tracing.UsageReasoningOutputTokens.Int64(rec.Usage.Reasoning),
-			tracing.TokensEstimated.Bool(rec.Estimated))
-	}
-	if rec.Stream && !rec.Timing.FirstTokenOut.IsZero() {
-		a = append(a, tracing.ResponseTimeToFirstChunk.Float64(rec.TTFT().Seconds()),
-			tracing.TTFTMs.Float64(ms(rec.TTFT())))
-	}
-	if rec.Outcome != llm.OutcomeOK {
-		a = append(a, tracing.ErrorType.String(errorType(rec)))
-	}
-	a = append(a,
-		tracing.HTTPResponseStatusCode.Int(rec.Status),
-		tracing.RequestID.String(rec.RequestID),
-		tracing.Key.String(rec.KeyID),
-		tracing.Route.String(rec.Route.String()),
-		tracing.Outcome.String(rec.Outcome.String()),
-		tracing.E2EMs.Float64(ms(rec.E2E())),
-		tracing.OverheadMs.Float64(ms(rec.Overhead())),
-		tracing.BytesOut.Int64(rec.BytesOut),
-		tracing.InputBucket.String(rec.InputBucket),
-		tracing.Goodput.String(rec.Goodput.String()),
-	)
-	if rec.Upstream != "" {
-		a = append(a, tracing.Upstream.String(rec.Upstream))
-	}
-	if rec.Team != "" {
-		a = append(a, tracing.Team.String(rec.Team))
-	}
-	if rec.UpstreamRequestID != "" {
-		a = append(a, tracing.UpstreamRequestID.String(rec.UpstreamRequestID))
-	}
-	if rec.Stream {
-		a = append(a, tracing.TokenEvents.Int(rec.TokenEvents), tracing.TerminalSeen.Bool(rec.TerminalSeen))
-		if !rec.Timing.FirstToken.IsZero() && !rec.Timing.UpSent.IsZero() {
-			a = append(a, tracing.UpstreamTTFT.Float64(ms(rec.UpstreamTTFT())))
+		v := f.value(rec)
+		if f.spanTrueOnly && !v.Bool() {
+			continue
 		}
-		if tpot, ok := rec.TPOT(); ok {
-			a = append(a, tracing.TPOTMs.Float64(ms(tpot)))
-		}
-		if rec.ITLCount > 0 {
-			a = append(a, tracing.ITLMeanMs.Float64(ms(rec.ITLSum/time.Duration(rec.ITLCount))),
-				tracing.ITLMaxMs.Float64(ms(rec.ITLMax)))
-		}
-	}
-	if rec.CostMicros > 0 {
-		a = append(a, tracing.CostMicros.Int64(rec.CostMicros))
-	}
-	if rec.Interruption != llm.InterruptNone {
-		a = append(a, tracing.Interruption.String(rec.Interruption.String()))
-	}
-	if rec.Rejection != llm.RejectNone {
-		a = append(a, tracing.Rejection.String(rec.Rejection.String()))
-	}
-	if rec.IncompleteReason != "" {
-		a = append(a, tracing.IncompleteReason.String(rec.IncompleteReason))
-	}
-	if rec.AttemptCount > 0 {
-		a = append(a, tracing.AttemptCount.Int(rec.AttemptCount))
-	}
-	if rec.RetryWait > 0 {
-		a = append(a, tracing.RetryWaitMs.Float64(ms(rec.RetryWait)))
-	}
-	if rec.QueueWait > 0 {
-		a = append(a, tracing.QueueWaitMs.Float64(ms(rec.QueueWait)))
+		a = append(a, spanAttribute(f.span, v))
 	}
 	a = ex.responseAttributes(a)
 	if ex.g.traceContent {
