@@ -112,7 +112,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 // the gateway refuses or never sends, use up none. It runs before the relay
 // resolves the ITL observer with the label. A probe's model is no caller's.
 func (ex *exchange) servedBy(status int) {
-	if ex.served || ex.probe != nil || status < 200 || status > 299 {
+	if ex.served || !ex.kind.caller() || status < 200 || status > 299 {
 		return
 	}
 	ex.served = true
@@ -154,7 +154,7 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 	req.Header = upstreamRequestHeaders(r.Header)
 	req.Header.Set(requestIDHeader, ex.rec.RequestID)
 	ex.injectTrace(req.Header)
-	if ex.probe != nil {
+	if ex.kind == kindProbe {
 		req.Header.Set(ProbeHeader, "1")
 	}
 	if !callerKeyUp {
@@ -167,7 +167,7 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 			req.Header.Del("Openai-Project")
 		}
 		if k := up.cfg.APIKey.Reveal(); k != "" {
-			setUpstreamKey(req.Header, ex.rec.Dialect, r, k)
+			setUpstreamKey(req.Header, ex.answer, k)
 		}
 	}
 	return req, nil
@@ -235,11 +235,9 @@ func (ex *exchange) since(ns int64) time.Time {
 	return ex.rec.Timing.In.Add(time.Duration(ns))
 }
 
-// setUpstreamKey puts the upstream's own key in the header its API expects.
-func setUpstreamKey(h http.Header, d llm.Dialect, r *http.Request, key string) {
-	if d == llm.DialectNone {
-		d = guessDialect(r)
-	}
+// setUpstreamKey puts the upstream's own key in the header its API (d, the
+// exchange's answering dialect) expects.
+func setUpstreamKey(h http.Header, d llm.Dialect, key string) {
 	if d == llm.DialectAnthropic {
 		h.Set("X-Api-Key", key)
 		return

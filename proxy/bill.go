@@ -23,8 +23,7 @@ const settleTimeout = 2 * time.Second
 // the ledger does.
 func (ex *exchange) billable() (llm.Usage, bool) {
 	rec := &ex.rec
-	if rec.Route == llm.RouteOther && !ex.metered || rec.Route == llm.RouteResponsesRetrieve ||
-		rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 300 {
+	if !ex.kind.billed() || rec.Timing.UpFirstByte.IsZero() || rec.Status < 200 || rec.Status >= 300 {
 		// Not a model call (a background response streamed again was
 		// billed as its creation, or not at all), or the upstream did not
 		// answer with one: an upstream error or a caller gone before the
@@ -40,7 +39,7 @@ func (ex *exchange) billable() (llm.Usage, bool) {
 		// error answer, and not billed, as that is not.
 		return llm.Usage{}, false
 	}
-	if ex.metered && !u.HasInput && !u.HasOutput {
+	if ex.kind == kindMetered && !u.HasInput && !u.HasOutput {
 		// A forwarded answer that reports no usage (speech, an
 		// assistants run, usage beyond the capture limit) is billed its
 		// estimate, never nothing.
@@ -62,7 +61,7 @@ func (ex *exchange) settle() {
 	var cost int64
 	if ok {
 		cost, _ = gv.prices.Cost(ex.rec.Model, u)
-		ex.costMicros = cost
+		ex.rec.CostMicros = cost
 	}
 	if ex.lease != nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ex.r.Context()), settleTimeout)

@@ -212,7 +212,7 @@ func (ex *exchange) refuseConversationTurn(used, cost int64) bool {
 // linksResponse reports whether this attempt's answer names a new stored
 // response that must be linked to the exchange's conversation.
 func (ex *exchange) linksResponse() bool {
-	return ex.g.conv != nil && ex.conv.fromResponse && !ex.info.NoStore && ex.probe == nil
+	return ex.g.conv != nil && ex.conv.fromResponse && !ex.info.NoStore && ex.kind.caller()
 }
 
 // takeLink returns the conversation key the new stored response id must

@@ -104,7 +104,7 @@ func conversationGateway(tb testing.TB, store conversation.Store, budget bool) *
 // does: identified, its conversation named, admitted (the budget checked),
 // and its turn recorded as finish would.
 func trackOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in time.Time) {
-	ex := exchange{g: g, gen: g.gen.Load(), w: w, r: r, promptEstimate: 300}
+	ex := exchange{g: g, gen: g.gen.Load(), w: w, r: r, promptEstimate: 300, kind: kindModelCall, answer: llm.DialectOpenAI}
 	ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
 	ex.rec.Timing.In = in
 	ex.info.MaxTokens = 150

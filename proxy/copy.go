@@ -29,7 +29,7 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 		return ex.result(e, resp.StatusCode, true)
 	}
 	ex.rec.Stream = false // answered in one piece, whatever was asked
-	metered := ex.rec.Dialect != llm.DialectNone || ex.metered
+	metered := ex.kind.readsUsage()
 	limit := 0
 	switch {
 	case metered:

@@ -31,9 +31,13 @@ type exchange struct {
 	// headersSent is set once the response status is written: after that
 	// an error can no longer be reported as a status.
 	headersSent bool
-	// metered is set for a forwarded request (another /v1/* path) whose
-	// body names a model: it is admitted and billed like a dialect request.
-	metered bool
+	// kind is what the exchange is (kind.go): a model call, a replay, a
+	// metered or plain forward, a probe. answer is the dialect its errors
+	// are written in: its own, or for a forwarded path the one its path and
+	// headers suggest. Both are fixed at construction, but for a forward
+	// whose body names a model, which reading the body makes metered.
+	kind   exchangeKind
+	answer llm.Dialect
 	// promptEstimate is the prompt size in tokens guessed from the body
 	// (about 4 bytes a token), -1 when unknown. It only places a request
 	// whose upstream reported no usage in an input-size bucket.
@@ -56,11 +60,10 @@ type exchange struct {
 
 	// Governance: the caller's [[keys]] entry (nil if none), its lease when
 	// a limiter admitted it, the limiter's RPM/TPM states for the
-	// rate-limit headers, and the cost billed.
-	key        *keyEntry
-	lease      *ratelimit.Lease
-	rlStates   []ratelimit.State
-	costMicros int64
+	// rate-limit headers.
+	key      *keyEntry
+	lease    *ratelimit.Lease
+	rlStates []ratelimit.State
 
 	// stored is the stored response or conversation the path addresses;
 	// pendingClaim is the kind of object whose new id this attempt's answer
@@ -71,10 +74,6 @@ type exchange struct {
 	// idConflict says that the answer named a stored object another team
 	// owns and was withheld (copyBody).
 	idConflict bool
-
-	// probe, set for a synthetic probe (Gateway.Probe), is its one target:
-	// tried once, with no retry and no fallback. nil for a caller's request.
-	probe []target
 
 	// conv is the conversation the exchange is a turn of (conversation.go).
 	conv convTurn
@@ -100,15 +99,29 @@ func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
 	g.handle(w, r, llm.RouteOther, llm.DialectNone)
 }
 
+// newExchange starts an exchange at t_in under gen, the configuration it
+// runs under to its end: its route and dialect, its kind (kindOf), the
+// dialect its errors are written in, and its request id (id). Every
+// exchange is made here: a caller's request (handle), one that matched no
+// route (reject) and the synthetic probe (Probe).
+func (g *Gateway) newExchange(gen *generation, w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect,
+	probe bool, id string) *exchange {
+	ex := &exchange{g: g, gen: gen, w: w, r: r, promptEstimate: -1, kind: kindOf(route, d, probe), answer: d}
+	if d == llm.DialectNone {
+		ex.answer = guessDialect(r)
+	}
+	ex.rec.Timing.In = g.now()
+	ex.rec.Route, ex.rec.Dialect = route, d
+	ex.rec.RequestID = id
+	return ex
+}
+
 // handle runs one exchange, t_in to finish.
 func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect) {
 	g.open.Add(1)
 	defer g.open.Add(-1)
-	ex := &exchange{g: g, gen: g.begin(), w: w, r: r, promptEstimate: -1}
+	ex := g.newExchange(g.begin(), w, r, route, d, false, requestIDFrom(r.Context()))
 	defer ex.gen.end()
-	ex.rec.Timing.In = g.now()
-	ex.rec.Route, ex.rec.Dialect = route, d
-	ex.rec.RequestID = requestIDFrom(r.Context())
 	ex.startTrace()
 	inflight := g.metrics.Inflight(route)
 	inflight.Inc()
@@ -215,7 +228,7 @@ func (ex *exchange) serve() {
 		ex.fail(aerr, llm.OutcomeRejected)
 		return
 	}
-	if d != llm.DialectNone && !replay || ex.metered {
+	if ex.kind.admitted() {
 		if aerr := ex.identifyConversation(); aerr != nil {
 			ex.fail(aerr, llm.OutcomeBadRequest)
 			return
@@ -224,11 +237,11 @@ func (ex *exchange) serve() {
 	// No label of its own yet for a name nobody has served: the gateway
 	// or the upstream may still refuse it (see servedBy).
 	ex.modelLabel = g.metrics.Model(ex.rec.Model)
-	if (d != llm.DialectNone && !replay || ex.metered) && !ex.admit() {
+	if ex.kind.admitted() && !ex.admit() {
 		return
 	}
 
 	// In mode "keys" the caller's key is the gateway's, never the
 	// upstream's: the upstream's own key replaces it.
-	ex.roundTrip(body, hasKey && !ex.gen.gov.keysMode)
+	ex.roundTrip(body, hasKey && !ex.gen.gov.keysMode, ex.targets(ex.rec.Model))
 }

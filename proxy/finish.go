@@ -5,39 +5,41 @@ import (
 )
 
 // finish completes the record and hands it to the sinks, once per request,
-// after the last byte has been written.
+// after the last byte has been written. The probe's record goes to the
+// access log alone (marked "probe"): it is kept out of the user figures,
+// and settle bills nothing that is not kind.billed.
 func (ex *exchange) finish() {
 	g, rec := ex.g, &ex.rec
 	rec.Timing.End = ex.end()
-	if ex.probe != nil {
-		ex.finishProbe()
-		return
-	}
 	if rec.Status == 0 {
 		rec.Status = statusClientClosed
 	}
 	ex.settle()
-	rec.CostMicros = ex.costMicros
 	input := ex.promptEstimate
 	if rec.Usage.HasInput {
 		input = rec.Usage.Input
 	}
 	rec.InputBucket = g.metrics.Buckets().Label(input)
 	rec.Goodput = ex.gen.slo.Classify(rec)
-	if ex.modelLabel == "" {
-		ex.modelLabel = g.metrics.Model(rec.Model)
-	}
-	ex.recordTurn()
-	g.metrics.Observe(rec, ex.modelLabel)
-	if g.stats != nil {
-		g.stats.Observe(rec, ex.modelLabel)
+	caller := ex.kind.caller()
+	if caller {
+		if ex.modelLabel == "" {
+			ex.modelLabel = g.metrics.Model(rec.Model)
+		}
+		ex.recordTurn()
+		g.metrics.Observe(rec, ex.modelLabel)
+		if g.stats != nil {
+			g.stats.Observe(rec, ex.modelLabel)
+		}
 	}
 	if g.accessLog != nil {
-		logRecord(g.accessLog, rec, false)
+		logRecord(g.accessLog, rec, !caller)
 	}
-	ex.endTrace()
-	if g.onRecord != nil {
-		g.onRecord(rec)
+	if caller {
+		ex.endTrace()
+		if g.onRecord != nil {
+			g.onRecord(rec)
+		}
 	}
 }
 

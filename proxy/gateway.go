@@ -303,11 +303,8 @@ func limitInFlight(h http.Handler, n int) http.Handler {
 // reject answers a request that matched no route, and records it like any
 // other so it leaves its access-log line and counts in requests_total.
 func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
-	ex := &exchange{g: g, gen: g.begin(), w: w, r: r, promptEstimate: -1}
+	ex := g.newExchange(g.begin(), w, r, llm.RouteOther, llm.DialectNone, false, requestIDFrom(r.Context()))
 	defer ex.gen.end()
-	ex.rec.Timing.In = g.now()
-	ex.rec.Route, ex.rec.Dialect = llm.RouteOther, llm.DialectNone
-	ex.rec.RequestID = requestIDFrom(r.Context())
 	key, hasKey, _ := callerKey(r.Header)
 	sum, id := keyHash(key)
 	ex.rec.KeyID = id

@@ -205,7 +205,7 @@ func (ex *exchange) admit() bool {
 	maxTok := ex.info.MaxTokens
 	switch {
 	case maxTok >= 0:
-	case ex.metered:
+	case ex.kind == kindMetered:
 		// Embeddings and the like generate nothing; an API that does is
 		// charged its real output at settlement.
 		maxTok = 0
@@ -347,7 +347,7 @@ func (ex *exchange) meterForwarded(body []byte) *apiError {
 	}
 	// previous_response_id and conversation are checked whatever the path:
 	// an upstream may serve the Responses API under another spelling of it.
-	ex.info, ex.metered = info, true
+	ex.info, ex.kind = info, kindMetered
 	ex.rec.Model = info.Model
 	ex.promptEstimate = int64(len(body)+3) / 4
 	return nil

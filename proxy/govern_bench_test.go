@@ -93,7 +93,7 @@ func governedGateway(tb testing.TB, keyLimits, teamLimits config.Limits, lim rat
 // governance: identified, admitted (its prompt estimate and max_tokens
 // being u's), the rate-limit headers set, answered and settled with u.
 func governOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in time.Time, u llm.Usage) {
-	ex := exchange{g: g, gen: g.gen.Load(), w: w, r: r, promptEstimate: u.Input}
+	ex := exchange{g: g, gen: g.gen.Load(), w: w, r: r, promptEstimate: u.Input, kind: kindModelCall, answer: llm.DialectOpenAI}
 	ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
 	ex.rec.Timing.In = in
 	ex.info.MaxTokens = u.Output

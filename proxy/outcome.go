@@ -362,7 +362,7 @@ func (ex *exchange) answerHealthy(st int, errType, errCode string) bool {
 // probeOwnKey reports whether this is a probe whose key no caller's request
 // carries: passthrough with require_key, and an upstream key of its own.
 func (ex *exchange) probeOwnKey() bool {
-	return ex.probe != nil && !ex.gen.gov.keysMode && ex.gen.cfg.Auth.RequireKey &&
+	return ex.kind == kindProbe && !ex.gen.gov.keysMode && ex.gen.cfg.Auth.RequireKey &&
 		ex.up != nil && ex.up.cfg.APIKey != ""
 }
 

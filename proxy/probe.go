@@ -66,10 +66,7 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 		r.Header.Set("Anthropic-Version", anthropicVersion)
 	}
 
-	ex := &exchange{g: g, gen: gen, w: &probeWriter{h: http.Header{}}, r: r, probe: []target{{up: up}}}
-	ex.rec.Timing.In = g.now()
-	ex.rec.Route, ex.rec.Dialect = route, d
-	ex.rec.RequestID = newRequestID()
+	ex := g.newExchange(gen, &probeWriter{h: http.Header{}}, r, route, d, true, newRequestID())
 	ex.rec.KeyID = keyID("")
 	ex.rec.Upstream = up.cfg.Name
 	ex.info, _ = inspectRequest(d, body) // the gateway's own body: valid
@@ -84,7 +81,7 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 				panicked = true
 			}
 		}()
-		ex.roundTrip(body, false)
+		ex.roundTrip(body, false, []target{{up: up}})
 		return false
 	}()
 	ex.finish()
@@ -156,24 +153,6 @@ func (ex *exchange) probeResult(ctx context.Context, panicked bool) llm.ProbeRes
 	}
 	res.TPOT, res.HasTPOT = rec.TPOT()
 	return res
-}
-
-// finishProbe completes a probe's record and writes its access-log line;
-// nothing else: a probe is kept out of the user figures and the sinks.
-func (ex *exchange) finishProbe() {
-	g, rec := ex.g, &ex.rec
-	if rec.Status == 0 {
-		rec.Status = statusClientClosed
-	}
-	input := ex.promptEstimate
-	if rec.Usage.HasInput {
-		input = rec.Usage.Input
-	}
-	rec.InputBucket = g.metrics.Buckets().Label(input)
-	rec.Goodput = ex.gen.slo.Classify(rec)
-	if g.accessLog != nil {
-		logRecord(g.accessLog, rec, true)
-	}
 }
 
 // probeWriter is the ResponseWriter of a probe request: it discards the

@@ -124,7 +124,7 @@ func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, p
 	st := g.getStreamState()
 	defer g.putStreamState(st)
 	st.tap.Reset(ex.rec.Dialect)
-	if ex.probe == nil { // a probe's gaps are no user's figure
+	if ex.kind.caller() { // a probe's gaps are no user's figure
 		st.itl = itlTee{metrics: g.metrics, sink: g.stats, route: ex.rec.Route, model: ex.modelLabel}
 		st.tap.ITL = &st.itl
 		defer st.itl.drain() // runs before putStreamState

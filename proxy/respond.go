@@ -92,12 +92,8 @@ func gatewayError(o llm.Outcome) *apiError {
 func (ex *exchange) fail(e *apiError, o llm.Outcome) {
 	ex.rec.Outcome = o
 	ex.rec.Status = e.Status
-	d := ex.rec.Dialect
-	if d == llm.DialectNone {
-		d = guessDialect(ex.r)
-	}
 	ex.headersSent = true
-	ex.rec.BytesOut += int64(writeError(ex.w, d, ex.rec.RequestID, e))
+	ex.rec.BytesOut += int64(writeError(ex.w, ex.answer, ex.rec.RequestID, e))
 }
 
 // clientGone records that the caller left (or the gateway cancelled the

@@ -21,17 +21,13 @@ func (ex *exchange) targets(model string) []target {
 	return t
 }
 
-// routeDialect is the dialect that picks a request's upstreams: its own (the
-// Responses API's is OpenAI's), or for another /v1/* path the one its path
-// and headers suggest.
+// routeDialect is the dialect that picks a request's upstreams: the one it
+// is answered in (ex.answer), the Responses API's being OpenAI's.
 func (ex *exchange) routeDialect() llm.Dialect {
-	switch ex.rec.Dialect {
-	case llm.DialectNone:
-		return guessDialect(ex.r)
-	case llm.DialectResponses:
+	if ex.answer == llm.DialectResponses {
 		return llm.DialectOpenAI // OpenAI's upstreams serve its Responses API
 	}
-	return ex.rec.Dialect
+	return ex.answer
 }
 
 // roundTrip sends the request to its route's upstreams and relays the
@@ -41,12 +37,8 @@ func (ex *exchange) routeDialect() llm.Dialect {
 // the request may use refuses it, it goes to the one open longest anyway
 // (bypassTarget). callerKeyUp says whether the caller's key goes upstream;
 // when it does not, each upstream's own key (if any) is sent instead.
-func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
+func (ex *exchange) roundTrip(body []byte, callerKeyUp bool, targets []target) {
 	ex.callerKeyUp = callerKeyUp
-	targets := ex.targets(ex.rec.Model)
-	if ex.probe != nil {
-		targets = ex.probe
-	}
 	if len(targets) == 0 {
 		ex.fail(errNoUpstream(ex.rec.Dialect), llm.OutcomeBadRequest)
 		return
@@ -56,7 +48,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool) {
 		// Other /v1/* paths are retried only when the request is idempotent
 		// or a model call; a file upload retried could be stored twice. A
 		// probe is one attempt: it must see its upstream's raw health.
-		retryOK: ex.probe == nil && (ex.rec.Dialect != llm.DialectNone || ex.metered ||
+		retryOK: ex.kind != kindProbe && (ex.kind != kindForward ||
 			r.Method == http.MethodGet || r.Method == http.MethodHead)}
 	by := ex.bypassTarget(rt)
 	if by < 0 {
@@ -145,7 +137,7 @@ func (rt *route) hasNext(ti int, callerKeyUp bool) bool {
 // -1 when a target has no breaker, and for the synthetic probe, which must
 // see its upstream's own state.
 func (ex *exchange) bypassTarget(rt *route) int {
-	if ex.probe != nil {
+	if ex.kind == kindProbe {
 		return -1
 	}
 	by := -1

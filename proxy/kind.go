@@ -1,0 +1,55 @@
+package proxy
+
+import "github.com/tollgate-llm/tollgate/llm"
+
+// exchangeKind is what an exchange is. It decides the questions every stage
+// asks of an exchange (admitted? billed? retried? in the user figures?), so
+// that each is answered in one place.
+type exchangeKind uint8
+
+const (
+	// kindForward is another /v1/* path whose body names no model: it goes
+	// upstream unchanged, and only its end-to-end latency is measured.
+	kindForward exchangeKind = iota
+	// kindMetered is another /v1/* path whose body names a model
+	// (embeddings, images, ...): admitted and billed like a model call.
+	kindMetered
+	// kindModelCall is a request on a dialect route: chat completions,
+	// messages, the Responses API.
+	kindModelCall
+	// kindReplay is GET /v1/responses/{id} streamed again: measured as a
+	// stream, neither admitted nor billed (its creation was).
+	kindReplay
+	// kindProbe is the gateway's own synthetic probe (Gateway.Probe): one
+	// attempt, no retry, no fallback, kept out of every user figure.
+	kindProbe
+)
+
+// kindOf is an exchange's kind at construction; reading a forward's body
+// may make it kindMetered (meterForwarded).
+func kindOf(route llm.Route, d llm.Dialect, probe bool) exchangeKind {
+	switch {
+	case probe:
+		return kindProbe
+	case route == llm.RouteResponsesRetrieve:
+		return kindReplay
+	case d != llm.DialectNone:
+		return kindModelCall
+	}
+	return kindForward
+}
+
+// admitted reports whether the exchange passes admission (the team's
+// models, limits, budgets) and is a conversation's turn.
+func (k exchangeKind) admitted() bool { return k == kindModelCall || k == kindMetered }
+
+// billed reports whether the exchange's usage is settled and billed.
+func (k exchangeKind) billed() bool { return k.admitted() }
+
+// readsUsage reports whether the usage of a non-streamed answer is read
+// from its body: every exchange but a plain forward.
+func (k exchangeKind) readsUsage() bool { return k != kindForward }
+
+// caller reports whether the exchange is a caller's request, counted in the
+// user figures (metrics, /stats, traces, conversations), not the probe.
+func (k exchangeKind) caller() bool { return k != kindProbe }
