@@ -86,10 +86,10 @@ func (h *convHolds) release(key string, cost int64) {
 // first of the chain). A Responses request that names none starts a
 // conversation named by its own new response. The id is the caller's:
 // the key is scoped to the caller's team (conversation.Key).
-func (ex *exchange) identifyConversation() *apiError {
+func (ex *exchange) identifyConversation() refusal {
 	g := ex.g
 	if g.conv == nil {
-		return nil
+		return refusal{}
 	}
 	cc := &ex.gen.cfg.Conversations
 	owner := ex.owner()
@@ -99,13 +99,13 @@ func (ex *exchange) identifyConversation() *apiError {
 	}
 	if id != "" {
 		if !conversation.ValidID(id) {
-			return errBadRequest("the conversation id in "+source+" must be 1 to "+
-				strconv.Itoa(conversation.MaxIDLen)+" bytes without control characters", "")
+			return badRequest(errBadRequest("the conversation id in "+source+" must be 1 to "+
+				strconv.Itoa(conversation.MaxIDLen)+" bytes without control characters", ""))
 		}
 		ex.conv.key = conversation.Key(owner, id)
 	}
 	if ex.rec.Route != llm.RouteResponses {
-		return nil
+		return refusal{}
 	}
 	ex.conv.fromResponse = true
 	switch {
@@ -126,7 +126,7 @@ func (ex *exchange) identifyConversation() *apiError {
 		}
 		ex.conv.key = key
 	}
-	return nil
+	return refusal{}
 }
 
 // linkName names a response in the store's links: scoped to its owner, as
@@ -161,14 +161,14 @@ func baggageSessionID(values []string) string {
 // conversation (named by its own response) is checked against the budget
 // alone. A store that cannot be asked admits the turn, unless
 // [ratelimit] on_redis_error is "deny".
-func (ex *exchange) checkConversationBudget(cost int64) bool {
+func (ex *exchange) checkConversationBudget(cost int64) refusal {
 	k := ex.key
 	if k == nil || k.team == nil || k.team.maxConvMicros <= 0 {
-		return true
+		return refusal{}
 	}
 	if ex.conv.key == "" {
 		if cost <= k.team.maxConvMicros {
-			return true
+			return refusal{}
 		}
 		return ex.refuseConversationTurn(0, cost)
 	}
@@ -179,18 +179,16 @@ func (ex *exchange) checkConversationBudget(cost int64) bool {
 		if ex.gen.cfg.RateLimit.OnRedisError != "deny" {
 			ex.g.log.Warn("conversation store unavailable: the conversation's budget is not checked",
 				"request_id", ex.rec.RequestID, "err", err)
-			return true
+			return refusal{}
 		}
 		ex.g.log.Error("conversation store unavailable", "request_id", ex.rec.RequestID, "err", err)
 		ex.w.Header().Set("Retry-After", "1")
-		ex.rec.Rejection = llm.RejectLimiterUnavailable
-		ex.fail(errLimiterUnavailable(), llm.OutcomeRejected)
-		return false
+		return rejected(errLimiterUnavailable(), llm.RejectLimiterUnavailable)
 	}
 	ok, held := ex.g.convHolds.hold(ex.conv.key, spent, cost, k.team.maxConvMicros)
 	if ok {
 		ex.conv.held = cost
-		return true
+		return refusal{}
 	}
 	return ex.refuseConversationTurn(satAdd(spent, held), cost)
 }
@@ -198,15 +196,11 @@ func (ex *exchange) checkConversationBudget(cost int64) bool {
 // refuseConversationTurn answers a turn past its conversation's budget:
 // used is what the conversation has cost and holds, cost the turn's
 // estimate.
-func (ex *exchange) refuseConversationTurn(used, cost int64) bool {
+func (ex *exchange) refuseConversationTurn(used, cost int64) refusal {
 	k := ex.key
 	ex.g.metrics.Rejected("conversation", "cost_per_conversation", ex.rec.Team)
 	ex.w.Header().Set("X-Should-Retry", "false")
-	e := errConversationBudget(k.team.name, k.team.maxConvMicros, used, cost)
-	ex.rec.ErrorType = e.Kind
-	ex.rec.Rejection = llm.RejectCostPerConversation
-	ex.fail(e, llm.OutcomeRejected)
-	return false
+	return limited(errConversationBudget(k.team.name, k.team.maxConvMicros, used, cost), llm.RejectCostPerConversation)
 }
 
 // linksResponse reports whether this attempt's answer names a new stored

@@ -113,10 +113,10 @@ func trackOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in 
 	if aerr := ex.identify(sum, true); aerr != nil {
 		tb.Fatal(aerr)
 	}
-	if aerr := ex.identifyConversation(); aerr != nil {
-		tb.Fatal(aerr)
+	if rf := ex.identifyConversation(); !rf.ok() {
+		tb.Fatal(rf.err)
 	}
-	if !ex.admit() {
+	if rf := ex.admit(); !rf.ok() {
 		tb.Fatal("refused")
 	}
 	ex.rec.Status, ex.rec.AttemptCount = 200, 1

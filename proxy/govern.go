@@ -188,76 +188,91 @@ func (ex *exchange) subjects() []ratelimit.Subject {
 }
 
 // admit checks the caller's team may use the model and its limits admit the
-// request. On refusal it answers the caller and returns false.
-func (ex *exchange) admit() bool {
-	gv := ex.gen.gov
-	if ex.key != nil && ex.key.team != nil && !ex.key.team.modelAllowed(ex.rec.Model) {
-		ex.rec.Rejection = llm.RejectModelNotAllowed
-		ex.fail(errModelNotAllowed(ex.key.team.name, ex.rec.Model), llm.OutcomeRejected)
-		return false
+// request: the model, the cost estimate, the conversation's budget, then
+// the limiter, which leases what the request reserves.
+func (ex *exchange) admit() refusal {
+	if k := ex.key; k != nil && k.team != nil && !k.team.modelAllowed(ex.rec.Model) {
+		return rejected(errModelNotAllowed(k.team.name, ex.rec.Model), llm.RejectModelNotAllowed)
 	}
 	subjects := ex.subjects()
 	convBudget := (ex.conv.key != "" || ex.conv.fromResponse) && ex.key != nil && ex.key.team != nil &&
 		ex.key.team.maxConvMicros > 0
 	if len(subjects) == 0 && !convBudget {
-		return true
+		return refusal{}
 	}
-	maxTok := ex.info.MaxTokens
+	prompt, maxTok := ex.reservation()
+	cost, rf := ex.estimateCost(subjects, convBudget, llm.Usage{Input: prompt, Output: maxTok, HasInput: true, HasOutput: true})
+	if !rf.ok() {
+		return rf
+	}
+	if convBudget {
+		if rf := ex.checkConversationBudget(cost); !rf.ok() {
+			return rf
+		}
+	}
+	if len(subjects) == 0 {
+		return refusal{}
+	}
+	return ex.takeLease(subjects, satAdd(prompt, maxTok), cost)
+}
+
+// reservation is what admission reserves for a request: its prompt
+// estimate and the output it may generate (max_tokens, else the default;
+// nothing for a metered forward: embeddings and the like generate nothing,
+// and an API that does is charged its real output at settlement).
+func (ex *exchange) reservation() (prompt, maxTok int64) {
+	maxTok = ex.info.MaxTokens
 	switch {
 	case maxTok >= 0:
 	case ex.kind == kindMetered:
-		// Embeddings and the like generate nothing; an API that does is
-		// charged its real output at settlement.
 		maxTok = 0
 	default:
-		maxTok = gv.defaultMaxTokens
+		maxTok = ex.gen.gov.defaultMaxTokens
 	}
-	prompt := max(ex.promptEstimate, 0)
-	estimate := llm.Usage{Input: prompt, Output: maxTok, HasInput: true, HasOutput: true}
-	cost, priced := gv.prices.Cost(ex.rec.Model, estimate)
-	if !priced {
-		for _, s := range subjects {
-			if s.Limits.CostPerDayMicros > 0 || s.Limits.CostPerMonthMicros > 0 {
-				// An unpriced model costs 0 and would slip past the budget.
-				ex.rec.Rejection = llm.RejectUnpricedModel
-				ex.fail(errUnpricedModel(ex.who(ratelimit.State{Scope: s.Scope, ID: s.ID}), ex.rec.Model),
-					llm.OutcomeRejected)
-				return false
-			}
-		}
-		if convBudget {
-			ex.rec.Rejection = llm.RejectUnpricedModel
-			ex.fail(errUnpricedModel("team "+strconv.Quote(ex.key.team.name)+"'s conversations", ex.rec.Model),
-				llm.OutcomeRejected)
-			return false
+	return max(ex.promptEstimate, 0), maxTok
+}
+
+// estimateCost prices the reservation; an unpriced model is refused where a
+// cost budget (a subject's, or the conversation's) applies, since it would
+// cost 0 and slip past the budget.
+func (ex *exchange) estimateCost(subjects []ratelimit.Subject, convBudget bool, estimate llm.Usage) (int64, refusal) {
+	cost, priced := ex.gen.gov.prices.Cost(ex.rec.Model, estimate)
+	if priced {
+		return cost, refusal{}
+	}
+	for _, s := range subjects {
+		if s.Limits.CostPerDayMicros > 0 || s.Limits.CostPerMonthMicros > 0 {
+			return 0, rejected(errUnpricedModel(ex.who(ratelimit.State{Scope: s.Scope, ID: s.ID}), ex.rec.Model),
+				llm.RejectUnpricedModel)
 		}
 	}
-	if convBudget && !ex.checkConversationBudget(cost) {
-		return false
+	if convBudget {
+		return 0, rejected(errUnpricedModel("team "+strconv.Quote(ex.key.team.name)+"'s conversations", ex.rec.Model),
+			llm.RejectUnpricedModel)
 	}
-	if len(subjects) == 0 {
-		return true
-	}
-	dec, err := gv.limiter.Admit(ex.r.Context(), ratelimit.Request{
-		Subjects: subjects, Tokens: satAdd(prompt, maxTok), CostMicros: cost,
-	})
+	return cost, refusal{}
+}
+
+// takeLease asks the limiter to admit the request's subjects for tokens and
+// cost, and keeps the lease and the limits' states (for the rate-limit
+// headers). A refusal carries the dialect's rate-limit headers and says
+// whether retrying can help.
+func (ex *exchange) takeLease(subjects []ratelimit.Subject, tokens, cost int64) refusal {
+	gv := ex.gen.gov
+	dec, err := gv.limiter.Admit(ex.r.Context(), ratelimit.Request{Subjects: subjects, Tokens: tokens, CostMicros: cost})
 	if err != nil {
 		if ex.r.Context().Err() != nil {
-			ex.clientGone()
-			return false
+			return callerGone
 		}
 		ex.g.log.Error("rate limiter unavailable", "request_id", ex.rec.RequestID, "err", err)
 		ex.w.Header().Set("Retry-After", "1")
-		ex.rec.Rejection = llm.RejectLimiterUnavailable
-		ex.fail(errLimiterUnavailable(), llm.OutcomeRejected)
-		return false
+		return rejected(errLimiterUnavailable(), llm.RejectLimiterUnavailable)
 	}
 	ex.rlStates = dec.States
 	if !dec.Allowed {
 		ex.g.metrics.Rejected(dec.Refused.Scope.String(), dec.Refused.Kind.String(), ex.rec.Team)
 		h := ex.w.Header()
 		setRateLimitHeaders(h, ex.rec.Dialect, dec.States, ex.g.now())
-		e := errRateLimited(dec, ex.who(dec.Refused), ex.g.now())
 		if dec.Refused.Spent() {
 			// Retrying cannot succeed before the window ends: tell the SDKs
 			// not to (both SDKs honour x-should-retry) and give no Retry-After in seconds.
@@ -267,13 +282,10 @@ func (ex *exchange) admit() bool {
 			// flight hold: the SDKs retry it after this wait.
 			setRetryAfter(h, dec.RetryAfter)
 		}
-		ex.rec.ErrorType = e.Kind
-		ex.rec.Rejection = rejectionOf(dec.Refused.Kind)
-		ex.fail(e, llm.OutcomeRejected)
-		return false
+		return limited(errRateLimited(dec, ex.who(dec.Refused), ex.g.now()), rejectionOf(dec.Refused.Kind))
 	}
 	ex.lease = dec.Lease
-	return true
+	return refusal{}
 }
 
 // governed reports whether the gateway governs the caller: mode "keys", or

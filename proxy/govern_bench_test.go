@@ -102,7 +102,7 @@ func governOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in
 	if aerr := ex.identify(sum, true); aerr != nil {
 		tb.Fatal(aerr)
 	}
-	if !ex.admit() {
+	if rf := ex.admit(); !rf.ok() {
 		tb.Fatal("refused")
 	}
 	if len(ex.rlStates) > 0 {

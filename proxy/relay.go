@@ -317,33 +317,11 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 		return attemptResult{}, false, false
 	}
 	withheld := false
-	if l.claim != nil && l.claim.deferred && !l.claimSeen {
-		// A claim the relay went on without: its conflict ends the stream
-		// before this event (the events before it are the caller's).
-		if conflict, ok := l.claim.result(); ok {
-			l.claimSeen = true
-			if conflict {
-				return l.endConflict(now)
-			}
-		}
-	}
 	if ev := l.st.fr.Event(); ev != nil {
 		obs := l.st.tap.Observe(ev, now)
 		ex.traceEvent(ev)
-		if ex.pendingClaim != storedNone || ex.conv.pendingLink {
-			// Before it is written: the caller must not hold the id of a
-			// response its team does not own yet (see claimWait).
-			switch {
-			case len(obs.ResponseID) > 0:
-				l.claim = ex.claimStream(string(l.st.tap.ResponseID()))
-				if conflict, ok := l.claim.result(); ok && conflict {
-					return l.endConflict(now)
-				}
-			case obs.TokenBearing:
-				ex.pendingClaim, ex.conv.pendingLink = storedNone, false
-				ex.g.log.Warn("stream without response.created before its first token: its owner is not recorded",
-					"request_id", ex.rec.RequestID)
-			}
+		if l.conflict(obs) {
+			return l.endConflict(now)
 		}
 		if !l.committed {
 			switch {
@@ -388,6 +366,38 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 	l.prevWithheld = withheld
 	l.lfPending = l.pos == l.end && l.buf[l.pos-1] == '\r'
 	return attemptResult{}, false, true
+}
+
+// conflict reports whether the stream must end before the event obs
+// describes because its new response is another team's. At
+// response.created the response is claimed (claimStream: before the event
+// is written, the caller must not hold the id of a response its team does
+// not own yet); a claim the relay went on without is asked again at each
+// later event, without waiting.
+func (l *relayLoop) conflict(obs *sseparse.Observation) bool {
+	ex := l.ex
+	if l.claim != nil {
+		if !l.claim.deferred || l.claimSeen {
+			return false
+		}
+		conflict, ok := l.claim.result()
+		l.claimSeen = ok
+		return conflict
+	}
+	if ex.pendingClaim == storedNone && !ex.conv.pendingLink {
+		return false
+	}
+	switch {
+	case len(obs.ResponseID) > 0:
+		l.claim = ex.claimStream(string(l.st.tap.ResponseID()))
+		conflict, _ := l.claim.result()
+		return conflict
+	case obs.TokenBearing:
+		ex.pendingClaim, ex.conv.pendingLink = storedNone, false
+		ex.g.log.Warn("stream without response.created before its first token: its owner is not recorded",
+			"request_id", ex.rec.RequestID)
+	}
+	return false
 }
 
 // endConflict ends a stream whose new response another team owns: held,

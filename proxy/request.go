@@ -491,15 +491,15 @@ func caseVariantIn(obj []byte, fields []string) (key, field string, found bool) 
 // checkEdge refuses a request the gateway must not pass on, before it reads
 // anything else of it: a path that is not canonical, or headers larger than
 // server.max_header_bytes.
-func (ex *exchange) checkEdge() (*apiError, llm.Rejection) {
+func (ex *exchange) checkEdge() refusal {
 	r := ex.r
 	if why := nonCanonical(r.URL); why != "" {
-		return errNonCanonicalPath(why), llm.RejectNonCanonicalPath
+		return rejected(errNonCanonicalPath(why), llm.RejectNonCanonicalPath)
 	}
 	if n, limit := headerBytes(r.Header), ex.gen.cfg.Server.MaxHeaderBytes; n > limit {
-		return errHeadersTooLarge(limit), llm.RejectHeadersTooLarge
+		return rejected(errHeadersTooLarge(limit), llm.RejectHeadersTooLarge)
 	}
-	return nil, llm.RejectNone
+	return refusal{}
 }
 
 // nonCanonical says why a path is not one the gateway forwards, or "" when

@@ -121,10 +121,10 @@ func (ex *exchange) owner() string {
 // previous_response_id or conversation in its body, through only for the
 // team that created that state (mode "keys"). Everyone else gets the
 // upstream's own 404, and the request never reaches the upstream.
-func (ex *exchange) checkStored() *apiError {
+func (ex *exchange) checkStored() refusal {
 	g := ex.g
 	if !ex.gen.gov.keysMode {
-		return nil
+		return refusal{}
 	}
 	refs := [...]struct {
 		kind  storedKind
@@ -150,15 +150,13 @@ func (ex *exchange) checkStored() *apiError {
 		}
 		if err != nil {
 			g.log.Warn("ownership store unavailable", "request_id", ex.rec.RequestID, "err", err)
-			ex.rec.Rejection = llm.RejectOwnershipUnavailable
-			return errOwnershipUnavailable()
+			return rejected(errOwnershipUnavailable(), llm.RejectOwnershipUnavailable)
 		}
 		if holder != me {
-			ex.rec.Rejection = llm.RejectNotOwner
-			return errStoredNotFound(ref.kind, ref.id, ref.param)
+			return rejected(errStoredNotFound(ref.kind, ref.id, ref.param), llm.RejectNotOwner)
 		}
 	}
-	return nil
+	return refusal{}
 }
 
 // claims reports whether the answer to this request names a new stored

@@ -623,8 +623,8 @@ func BenchmarkStoredState(b *testing.B) {
 			ex.stored = storedPath(r.Method, r.URL)
 			b.ReportAllocs()
 			for b.Loop() {
-				if aerr := ex.checkStored(); aerr != nil {
-					b.Fatal(aerr)
+				if rf := ex.checkStored(); !rf.ok() {
+					b.Fatal(rf.err)
 				}
 			}
 		})

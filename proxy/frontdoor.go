@@ -1,0 +1,168 @@
+package proxy
+
+import "github.com/tollgate-llm/tollgate/llm"
+
+// refusal is what a front-door check says when a request may not go on:
+// the error the caller gets in its dialect, the outcome, and for a
+// rejection the rule that refused it. The zero value lets the request on.
+type refusal struct {
+	err     *apiError
+	outcome llm.Outcome
+	reason  llm.Rejection
+	// typed: the error's type is the record's error type too (a limit's
+	// 429, which the SDKs and dashboards tell apart by it).
+	typed bool
+	// gone: the caller left (or the gateway cut it) while the check waited.
+	gone bool
+}
+
+// ok reports whether the request may go on.
+func (rf refusal) ok() bool { return rf.err == nil && !rf.gone }
+
+// badRequest refuses a request that is malformed or cannot be served as
+// sent.
+func badRequest(e *apiError) refusal { return refusal{err: e, outcome: llm.OutcomeBadRequest} }
+
+// rejected refuses a well-formed request by a rule of the gateway's (why).
+func rejected(e *apiError, why llm.Rejection) refusal {
+	return refusal{err: e, outcome: llm.OutcomeRejected, reason: why}
+}
+
+// limited refuses a request past a limit: rejected, with the error's type
+// on the record.
+func limited(e *apiError, why llm.Rejection) refusal {
+	rf := rejected(e, why)
+	rf.typed = true
+	return rf
+}
+
+// callerGone ends a request whose caller left during a check.
+var callerGone = refusal{gone: true}
+
+// serve takes a request through the front door's checks in the order it
+// meets them, each returning a refusal, and refuses in one place (refuse)
+// at the first that says no; then it goes upstream. A check that is not
+// reached leaves its part of the record empty, as before it.
+func (ex *exchange) serve() {
+	var hasKey bool
+	var body []byte
+	rf := ex.checkEdge()
+	if rf.ok() {
+		hasKey, rf = ex.checkIdentity()
+	}
+	if rf.ok() {
+		rf = ex.checkUpstream()
+	}
+	if rf.ok() {
+		body, rf = ex.readRequestBody()
+	}
+	if rf.ok() {
+		rf = ex.inspect(body)
+	}
+	if rf.ok() {
+		rf = ex.checkStored()
+	}
+	if rf.ok() && ex.kind.admitted() {
+		rf = ex.identifyConversation()
+	}
+	if rf.ok() && ex.kind.admitted() {
+		rf = ex.admit()
+	}
+	if !rf.ok() {
+		ex.refuse(rf)
+		return
+	}
+	// No label of its own yet for a name nobody has served: the upstream
+	// may still refuse it (see servedBy).
+	ex.modelLabel = ex.g.metrics.Model(ex.rec.Model)
+	// In mode "keys" the caller's key is the gateway's, never the
+	// upstream's: the upstream's own key replaces it.
+	ex.roundTrip(body, hasKey && !ex.gen.gov.keysMode, ex.targets(ex.rec.Model))
+}
+
+// refuse answers a request a check refused: the one place the record's
+// rejection is written.
+func (ex *exchange) refuse(rf refusal) {
+	if rf.gone {
+		ex.clientGone()
+		return
+	}
+	ex.rec.Rejection = rf.reason
+	if rf.typed {
+		ex.rec.ErrorType = rf.err.Kind
+	}
+	ex.fail(rf.err, rf.outcome)
+}
+
+// checkIdentity reads the caller's key (Authorization or x-api-key) and
+// identifies it (identify): the record's key id is its hash prefix, or its
+// [[keys]] name. hasKey says a key was sent.
+func (ex *exchange) checkIdentity() (hasKey bool, rf refusal) {
+	key, hasKey, malformed := callerKey(ex.r.Header)
+	sum, id := keyHash(key)
+	ex.rec.KeyID = id
+	switch {
+	case malformed:
+		return false, badRequest(errUnauthorized("malformed Authorization header: expected \"Bearer <key>\""))
+	case !hasKey && ex.gen.cfg.Auth.RequireKey:
+		return false, badRequest(errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""))
+	}
+	if aerr := ex.identify(sum, hasKey); aerr != nil {
+		return false, badRequest(aerr)
+	}
+	return hasKey, refusal{}
+}
+
+// checkUpstream refuses a request no configured upstream serves.
+func (ex *exchange) checkUpstream() refusal {
+	if len(ex.targets("")) == 0 {
+		return badRequest(errNoUpstream(ex.rec.Dialect))
+	}
+	return refusal{}
+}
+
+// readRequestBody reads the body whole, bounded by max_body_bytes: the
+// inspection needs it, and streaming it upstream instead truncated
+// requests under load (DESIGN.md).
+func (ex *exchange) readRequestBody() ([]byte, refusal) {
+	body, aerr := readBody(ex.r, ex.gen.cfg.Server.MaxBodyBytes, &ex.g.bufPool)
+	switch {
+	case aerr == nil:
+		return body, refusal{}
+	case ex.r.Context().Err() != nil:
+		return nil, callerGone
+	}
+	return nil, badRequest(aerr)
+}
+
+// inspect reads what the request asks for, and so settles what the
+// exchange is: the stored object its path names; a model call's model,
+// stream and limits (a background response from a governed caller is
+// refused: its usage could be neither reserved nor billed); whether a
+// forward is metered; a replay is a stream by definition.
+func (ex *exchange) inspect(body []byte) refusal {
+	ex.stored = storedPath(ex.r.Method, ex.r.URL)
+	switch ex.kind {
+	case kindReplay:
+		ex.rec.Stream, ex.info.Stream = true, true // asked for by its query or its body's stream
+	case kindModelCall:
+		ex.promptEstimate = int64(len(body)+3) / 4
+		info, aerr := inspectRequest(ex.rec.Dialect, body)
+		if aerr != nil {
+			return badRequest(aerr)
+		}
+		if key, field, bad := caseVariantField(body); bad {
+			return badRequest(errCaseVariant(key, field))
+		}
+		ex.info = info
+		ex.rec.Model, ex.rec.Stream = info.Model, info.Stream
+		if aerr := ex.meterBackground(); aerr != nil {
+			return rejected(aerr, llm.RejectNotMeterable)
+		}
+	case kindForward:
+		if aerr := ex.meterForwarded(body); aerr != nil {
+			return rejected(aerr, llm.RejectNotMeterable)
+		}
+	}
+	return refusal{}
+}
