@@ -14,6 +14,39 @@ import (
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
+// attemptState is one attempt's own state, made for each try (attemptWith)
+// and passed to the attempt, the relay and the copy, so nothing of one
+// attempt outlives it into the next. What finish and the trace need of the
+// attempt that answered comes back in its result (attemptResult.at).
+type attemptState struct {
+	up *upstream
+	// tk is the attempt's breaker ticket; a stream reports it healthy at
+	// its first token (tkEarly), so a long stream does not hold a
+	// half-open probe slot to its end.
+	tk      *ticket
+	tkEarly bool
+	// claim is the kind of stored object whose new id the answer names,
+	// still to be recorded as the caller's (mode "keys", see claims);
+	// storedNone once recorded, or when there is none. link: the answer
+	// names a new stored response, to be linked to the exchange's
+	// conversation (linksResponse).
+	claim storedKind
+	link  bool
+	// suppressUsage is set when the gateway added include_usage on the
+	// caller's behalf (bodyFor), so the usage-only chunk is kept from the
+	// caller.
+	suppressUsage bool
+	// captured is a bounded copy of a body that is not relayed event by
+	// event (copyBody); idConflict says that body named a stored object
+	// another team owns and was withheld.
+	captured   []byte
+	idConflict bool
+	// terminalOut is set once the terminal marker has been flushed to the
+	// caller; lastFlush is the time of the last flush.
+	terminalOut bool
+	lastFlush   time.Time
+}
+
 // attemptResult is what one attempt left behind.
 type attemptResult struct {
 	result string
@@ -27,6 +60,8 @@ type attemptResult struct {
 	// timeouts, 408, 429, 5xx and streams the upstream broke.
 	healthy bool
 	fail    *failure
+	// at is the attempt's state as it ended.
+	at attemptState
 }
 
 // attemptTrace holds the moments the transport's goroutines report for one
@@ -41,14 +76,13 @@ type attemptTrace struct {
 // opening events are held back until its first token, so that an error or a
 // stall before it can still be retried; otherwise every event goes out at
 // once.
-func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) attemptResult {
+func (ex *exchange) attempt(at *attemptState, t target, body []byte, callerKeyUp, mayRetry bool) attemptResult {
 	g, up := ex.g, t.up
-	ex.up = up
 	ex.rec.Upstream = up.cfg.Name
-	body = ex.bodyFor(t, body)
+	body = ex.bodyFor(at, t, body)
 	// Each attempt that succeeds upstream creates its own stored object.
-	ex.pendingClaim = ex.claims()
-	ex.conv.pendingLink = ex.linksResponse()
+	at.claim = ex.claims()
+	at.link = ex.linksResponse()
 
 	// The attempt lives in the caller's context: a caller that hangs up
 	// cancels it. No http.Client.Timeout: it would cap streams. The phase
@@ -69,7 +103,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	if err != nil {
 		g.log.Error("building upstream request", "request_id", ex.rec.RequestID, "upstream", up.cfg.Name, "err", err)
 		ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
-		e := ex.classify(stop{stage: stageNoRequest})
+		e := ex.classify(stop{stage: stageNoRequest, at: at})
 		return ex.result(e, 0, true)
 	}
 	if ex.info.Stream {
@@ -79,7 +113,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	resp, err := up.transport.RoundTrip(req)
 	ex.rec.Timing.UpFirstByte = ex.since(tr.firstByte.Load())
 	if err != nil {
-		return ex.noResponse(ctx, err)
+		return ex.noResponse(ctx, at, err)
 	}
 	defer resp.Body.Close()
 	ex.rec.UpstreamRequestID = upstreamRequestID(resp.Header)
@@ -88,7 +122,7 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 	switch {
 	case resp.StatusCode >= 400:
 		pt.enter(phaseNone, 0)
-		return ex.errorAnswer(ctx, resp, mayRetry)
+		return ex.errorAnswer(ctx, at, resp, mayRetry)
 	case isEventStream(resp.Header.Get("Content-Type")) && ex.rec.Dialect != llm.DialectNone:
 		if ex.rec.Stream {
 			pt.enter(phaseFirstToken, up.firstToken)
@@ -97,12 +131,12 @@ func (ex *exchange) attempt(t target, body []byte, callerKeyUp, mayRetry bool) a
 		}
 		ex.rec.Stream = true
 		ex.rec.Status = resp.StatusCode
-		return ex.relay(ctx, resp, mayRetry, pt)
+		return ex.relay(ctx, at, resp, mayRetry, pt)
 	default:
 		pt.enter(phaseNone, 0)
 		ex.rec.Status = resp.StatusCode
 		ex.prepareHeaders(resp.Header)
-		return ex.copyAnswer(ctx, resp)
+		return ex.copyAnswer(ctx, at, resp)
 	}
 }
 
@@ -174,8 +208,8 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 }
 
 // noResponse ends an attempt that got no response.
-func (ex *exchange) noResponse(ctx context.Context, err error) attemptResult {
-	e := ex.classify(stop{stage: stageNoAnswer, ctx: ctx, err: err})
+func (ex *exchange) noResponse(ctx context.Context, at *attemptState, err error) attemptResult {
+	e := ex.classify(stop{stage: stageNoAnswer, ctx: ctx, err: err, at: at})
 	if e.gone {
 		return ex.callerLeft(e, 0)
 	}
@@ -186,9 +220,9 @@ func (ex *exchange) noResponse(ctx context.Context, err error) attemptResult {
 // errorAnswer handles an upstream answer of 400 or more. The body is read
 // (up to errorCaptureLimit) before deciding: when the attempt may be retried
 // it is kept, to be relayed if no later attempt does better.
-func (ex *exchange) errorAnswer(ctx context.Context, resp *http.Response, mayRetry bool) attemptResult {
+func (ex *exchange) errorAnswer(ctx context.Context, at *attemptState, resp *http.Response, mayRetry bool) attemptResult {
 	st := resp.StatusCode
-	s := stop{stage: stageErrorAnswer, ctx: ctx, status: st, header: resp.Header}
+	s := stop{stage: stageErrorAnswer, ctx: ctx, status: st, header: resp.Header, at: at}
 	if mayRetry {
 		s.body, s.err = io.ReadAll(io.LimitReader(resp.Body, errorCaptureLimit+1))
 		s.complete = s.err == nil && len(s.body) <= errorCaptureLimit
@@ -207,12 +241,12 @@ func (ex *exchange) errorAnswer(ctx context.Context, resp *http.Response, mayRet
 	ex.prepareHeaders(resp.Header)
 	read := s.body
 	s.stage = stageErrorCopied
-	s.err, s.writeErr = ex.copyBody(io.MultiReader(bytes.NewReader(read), resp.Body), errorCaptureLimit, false)
+	s.err, s.writeErr = ex.copyBody(at, io.MultiReader(bytes.NewReader(read), resp.Body), errorCaptureLimit, false)
 	if !mayRetry {
 		// The body was not read before: judge the upstream's health on what
 		// was relayed (a quota error on the last attempt is not an outage
 		// either).
-		s.body = ex.captured
+		s.body = at.captured
 	}
 	e = ex.classify(s)
 	ex.record(e)

@@ -28,10 +28,6 @@ type convTurn struct {
 	// unknown: a Responses request that names no conversation and continues
 	// none takes its new response's id (linkResponse).
 	key string
-	// pendingLink: the answer names a new stored response, to be linked to
-	// the conversation before the caller sees its id, so that a next turn
-	// naming it as previous_response_id finds the conversation.
-	pendingLink bool
 	// fromResponse: the conversation is named by the Responses API (its
 	// own id or chain), so a turn without a key yet gets one from its
 	// response.
@@ -212,9 +208,9 @@ func (ex *exchange) linksResponse() bool {
 // takeLink returns the conversation key the new stored response id must
 // be linked to ("" when it is not linked), and clears the attempt's pending
 // link. A first turn's conversation is named by its own response.
-func (ex *exchange) takeLink(id string) (key string) {
-	link := ex.conv.pendingLink && id != ""
-	ex.conv.pendingLink = false
+func (ex *exchange) takeLink(at *attemptState, id string) (key string) {
+	link := at.link && id != ""
+	at.link = false
 	switch {
 	case !link:
 		return ""

@@ -18,12 +18,12 @@ const errorCaptureLimit = 64 << 10
 // copyAnswer relays an answer that is not an event stream on a dialect
 // route: a non-streamed answer, or any answer on a forwarded path. A
 // non-streamed answer's usage is read from a bounded copy of its body.
-func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attemptResult {
+func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http.Response) attemptResult {
 	g := ex.g
-	s := stop{stage: stageBody, ctx: ctx}
+	s := stop{stage: stageBody, ctx: ctx, at: at}
 	if isEventStream(resp.Header.Get("Content-Type")) { // a stream on a forwarded path
 		ex.sseHeaders()
-		s.err, s.writeErr = ex.copyBody(resp.Body, 0, true)
+		s.err, s.writeErr = ex.copyBody(at, resp.Body, 0, true)
 		e := ex.classify(s)
 		ex.record(e)
 		return ex.result(e, resp.StatusCode, true)
@@ -34,16 +34,16 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 	switch {
 	case metered:
 		limit = ex.gen.cfg.Server.MaxEventBytes
-	case ex.pendingClaim != storedNone: // a conversation created: its id is read
+	case at.claim != storedNone: // a conversation created: its id is read
 		limit = errorCaptureLimit
 	}
-	s.err, s.writeErr = ex.copyBody(resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
-	s.conflict = ex.idConflict
+	s.err, s.writeErr = ex.copyBody(at, resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
+	s.conflict = at.idConflict
 	s.notJSON = !s.conflict && s.err == nil && s.writeErr == nil && resp.StatusCode == http.StatusOK &&
-		ex.rec.Dialect != llm.DialectNone && len(ex.captured) < limit && !isJSON(ex.captured)
+		ex.rec.Dialect != llm.DialectNone && len(at.captured) < limit && !isJSON(at.captured)
 	var answer sseparse.ResponsesAnswer // usage and status, in one walk
 	if ex.rec.Dialect == llm.DialectResponses {
-		answer = sseparse.ReadResponsesAnswer(ex.captured)
+		answer = sseparse.ReadResponsesAnswer(at.captured)
 		if s.failed = resp.StatusCode == http.StatusOK && !s.notJSON && answer.Failed; s.failed {
 			s.errType = string(jsonscan.AppendUnescape(nil, answer.Code))
 		}
@@ -55,11 +55,11 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 	// Usage is read from an answer that came whole, success or not.
 	if metered && (e.outcome == llm.OutcomeOK || e.errType == "invalid_json" || s.conflict ||
 		s.failed && e.result == resultErrorEvent) {
-		if len(ex.captured) >= limit {
+		if len(at.captured) >= limit {
 			g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
-				"upstream", ex.up.cfg.Name, "limit_bytes", limit)
+				"upstream", at.up.cfg.Name, "limit_bytes", limit)
 		}
-		ex.usageFromBody(&answer)
+		ex.usageFromBody(at.captured, &answer)
 	}
 	ex.record(e)
 	if s.conflict {
@@ -70,30 +70,30 @@ func (ex *exchange) copyAnswer(ctx context.Context, resp *http.Response) attempt
 
 // copyBody copies a body that is not relayed event by event: non-streamed
 // answers, upstream errors and forwarded paths. It keeps up to capture bytes
-// in ex.captured (for usage or the error type); a larger body is still
+// in at.captured (for usage or the error type); a larger body is still
 // copied whole. flush sends every read on at once (streams on forwarded
 // paths). It returns the upstream's read error and the caller's write error.
-func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, writeErr error) {
+func (ex *exchange) copyBody(at *attemptState, body io.Reader, capture int, flush bool) (readErr, writeErr error) {
 	g := ex.g
 	bp := g.bufPool.Get().(*[]byte)
 	defer g.bufPool.Put(bp)
 	buf := *bp
 	rc := http.NewResponseController(ex.w)
-	if (ex.pendingClaim != storedNone || ex.conv.pendingLink) && ex.rec.Status == http.StatusOK && capture > 0 {
+	if (at.claim != storedNone || at.link) && ex.rec.Status == http.StatusOK && capture > 0 {
 		// The answer names a new stored object: hold it until the object
 		// is recorded as the caller's, so the caller never holds an id
 		// its team cannot use yet.
-		if readErr = ex.captureHead(body, buf, capture); readErr == nil && ex.claimAnswer(ex.captured) {
+		if readErr = at.captureHead(body, buf, capture); readErr == nil && ex.claimAnswer(at, at.captured) {
 			// Withheld whole; copyAnswer answers instead.
-			ex.idConflict = true
+			at.idConflict = true
 			return nil, nil
 		}
 		ex.writeHeader(ex.rec.Status)
-		if writeErr = ex.write(ex.captured); writeErr == nil && flush {
+		if writeErr = ex.write(at.captured); writeErr == nil && flush {
 			writeErr = rc.Flush()
 		}
 		if readErr != nil || writeErr != nil {
-			ex.captured = nil
+			at.captured = nil
 			return readErr, writeErr
 		}
 	} else {
@@ -102,8 +102,8 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			if capture > 0 && len(ex.captured) < capture {
-				ex.captured = append(ex.captured, buf[:min(n, capture-len(ex.captured))]...)
+			if capture > 0 && len(at.captured) < capture {
+				at.captured = append(at.captured, buf[:min(n, capture-len(at.captured))]...)
 			}
 			if writeErr = ex.write(buf[:n]); writeErr == nil && flush {
 				writeErr = rc.Flush()
@@ -119,18 +119,18 @@ func (ex *exchange) copyBody(body io.Reader, capture int, flush bool) (readErr, 
 			break
 		}
 	}
-	if (readErr != nil || writeErr != nil) && ex.captured != nil && capture > len(ex.captured) {
-		ex.captured = nil // a partial body has no usable usage
+	if (readErr != nil || writeErr != nil) && at.captured != nil && capture > len(at.captured) {
+		at.captured = nil // a partial body has no usable usage
 	}
 	return readErr, writeErr
 }
 
-// captureHead reads body into ex.captured until capture bytes or its end
+// captureHead reads body into at.captured until capture bytes or its end
 // (through buf); it returns the read error, nil at the end.
-func (ex *exchange) captureHead(body io.Reader, buf []byte, capture int) error {
-	for len(ex.captured) < capture {
-		n, err := body.Read(buf[:min(len(buf), capture-len(ex.captured))])
-		ex.captured = append(ex.captured, buf[:n]...)
+func (at *attemptState) captureHead(body io.Reader, buf []byte, capture int) error {
+	for len(at.captured) < capture {
+		n, err := body.Read(buf[:min(len(buf), capture-len(at.captured))])
+		at.captured = append(at.captured, buf[:n]...)
 		if err == io.EOF {
 			return nil
 		}
@@ -143,22 +143,22 @@ func (ex *exchange) captureHead(body io.Reader, buf []byte, capture int) error {
 
 // usageFromBody reads the usage of a non-streamed answer from the bounded
 // copy of its body; a Responses API answer's was read already (answer).
-func (ex *exchange) usageFromBody(answer *sseparse.ResponsesAnswer) {
+func (ex *exchange) usageFromBody(captured []byte, answer *sseparse.ResponsesAnswer) {
 	var u llm.Usage
 	var ok bool
 	switch ex.rec.Dialect {
 	case llm.DialectOpenAI:
-		u, ok = sseparse.UsageFromOpenAIBody(ex.captured)
+		u, ok = sseparse.UsageFromOpenAIBody(captured)
 	case llm.DialectAnthropic:
-		u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+		u, ok = sseparse.UsageFromAnthropicBody(captured)
 	case llm.DialectResponses:
 		u, ok = answer.Usage, answer.HasUsage
 		if len(answer.IncompleteReason) > 0 {
 			ex.rec.IncompleteReason = string(jsonscan.AppendUnescape(nil, answer.IncompleteReason))
 		}
 	default: // a metered forwarded answer: prompt_tokens or input_tokens
-		if u, ok = sseparse.UsageFromOpenAIBody(ex.captured); !ok {
-			u, ok = sseparse.UsageFromAnthropicBody(ex.captured)
+		if u, ok = sseparse.UsageFromOpenAIBody(captured); !ok {
+			u, ok = sseparse.UsageFromAnthropicBody(captured)
 		}
 	}
 	if ok {

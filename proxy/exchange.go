@@ -3,7 +3,6 @@ package proxy
 import (
 	"net/http"
 	"runtime/debug"
-	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/ratelimit"
@@ -21,13 +20,7 @@ type exchange struct {
 	r          *http.Request
 	rec        llm.Record
 	modelLabel string
-	up         *upstream
 	info       requestInfo
-	captured   []byte // bounded copy of a non-relayed body
-	// terminalOut is set once the terminal marker has been flushed to the
-	// caller; lastFlush is the time of the last flush.
-	terminalOut bool
-	lastFlush   time.Time
 	// headersSent is set once the response status is written: after that
 	// an error can no longer be reported as a status.
 	headersSent bool
@@ -49,11 +42,13 @@ type exchange struct {
 	// finish, ITL, is resolved after the success status.
 	served bool
 
-	// tk is the breaker ticket of the attempt in progress; a stream reports
-	// it healthy at its first token (tkEarly), so a long stream does not
-	// hold a half-open probe slot to its end.
-	tk      *ticket
-	tkEarly bool
+	// stored is the stored response or conversation the path addresses.
+	stored storedUse
+	// last is the state of the last attempt, the one whose answer (or
+	// failure) the caller got, as it ended (attemptResult.at); its up is
+	// nil before any attempt.
+	last attemptState
+
 	// callerKeyUp: the caller's own key went upstream (passthrough), so a
 	// 429 describes the caller's account, not the upstream's health.
 	callerKeyUp bool
@@ -64,16 +59,6 @@ type exchange struct {
 	key      *keyEntry
 	lease    *ratelimit.Lease
 	rlStates []ratelimit.State
-
-	// stored is the stored response or conversation the path addresses;
-	// pendingClaim is the kind of object whose new id this attempt's answer
-	// names, still to be recorded as the caller's (mode "keys", see claims);
-	// storedNone once recorded, or when there is none.
-	stored       storedUse
-	pendingClaim storedKind
-	// idConflict says that the answer named a stored object another team
-	// owns and was withheld (copyBody).
-	idConflict bool
 
 	// conv is the conversation the exchange is a turn of (conversation.go).
 	conv convTurn

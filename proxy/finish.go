@@ -23,13 +23,14 @@ func (ex *exchange) finish() {
 	rec.Goodput = ex.gen.slo.Classify(rec)
 	caller := ex.kind.caller()
 	if caller {
-		if ex.modelLabel == "" {
-			ex.modelLabel = g.metrics.Model(rec.Model)
+		label := ex.modelLabel // "" for a request refused before it had one
+		if label == "" {
+			label = g.metrics.Model(rec.Model)
 		}
 		ex.recordTurn()
-		g.metrics.Observe(rec, ex.modelLabel)
+		g.metrics.Observe(rec, label)
 		if g.stats != nil {
-			g.stats.Observe(rec, ex.modelLabel)
+			g.stats.Observe(rec, label)
 		}
 	}
 	if g.accessLog != nil {
@@ -47,8 +48,8 @@ func (ex *exchange) finish() {
 // its terminal marker (the relay may read on after it, waiting for the
 // upstream's end of body), else now, when the exchange ends.
 func (ex *exchange) end() time.Time {
-	if ex.terminalOut {
-		return ex.lastFlush
+	if ex.last.terminalOut {
+		return ex.last.lastFlush
 	}
 	return ex.g.now()
 }

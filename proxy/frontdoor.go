@@ -138,14 +138,15 @@ func (ex *exchange) readRequestBody() ([]byte, refusal) {
 // inspect reads what the request asks for, and so settles what the
 // exchange is: the stored object its path names; a model call's model,
 // stream and limits (a background response from a governed caller is
-// refused: its usage could be neither reserved nor billed); whether a
-// forward is metered; a replay is a stream by definition.
+// refused: its usage could be neither reserved nor billed; the probe's is
+// the gateway's own body); whether a forward is metered; a replay is a
+// stream by definition. It is the one place these are written.
 func (ex *exchange) inspect(body []byte) refusal {
 	ex.stored = storedPath(ex.r.Method, ex.r.URL)
 	switch ex.kind {
 	case kindReplay:
 		ex.rec.Stream, ex.info.Stream = true, true // asked for by its query or its body's stream
-	case kindModelCall:
+	case kindModelCall, kindProbe:
 		ex.promptEstimate = int64(len(body)+3) / 4
 		info, aerr := inspectRequest(ex.rec.Dialect, body)
 		if aerr != nil {
@@ -160,8 +161,17 @@ func (ex *exchange) inspect(body []byte) refusal {
 			return rejected(aerr, llm.RejectNotMeterable)
 		}
 	case kindForward:
-		if aerr := ex.meterForwarded(body); aerr != nil {
+		info, metered, aerr := ex.meterForwarded(body)
+		if aerr != nil {
 			return rejected(aerr, llm.RejectNotMeterable)
+		}
+		if metered {
+			// previous_response_id and conversation are checked whatever
+			// the path: an upstream may serve the Responses API under
+			// another spelling of it.
+			ex.info, ex.kind = info, kindMetered
+			ex.rec.Model = info.Model
+			ex.promptEstimate = int64(len(body)+3) / 4
 		}
 	}
 	return refusal{}

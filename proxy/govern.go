@@ -316,8 +316,9 @@ func (ex *exchange) meterBackground() *apiError {
 // "keys", anything but GET /v1/models, POST /v1/messages/count_tokens and
 // the caller's own stored responses and conversations (the upstream
 // account's files, batches and the rest are shared by every gateway key).
-// Other callers' unmeterable requests go upstream as they are.
-func (ex *exchange) meterForwarded(body []byte) *apiError {
+// Other callers' unmeterable requests go upstream as they are. metered
+// says the request is metered, and info is what its body asks for.
+func (ex *exchange) meterForwarded(body []byte) (requestInfo, bool, *apiError) {
 	r, gv := ex.r, ex.gen.gov
 	path := r.URL.Path
 	exact := r.URL.RawPath == "" // no escaped characters in the path
@@ -326,43 +327,40 @@ func (ex *exchange) meterForwarded(body []byte) *apiError {
 		// A stored response or conversation of the caller's own team
 		// (checkStored): reading, cancelling, deleting or adding items
 		// costs no tokens.
-		return nil
+		return requestInfo{}, false, nil
 	}
 	if r.Method != http.MethodPost || exact && path == "/v1/messages/count_tokens" {
 		if !gv.keysMode {
 			if strict && r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodPost {
-				return errUnmetered(path, "a governed key may send only GET, HEAD and model requests")
+				return requestInfo{}, false, errUnmetered(path, "a governed key may send only GET, HEAD and model requests")
 			}
-			return nil
+			return requestInfo{}, false, nil
 		}
 		models := (r.Method == http.MethodGet || r.Method == http.MethodHead) && exact &&
 			(path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"))
 		count := r.Method == http.MethodPost && exact && path == "/v1/messages/count_tokens"
 		if models || count {
-			return nil
+			return requestInfo{}, false, nil
 		}
-		return errNotWithGatewayKeys(r.Method, path)
+		return requestInfo{}, false, errNotWithGatewayKeys(r.Method, path)
 	}
 	if key, field, bad := caseVariantField(body); bad {
-		return errCaseVariant(key, field)
+		return requestInfo{}, false, errCaseVariant(key, field)
 	}
 	info, ok := inspectForwarded(body)
 	switch {
 	case !ok && strict:
-		return errUnmetered(path, "its body is not a JSON object naming a \"model\"")
+		return requestInfo{}, false, errUnmetered(path, "its body is not a JSON object naming a \"model\"")
 	case !ok:
-		return nil
+		return requestInfo{}, false, nil
 	case (info.Stream || info.Background) && strict:
-		return errUnmetered(path, "streamed requests are metered only on /v1/chat/completions, /v1/messages and /v1/responses, and background requests nowhere")
+		return requestInfo{}, false, errUnmetered(path, "streamed requests are metered only on /v1/chat/completions, /v1/messages and /v1/responses, and background requests nowhere")
 	case info.Stream || info.Background:
-		return nil
+		return requestInfo{}, false, nil
 	}
 	// previous_response_id and conversation are checked whatever the path:
 	// an upstream may serve the Responses API under another spelling of it.
-	ex.info, ex.kind = info, kindMetered
-	ex.rec.Model = info.Model
-	ex.promptEstimate = int64(len(body)+3) / 4
-	return nil
+	return info, true, nil
 }
 
 // who names the subject of a limit for an error message.

@@ -786,6 +786,7 @@ type relayRig struct {
 	cancel context.CancelFunc
 
 	ex   exchange
+	at   attemptState
 	resp http.Response
 	pt   phaseTimer
 }
@@ -796,10 +797,11 @@ func (rg *relayRig) run(body io.Reader) attemptResult {
 	if rg.r == nil {
 		rg.r = httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
 	}
-	rg.ex = exchange{g: rg.g, gen: rg.g.gen.Load(), w: rg.w, r: rg.r, up: rg.g.gen.Load().upstreams[0], modelLabel: "m"}
+	rg.ex = exchange{g: rg.g, gen: rg.g.gen.Load(), w: rg.w, r: rg.r, modelLabel: "m"}
+	rg.at = attemptState{up: rg.g.gen.Load().upstreams[0]}
 	rg.ex.rec.Route, rg.ex.rec.Dialect, rg.ex.rec.Status = llm.RouteChatCompletions, rg.d, http.StatusOK
 	rg.ex.rec.Timing.In = rg.g.now()
-	rg.ex.info.suppressUsage = rg.suppress
+	rg.at.suppressUsage = rg.suppress
 	rg.resp = http.Response{StatusCode: http.StatusOK, Header: sseHeader, Body: io.NopCloser(body)}
 	defer rg.pt.stop() // as the attempt does after its relay
 	ctx := rg.ctx
@@ -816,7 +818,9 @@ func (rg *relayRig) run(body io.Reader) attemptResult {
 		}
 	}
 	rg.pt.init(rg.pt.cancel, rg.pt.idle, 0, nil) // no total timeout
-	return rg.ex.relay(ctx, &rg.resp, rg.hold, &rg.pt)
+	res := rg.ex.relay(ctx, &rg.at, &rg.resp, rg.hold, &rg.pt)
+	rg.ex.last = rg.at // as tryUpstream keeps the attempt's state
+	return res
 }
 
 // relayStream relays body through a fresh exchange of g (see relayRig),

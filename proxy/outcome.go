@@ -77,6 +77,9 @@ type stop struct {
 	// conflict: the answer names a stored object another team owns; it
 	// was withheld from the caller.
 	conflict bool
+	// at is the attempt that stopped: its upstream, and the bounded copy
+	// of the body it relayed.
+	at *attemptState
 }
 
 // ending is how an attempt ended, decided in one place (classify): what the
@@ -172,7 +175,7 @@ func (ex *exchange) noAnswerEnding(s stop, gone bool, c cut) ending {
 	case c == cutAttempt || errors.As(s.err, &ne) && ne.Timeout():
 		e.outcome, e.result = llm.OutcomeUpstreamTimeout, resultTimeout
 	}
-	ex.g.log.Warn("upstream attempt failed", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name,
+	ex.g.log.Warn("upstream attempt failed", "request_id", ex.rec.RequestID, "upstream", s.at.up.cfg.Name,
 		"result", e.result, "err", s.err)
 	return e
 }
@@ -187,9 +190,9 @@ func (ex *exchange) errorAnswerEnding(s stop, gone bool, c cut) ending {
 	}
 	typ, code := errorFields(s.body)
 	e := ending{outcome: llm.OutcomeUpstreamError, result: statusResult(s.status),
-		healthy: ex.answerHealthy(s.status, typ, code)}
+		healthy: ex.answerHealthy(s.at.up, s.status, typ, code)}
 	if s.stage == stageErrorAnswer {
-		e.retryable = s.complete && shouldRetry(ex.up.policy, s.status, s.header, typ, code)
+		e.retryable = s.complete && shouldRetry(s.at.up.policy, s.status, s.header, typ, code)
 		e.errType = sseparse.ErrorTypeFromBody(s.body)
 		return e
 	}
@@ -199,9 +202,9 @@ func (ex *exchange) errorAnswerEnding(s stop, gone bool, c cut) ending {
 	case c == cutAttempt:
 		e.outcome = llm.OutcomeUpstreamTimeout
 	case s.err != nil:
-		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", s.err)
+		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", s.at.up.cfg.Name, "err", s.err)
 	}
-	e.errType = sseparse.ErrorTypeFromBody(ex.captured)
+	e.errType = sseparse.ErrorTypeFromBody(s.at.captured)
 	return e
 }
 
@@ -216,8 +219,8 @@ func (ex *exchange) heldEnding(s stop, gone bool, c cut) ending {
 	case s.errorEvent:
 		e.interrupt, e.result, e.errType = llm.InterruptUpstreamErrorEvent, resultErrorEvent, s.errType
 		status := errorEventStatus(s.errType)
-		e.retryable = status != 0 && retryableStatus(ex.up.policy, status, e.errType, "")
-		e.healthy = ex.errorEventHealthy(e.errType)
+		e.retryable = status != 0 && retryableStatus(s.at.up.policy, status, e.errType, "")
+		e.healthy = ex.errorEventHealthy(s.at.up, e.errType)
 	case s.tooLarge:
 		e.interrupt, e.errType = llm.InterruptProtocolError, "event_too_large"
 	case gone:
@@ -245,7 +248,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 		return conflictEnding()
 	case s.errorEvent: // e.g. vLLM: an error event, then [DONE]
 		e.interrupt, e.result = llm.InterruptUpstreamErrorEvent, resultErrorEvent
-		e.healthy = ex.errorEventHealthy(e.errType)
+		e.healthy = ex.errorEventHealthy(s.at.up, e.errType)
 	case s.terminalOut:
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	case gone:
@@ -253,7 +256,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 		e.result, e.healthy = resultClientGone, true
 	case s.tooLarge:
 		ex.g.log.Warn("upstream event too large; stream cut", "request_id", ex.rec.RequestID,
-			"upstream", ex.up.cfg.Name, "limit_bytes", ex.gen.cfg.Server.MaxEventBytes)
+			"upstream", s.at.up.cfg.Name, "limit_bytes", ex.gen.cfg.Server.MaxEventBytes)
 		e.interrupt = llm.InterruptProtocolError
 		if e.errType == "" {
 			e.errType = "event_too_large"
@@ -269,7 +272,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 		e.interrupt = llm.InterruptUpstreamEOF
 		if s.err != nil {
 			ex.g.log.Warn("upstream stream broke", "request_id", ex.rec.RequestID,
-				"upstream", ex.up.cfg.Name, "err", s.err)
+				"upstream", s.at.up.cfg.Name, "err", s.err)
 		}
 	}
 	return e
@@ -290,16 +293,16 @@ func (ex *exchange) bodyEnding(s stop, gone bool, c cut) ending {
 	case c == cutAttempt:
 		e.outcome, e.result = llm.OutcomeUpstreamTimeout, resultTimeout
 	case s.err != nil:
-		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", ex.up.cfg.Name, "err", s.err)
+		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", s.at.up.cfg.Name, "err", s.err)
 	case s.notJSON:
 		e.interrupt, e.errType = llm.InterruptProtocolError, "invalid_json"
 		ex.g.log.Warn("upstream answer is not JSON", "request_id", ex.rec.RequestID,
-			"upstream", ex.up.cfg.Name, "bytes", len(ex.captured))
+			"upstream", s.at.up.cfg.Name, "bytes", len(s.at.captured))
 	case s.failed:
 		// The answer's own error, as a stream's response.failed would
 		// carry it: judged by its code like an error event.
 		e.result, e.errType = resultErrorEvent, s.errType
-		e.healthy = ex.errorEventHealthy(e.errType)
+		e.healthy = ex.errorEventHealthy(s.at.up, e.errType)
 	default:
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	}
@@ -349,30 +352,30 @@ func (ex *exchange) cancelledBy() (llm.Outcome, llm.Interruption) {
 // upstream (passthrough) a 429 is that caller's account's limit, which must
 // not open the circuit for every other caller; likewise a probe's 429 on a
 // key no caller's request carries.
-func (ex *exchange) answerHealthy(st int, errType, errCode string) bool {
+func (ex *exchange) answerHealthy(up *upstream, st int, errType, errCode string) bool {
 	switch {
 	case neverRetryable(errType) || neverRetryable(errCode):
 		return true
 	case st == http.StatusTooManyRequests:
-		return ex.callerKeyUp || ex.probeOwnKey()
+		return ex.callerKeyUp || ex.probeOwnKey(up)
 	}
 	return st < 500 && st != http.StatusRequestTimeout
 }
 
 // probeOwnKey reports whether this is a probe whose key no caller's request
 // carries: passthrough with require_key, and an upstream key of its own.
-func (ex *exchange) probeOwnKey() bool {
+func (ex *exchange) probeOwnKey(up *upstream) bool {
 	return ex.kind == kindProbe && !ex.gen.gov.keysMode && ex.gen.cfg.Auth.RequireKey &&
-		ex.up != nil && ex.up.cfg.APIKey != ""
+		up != nil && up.cfg.APIKey != ""
 }
 
 // errorEventHealthy judges an error event the same way, by its type.
-func (ex *exchange) errorEventHealthy(errType string) bool {
+func (ex *exchange) errorEventHealthy(up *upstream, errType string) bool {
 	st := errorEventStatus(errType)
 	if st == 0 {
 		return neverRetryable(errType) // an unknown type is taken for an outage
 	}
-	return ex.answerHealthy(st, errType, "")
+	return ex.answerHealthy(up, st, errType, "")
 }
 
 // statusResult names an upstream error status.

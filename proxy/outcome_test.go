@@ -77,12 +77,13 @@ func TestConnectTimeoutIsConnectError(t *testing.T) {
 				resultHeaderTimeout, llm.OutcomeUpstreamTimeout},
 		}
 		for _, c := range cases {
-			ex := &exchange{g: g, gen: g.gen.Load(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil), up: g.gen.Load().upstreams[0]}
+			ex := &exchange{g: g, gen: g.gen.Load(), r: httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)}
+			at := &attemptState{up: g.gen.Load().upstreams[0]}
 			ctx, cancel := context.WithCancelCause(context.Background())
 			if c.cause != nil {
 				cancel(c.cause)
 			}
-			res := ex.noResponse(ctx, c.err)
+			res := ex.noResponse(ctx, at, c.err)
 			cancel(nil)
 			if res.result != c.result || !res.retryable || res.fail == nil || res.fail.outcome != c.outcome {
 				t.Errorf("%s: result %s retryable %v outcome %v; want %s, retryable, %s",

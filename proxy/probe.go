@@ -69,9 +69,9 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 	ex := g.newExchange(gen, &probeWriter{h: http.Header{}}, r, route, d, true, newRequestID())
 	ex.rec.KeyID = keyID("")
 	ex.rec.Upstream = up.cfg.Name
-	ex.info, _ = inspectRequest(d, body) // the gateway's own body: valid
-	ex.rec.Model, ex.rec.Stream = ex.info.Model, ex.info.Stream
-	ex.promptEstimate = int64(len(body)+3) / 4
+	if rf := ex.inspect(body); !rf.ok() { // the gateway's own body: valid
+		return llm.ProbeResult{}, rf.err
+	}
 
 	panicked := func() (panicked bool) {
 		defer func() {

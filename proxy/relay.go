@@ -119,7 +119,7 @@ const terminalGrace = time.Second
 // usage or terminal event, so that an error event or a stall before the
 // first token can still be retried elsewhere. The hold is bounded by one
 // relay buffer and by maxHold (or the first-token timeout, if longer).
-func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, pt *phaseTimer) attemptResult {
+func (ex *exchange) relay(ctx context.Context, at *attemptState, resp *http.Response, hold bool, pt *phaseTimer) attemptResult {
 	g := ex.g
 	st := g.getStreamState()
 	defer g.putStreamState(st)
@@ -131,8 +131,8 @@ func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, p
 	}
 	sp := g.streamBufs.Get().(*[]byte)
 	defer g.streamBufs.Put(sp)
-	l := relayLoop{ex: ex, st: st, resp: resp, rc: *http.NewResponseController(ex.w), ctx: ctx,
-		pt: pt, buf: *sp, suppress: ex.info.suppressUsage}
+	l := relayLoop{ex: ex, at: at, st: st, resp: resp, rc: *http.NewResponseController(ex.w), ctx: ctx,
+		pt: pt, buf: *sp, suppress: at.suppressUsage}
 	defer func() {
 		if l.big != nil { // a private buffer grown past it is dropped
 			g.bufPool.Put(l.big)
@@ -141,7 +141,6 @@ func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, p
 			ex.awaitClaim(l.claim)
 		}
 	}()
-	ex.terminalOut = false
 	if !hold {
 		l.commit()
 		// Send the headers now: a caller waiting for a slow first token
@@ -150,7 +149,7 @@ func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, p
 			return l.endStream(nil, err)
 		}
 	}
-	l.holdStart, l.holdCap = g.now(), max(maxHold, ex.up.firstToken)
+	l.holdStart, l.holdCap = g.now(), max(maxHold, at.up.firstToken)
 	for {
 		if res, done := l.step(); done {
 			return res
@@ -161,6 +160,7 @@ func (ex *exchange) relay(ctx context.Context, resp *http.Response, hold bool, p
 // relayLoop is the state of one relayed stream, on the relay's stack.
 type relayLoop struct {
 	ex   *exchange
+	at   *attemptState
 	st   *streamState
 	resp *http.Response
 	rc   http.ResponseController // a value: a pointer would escape with the timer
@@ -337,12 +337,12 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 		case obs.TokenBearing && !l.firstOut:
 			l.firstOut, l.firstInBatch = true, true
 			l.pt.firstToken()
-			if ex.tk != nil {
+			if l.at.tk != nil {
 				// The upstream answers: a long stream must not hold a
 				// half-open probe slot to its end (a later break is still
 				// counted, see attemptWith).
-				ex.tk.done(true)
-				ex.tkEarly = true
+				l.at.tk.done(true)
+				l.at.tkEarly = true
 			}
 			l.events++
 		default:
@@ -384,16 +384,16 @@ func (l *relayLoop) conflict(obs *sseparse.Observation) bool {
 		l.claimSeen = ok
 		return conflict
 	}
-	if ex.pendingClaim == storedNone && !ex.conv.pendingLink {
+	if l.at.claim == storedNone && !l.at.link {
 		return false
 	}
 	switch {
 	case len(obs.ResponseID) > 0:
-		l.claim = ex.claimStream(string(l.st.tap.ResponseID()))
+		l.claim = ex.claimStream(l.at, string(l.st.tap.ResponseID()))
 		conflict, _ := l.claim.result()
 		return conflict
 	case obs.TokenBearing:
-		ex.pendingClaim, ex.conv.pendingLink = storedNone, false
+		l.at.claim, l.at.link = storedNone, false
 		ex.g.log.Warn("stream without response.created before its first token: its owner is not recorded",
 			"request_id", ex.rec.RequestID)
 	}
@@ -451,7 +451,7 @@ func (l *relayLoop) flush(readAt time.Time, events int, firstInBatch, wrote bool
 		return err
 	}
 	done := ex.g.now()
-	ex.lastFlush = done
+	l.at.lastFlush = done
 	if l.st.itl.sink != nil {
 		l.st.itl.drain() // after the flush: off the token's path
 	}
@@ -459,8 +459,8 @@ func (l *relayLoop) flush(readAt time.Time, events int, firstInBatch, wrote bool
 		ex.rec.Timing.FirstTokenOut = done
 	}
 	ex.rec.RelayOverhead += time.Duration(events) * done.Sub(readAt)
-	if !ex.terminalOut && l.st.tap.TerminalSeen() {
-		ex.terminalOut = true
+	if !l.at.terminalOut && l.st.tap.TerminalSeen() {
+		l.at.terminalOut = true
 		l.pt.graceAt(done, terminalGrace)
 	}
 	return nil
@@ -493,7 +493,7 @@ func (l *relayLoop) readEnded(rerr error) attemptResult {
 // attempt follows.
 func (l *relayLoop) endHeld(s stop, held []byte) attemptResult {
 	ex := l.ex
-	s.stage, s.ctx = stageHeld, l.ctx
+	s.stage, s.ctx, s.at = stageHeld, l.ctx, l.at
 	e := ex.classify(s)
 	if e.gone {
 		return ex.callerLeft(e, 0)
@@ -521,8 +521,8 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 	ex := l.ex
 	l.st.tap.Fill(&ex.rec)
 	s := stop{stage: stageStream, ctx: l.ctx, err: readErr, writeErr: writeErr,
-		tooLarge: errors.Is(readErr, errEventTooLarge), terminalOut: ex.terminalOut, errorEvent: l.st.tap.ErrorSeen(),
-		conflict: errors.Is(readErr, errIDConflict)}
+		tooLarge: errors.Is(readErr, errEventTooLarge), terminalOut: l.at.terminalOut, errorEvent: l.st.tap.ErrorSeen(),
+		conflict: errors.Is(readErr, errIDConflict), at: l.at}
 	if s.errorEvent {
 		s.errType = ex.rec.ErrorType
 	}
@@ -531,7 +531,7 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 		l.pt.abort() // stop the upstream now rather than when the handler returns
 	}
 	ex.record(e)
-	if !ex.terminalOut && !e.gone && !s.errorEvent && ex.gen.cfg.Server.StreamErrorEvents {
+	if !l.at.terminalOut && !e.gone && !s.errorEvent && ex.gen.cfg.Server.StreamErrorEvents {
 		if ex.write(streamErrorEvent(ex.rec.Dialect, ex.rec.Interruption, &l.st.tap)) == nil {
 			_ = l.rc.Flush()
 		}

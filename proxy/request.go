@@ -117,10 +117,6 @@ type requestInfo struct {
 	PreviousResponseID string
 	Conversation       string
 	NoStore            bool
-
-	// suppressUsage is set when the gateway added include_usage on the
-	// caller's behalf, so the usage-only chunk is kept from the caller.
-	suppressUsage bool
 }
 
 // requestFields are the few fields of a request body the gateway reads. The

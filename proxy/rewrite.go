@@ -10,18 +10,18 @@ import (
 
 // bodyFor returns the body sent to target t: the model renamed when its
 // route says so, and (OpenAI streams) usage asked for when the upstream
-// allows it and the caller did not. ex.info.suppressUsage follows.
-func (ex *exchange) bodyFor(t target, body []byte) []byte {
+// allows it and the caller did not. at.suppressUsage follows.
+func (ex *exchange) bodyFor(at *attemptState, t target, body []byte) []byte {
 	if t.model != "" {
 		if nb, ok := setModel(body, t.model); ok {
 			body = nb
 		}
 	}
-	ex.info.suppressUsage = false
+	at.suppressUsage = false
 	if ex.rec.Dialect == llm.DialectOpenAI && ex.info.Stream && t.up.cfg.IncludeUsage && !ex.info.IncludeUsage {
 		if nb, ok := addIncludeUsage(body); ok {
 			body = nb
-			ex.info.suppressUsage = true
+			at.suppressUsage = true
 		}
 	}
 	return body

@@ -191,6 +191,7 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 		ex.startAttemptSpan(up, bypassed, rt.body)
 		res := ex.attemptWith(t, tk, rt.body, mayRetry)
 		rt.sent = true
+		ex.last = res.at
 		ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Status: res.status, Result: res.result,
 			Duration: g.now().Sub(start), BreakerBypass: bypassed})
 		ex.endAttemptSpan(res.status, res.result)
@@ -291,11 +292,12 @@ func (ex *exchange) countMove(rt *route, up *upstream) {
 // failure too.
 func (ex *exchange) attemptWith(t target, tk ticket, body []byte, mayRetry bool) (res attemptResult) {
 	up := t.up
-	ex.tk, ex.tkEarly = &tk, false
+	at := attemptState{up: up, tk: &tk}
 	defer up.shaper.Release()
 	defer func() {
-		early := ex.tkEarly
-		ex.tk = nil
+		early := at.tkEarly
+		at.tk = nil
+		res.at = at
 		if res.result == resultClientGone {
 			tk.release()
 			return
@@ -305,7 +307,7 @@ func (ex *exchange) attemptWith(t target, tk ticket, body []byte, mayRetry bool)
 			up.breaker.observe(false)
 		}
 	}()
-	return ex.attempt(t, body, ex.callerKeyUp, mayRetry)
+	return ex.attempt(&at, t, body, ex.callerKeyUp, mayRetry)
 }
 
 // reportRetryWait reports the request's retry waits, once, under the

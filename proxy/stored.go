@@ -177,25 +177,25 @@ func (ex *exchange) claims() storedKind {
 // claimAnswer records the object a non-streamed answer (a response, a
 // conversation) names by its top-level id. It reports whether another team
 // owns the id (claimID).
-func (ex *exchange) claimAnswer(body []byte) (conflict bool) {
-	kind := ex.pendingClaim
-	ex.pendingClaim = storedNone
+func (ex *exchange) claimAnswer(at *attemptState, body []byte) (conflict bool) {
+	kind := at.claim
+	at.claim = storedNone
 	raw, _ := jsonscan.Get(body, "id")
 	s, ok := jsonscan.String(raw)
 	if !ok || len(s) == 0 {
-		ex.conv.pendingLink = false
+		at.link = false
 		ex.g.log.Warn("stored object without an id: its owner and conversation are not recorded", "request_id", ex.rec.RequestID)
 		return false
 	}
-	return ex.newStored(kind, string(jsonscan.AppendUnescape(nil, s)))
+	return ex.newStored(at, kind, string(jsonscan.AppendUnescape(nil, s)))
 }
 
 // newStored records a new stored object the answer names before the caller
 // sees it: its owner (kind, when it must be claimed; storedNone when not)
 // and, for a response, its conversation. It reports whether another team
 // owns the id (claimID), in which case nothing else is recorded.
-func (ex *exchange) newStored(kind storedKind, id string) (conflict bool) {
-	key := ex.takeLink(id)
+func (ex *exchange) newStored(at *attemptState, kind storedKind, id string) (conflict bool) {
+	key := ex.takeLink(at, id)
 	conflict = ex.recordStored(kind, id, key)
 	ex.joinConversation(key, conflict)
 	return conflict
@@ -265,10 +265,10 @@ func (c *storedClaim) result() (conflict, ok bool) {
 // most claimWait. A claim still in flight after that is registered, so a
 // request naming id on this replica waits for it instead of finding it
 // unowned.
-func (ex *exchange) claimStream(id string) *storedClaim {
-	kind := ex.pendingClaim
-	ex.pendingClaim = storedNone
-	c := &storedClaim{id: id, convKey: ex.takeLink(id), done: make(chan struct{})}
+func (ex *exchange) claimStream(at *attemptState, id string) *storedClaim {
+	kind := at.claim
+	at.claim = storedNone
+	c := &storedClaim{id: id, convKey: ex.takeLink(at, id), done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		c.conflict = ex.recordStored(kind, id, c.convKey)

@@ -319,8 +319,8 @@ func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyVa
 				reasons = append(reasons, r)
 			}
 		}
-	} else if rec.Status/100 == 2 && rec.Dialect != llm.DialectNone && len(ex.captured) > 0 {
-		id, model, reasons = answerResponse(rec.Dialect, ex.captured)
+	} else if rec.Status/100 == 2 && rec.Dialect != llm.DialectNone && len(ex.last.captured) > 0 {
+		id, model, reasons = answerResponse(rec.Dialect, ex.last.captured)
 	}
 	if id != "" {
 		a = append(a, tracing.ResponseID.String(id))
@@ -380,8 +380,8 @@ func (ex *exchange) contentAttributes(a []attribute.KeyValue) []attribute.KeyVal
 	if t.content != "" {
 		a = append(a, tracing.RequestContent.String(t.content))
 	}
-	if !ex.rec.Stream && len(ex.captured) > 0 {
-		body := ex.captured
+	if !ex.rec.Stream && len(ex.last.captured) > 0 {
+		body := ex.last.captured
 		if len(body) > tracing.ContentLimit {
 			body, cut = body[:tracing.ContentLimit], true
 		}
@@ -441,8 +441,8 @@ func operationName(route llm.Route, path string) string {
 // a forwarded request the first one its upstream serves.
 func (ex *exchange) providerName() string {
 	d := ex.rec.Dialect
-	if d == llm.DialectNone && ex.up != nil && len(ex.up.cfg.Dialects) > 0 {
-		d, _ = llm.ParseDialect(ex.up.cfg.Dialects[0])
+	if d == llm.DialectNone && ex.last.up != nil && len(ex.last.up.cfg.Dialects) > 0 {
+		d, _ = llm.ParseDialect(ex.last.up.cfg.Dialects[0])
 	}
 	switch d {
 	case llm.DialectOpenAI, llm.DialectResponses:
