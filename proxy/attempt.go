@@ -20,10 +20,10 @@ import (
 // attempt that answered comes back in its result (attemptResult.at).
 type attemptState struct {
 	up *upstream
-	// tk is the attempt's breaker ticket; a stream reports it healthy at
-	// its first token (tkEarly), so a long stream does not hold a
-	// half-open probe slot to its end.
-	tk      *ticket
+	// tk is the attempt's breaker ticket (the zero ticket without a
+	// breaker); a stream reports it healthy at its first token (tkEarly),
+	// so a long stream does not hold a half-open probe slot to its end.
+	tk      ticket
 	tkEarly bool
 	// claim is the kind of stored object whose new id the answer names,
 	// still to be recorded as the caller's (mode "keys", see claims);
@@ -103,7 +103,7 @@ func (ex *exchange) attempt(at *attemptState, t target, body []byte, callerKeyUp
 	if err != nil {
 		g.log.Error("building upstream request", "request_id", ex.rec.RequestID, "upstream", up.cfg.Name, "err", err)
 		ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
-		e := ex.classify(stop{stage: stageNoRequest, at: at})
+		e := ex.classify(at, stop{stage: stageNoRequest})
 		return ex.result(e, 0, true)
 	}
 	if ex.info.Stream {
@@ -209,7 +209,7 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 
 // noResponse ends an attempt that got no response.
 func (ex *exchange) noResponse(ctx context.Context, at *attemptState, err error) attemptResult {
-	e := ex.classify(stop{stage: stageNoAnswer, ctx: ctx, err: err, at: at})
+	e := ex.classify(at, stop{stage: stageNoAnswer, ctx: ctx, err: err})
 	if e.gone {
 		return ex.callerLeft(e, 0)
 	}
@@ -222,12 +222,12 @@ func (ex *exchange) noResponse(ctx context.Context, at *attemptState, err error)
 // it is kept, to be relayed if no later attempt does better.
 func (ex *exchange) errorAnswer(ctx context.Context, at *attemptState, resp *http.Response, mayRetry bool) attemptResult {
 	st := resp.StatusCode
-	s := stop{stage: stageErrorAnswer, ctx: ctx, status: st, header: resp.Header, at: at}
+	s := stop{stage: stageErrorAnswer, ctx: ctx, status: st, header: resp.Header}
 	if mayRetry {
 		s.body, s.err = io.ReadAll(io.LimitReader(resp.Body, errorCaptureLimit+1))
 		s.complete = s.err == nil && len(s.body) <= errorCaptureLimit
 	}
-	e := ex.classify(s)
+	e := ex.classify(at, s)
 	switch {
 	case e.gone:
 		return ex.callerLeft(e, st)
@@ -248,7 +248,7 @@ func (ex *exchange) errorAnswer(ctx context.Context, at *attemptState, resp *htt
 		// either).
 		s.body = at.captured
 	}
-	e = ex.classify(s)
+	e = ex.classify(at, s)
 	ex.record(e)
 	return ex.result(e, st, true)
 }

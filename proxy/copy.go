@@ -20,11 +20,11 @@ const errorCaptureLimit = 64 << 10
 // non-streamed answer's usage is read from a bounded copy of its body.
 func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http.Response) attemptResult {
 	g := ex.g
-	s := stop{stage: stageBody, ctx: ctx, at: at}
+	s := stop{stage: stageBody, ctx: ctx}
 	if isEventStream(resp.Header.Get("Content-Type")) { // a stream on a forwarded path
 		ex.sseHeaders()
 		s.err, s.writeErr = ex.copyBody(at, resp.Body, 0, true)
-		e := ex.classify(s)
+		e := ex.classify(at, s)
 		ex.record(e)
 		return ex.result(e, resp.StatusCode, true)
 	}
@@ -48,7 +48,7 @@ func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http
 			s.errType = string(jsonscan.AppendUnescape(nil, answer.Code))
 		}
 	}
-	e := ex.classify(s)
+	e := ex.classify(at, s)
 	if ex.stored.release && e.outcome == llm.OutcomeOK && resp.StatusCode/100 == 2 {
 		ex.releaseStored()
 	}

@@ -77,9 +77,6 @@ type stop struct {
 	// conflict: the answer names a stored object another team owns; it
 	// was withheld from the caller.
 	conflict bool
-	// at is the attempt that stopped: its upstream, and the bounded copy
-	// of the body it relayed.
-	at *attemptState
 }
 
 // ending is how an attempt ended, decided in one place (classify): what the
@@ -132,7 +129,7 @@ func cutOf(ctx context.Context) cut {
 // happens: the retry loop names an upstream it skipped, and respond.go
 // records the outcome of the gateway's own answers (its errors, a caller
 // gone before any answer).
-func (ex *exchange) classify(s stop) ending {
+func (ex *exchange) classify(at *attemptState, s stop) ending {
 	gone := s.writeErr != nil || ex.r.Context().Err() != nil
 	c := cutOf(s.ctx)
 	var e ending
@@ -140,15 +137,15 @@ func (ex *exchange) classify(s stop) ending {
 	case stageNoRequest:
 		return ending{outcome: llm.OutcomeUpstreamError, result: resultConnectionError, healthy: true}
 	case stageNoAnswer:
-		e = ex.noAnswerEnding(s, gone, c)
+		e = ex.noAnswerEnding(at, s, gone, c)
 	case stageErrorAnswer, stageErrorCopied:
-		e = ex.errorAnswerEnding(s, gone, c)
+		e = ex.errorAnswerEnding(at, s, gone, c)
 	case stageHeld:
-		e = ex.heldEnding(s, gone, c)
+		e = ex.heldEnding(at, s, gone, c)
 	case stageStream:
-		e = ex.streamEnding(s, gone, c)
+		e = ex.streamEnding(at, s, gone, c)
 	case stageBody:
-		e = ex.bodyEnding(s, gone, c)
+		e = ex.bodyEnding(at, s, gone, c)
 	}
 	return e
 }
@@ -160,7 +157,7 @@ func (ex *exchange) goneEnding() ending {
 	return ending{outcome: o, result: resultClientGone, healthy: true, gone: true}
 }
 
-func (ex *exchange) noAnswerEnding(s stop, gone bool, c cut) ending {
+func (ex *exchange) noAnswerEnding(at *attemptState, s stop, gone bool, c cut) ending {
 	if gone {
 		return ex.goneEnding()
 	}
@@ -175,7 +172,7 @@ func (ex *exchange) noAnswerEnding(s stop, gone bool, c cut) ending {
 	case c == cutAttempt || errors.As(s.err, &ne) && ne.Timeout():
 		e.outcome, e.result = llm.OutcomeUpstreamTimeout, resultTimeout
 	}
-	ex.g.log.Warn("upstream attempt failed", "request_id", ex.rec.RequestID, "upstream", s.at.up.cfg.Name,
+	ex.g.log.Warn("upstream attempt failed", "request_id", ex.rec.RequestID, "upstream", at.up.cfg.Name,
 		"result", e.result, "err", s.err)
 	return e
 }
@@ -184,15 +181,15 @@ func (ex *exchange) noAnswerEnding(s stop, gone bool, c cut) ending {
 // decided, it may be retried; relayed, its outcome is how the copy ended.
 // Quota, billing, key and request errors are about the account or the
 // request, not the upstream's health: they do not open its breaker.
-func (ex *exchange) errorAnswerEnding(s stop, gone bool, c cut) ending {
+func (ex *exchange) errorAnswerEnding(at *attemptState, s stop, gone bool, c cut) ending {
 	if s.stage == stageErrorAnswer && s.err != nil && gone {
 		return ex.goneEnding()
 	}
 	typ, code := errorFields(s.body)
 	e := ending{outcome: llm.OutcomeUpstreamError, result: statusResult(s.status),
-		healthy: ex.answerHealthy(s.at.up, s.status, typ, code)}
+		healthy: ex.answerHealthy(at.up, s.status, typ, code)}
 	if s.stage == stageErrorAnswer {
-		e.retryable = s.complete && shouldRetry(s.at.up.policy, s.status, s.header, typ, code)
+		e.retryable = s.complete && shouldRetry(at.up.policy, s.status, s.header, typ, code)
 		e.errType = sseparse.ErrorTypeFromBody(s.body)
 		return e
 	}
@@ -202,16 +199,16 @@ func (ex *exchange) errorAnswerEnding(s stop, gone bool, c cut) ending {
 	case c == cutAttempt:
 		e.outcome = llm.OutcomeUpstreamTimeout
 	case s.err != nil:
-		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", s.at.up.cfg.Name, "err", s.err)
+		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", at.up.cfg.Name, "err", s.err)
 	}
-	e.errType = sseparse.ErrorTypeFromBody(s.at.captured)
+	e.errType = sseparse.ErrorTypeFromBody(at.captured)
 	return e
 }
 
 // heldEnding judges a stream that failed before anything reached the
 // caller. An error event is retried by the rules of the status the same
 // error has outside a stream; any other failure is worth another attempt.
-func (ex *exchange) heldEnding(s stop, gone bool, c cut) ending {
+func (ex *exchange) heldEnding(at *attemptState, s stop, gone bool, c cut) ending {
 	e := ending{outcome: llm.OutcomeUpstreamError, result: resultStreamBroken, retryable: true}
 	switch {
 	case s.conflict:
@@ -219,8 +216,8 @@ func (ex *exchange) heldEnding(s stop, gone bool, c cut) ending {
 	case s.errorEvent:
 		e.interrupt, e.result, e.errType = llm.InterruptUpstreamErrorEvent, resultErrorEvent, s.errType
 		status := errorEventStatus(s.errType)
-		e.retryable = status != 0 && retryableStatus(s.at.up.policy, status, e.errType, "")
-		e.healthy = ex.errorEventHealthy(s.at.up, e.errType)
+		e.retryable = status != 0 && retryableStatus(at.up.policy, status, e.errType, "")
+		e.healthy = ex.errorEventHealthy(at.up, e.errType)
 	case s.tooLarge:
 		e.interrupt, e.errType = llm.InterruptProtocolError, "event_too_large"
 	case gone:
@@ -241,14 +238,14 @@ func (ex *exchange) heldEnding(s stop, gone bool, c cut) ending {
 // The SDKs hang up as soon as they read an error event, so a caller gone
 // after one does not make the end the caller's doing. A body that ends
 // without its terminal marker is a truncated stream, never a success.
-func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
+func (ex *exchange) streamEnding(at *attemptState, s stop, gone bool, c cut) ending {
 	e := ending{outcome: llm.OutcomeUpstreamError, result: resultStreamBroken, gone: gone, errType: s.errType}
 	switch {
 	case s.conflict:
 		return conflictEnding()
 	case s.errorEvent: // e.g. vLLM: an error event, then [DONE]
 		e.interrupt, e.result = llm.InterruptUpstreamErrorEvent, resultErrorEvent
-		e.healthy = ex.errorEventHealthy(s.at.up, e.errType)
+		e.healthy = ex.errorEventHealthy(at.up, e.errType)
 	case s.terminalOut:
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	case gone:
@@ -256,7 +253,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 		e.result, e.healthy = resultClientGone, true
 	case s.tooLarge:
 		ex.g.log.Warn("upstream event too large; stream cut", "request_id", ex.rec.RequestID,
-			"upstream", s.at.up.cfg.Name, "limit_bytes", ex.gen.cfg.Server.MaxEventBytes)
+			"upstream", at.up.cfg.Name, "limit_bytes", ex.gen.cfg.Server.MaxEventBytes)
 		e.interrupt = llm.InterruptProtocolError
 		if e.errType == "" {
 			e.errType = "event_too_large"
@@ -272,7 +269,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 		e.interrupt = llm.InterruptUpstreamEOF
 		if s.err != nil {
 			ex.g.log.Warn("upstream stream broke", "request_id", ex.rec.RequestID,
-				"upstream", s.at.up.cfg.Name, "err", s.err)
+				"upstream", at.up.cfg.Name, "err", s.err)
 		}
 	}
 	return e
@@ -282,7 +279,7 @@ func (ex *exchange) streamEnding(s stop, gone bool, c cut) ending {
 // answer on a forwarded path. A whole 200 on a dialect route that is not
 // JSON (cut by a proxy, an HTML page) is no success: the caller's SDK
 // cannot parse it; nor is a Responses API answer whose status is failed.
-func (ex *exchange) bodyEnding(s stop, gone bool, c cut) ending {
+func (ex *exchange) bodyEnding(at *attemptState, s stop, gone bool, c cut) ending {
 	e := ending{outcome: llm.OutcomeUpstreamError, result: resultStreamBroken}
 	switch {
 	case s.conflict:
@@ -293,16 +290,16 @@ func (ex *exchange) bodyEnding(s stop, gone bool, c cut) ending {
 	case c == cutAttempt:
 		e.outcome, e.result = llm.OutcomeUpstreamTimeout, resultTimeout
 	case s.err != nil:
-		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", s.at.up.cfg.Name, "err", s.err)
+		ex.g.log.Warn("upstream body broke", "request_id", ex.rec.RequestID, "upstream", at.up.cfg.Name, "err", s.err)
 	case s.notJSON:
 		e.interrupt, e.errType = llm.InterruptProtocolError, "invalid_json"
 		ex.g.log.Warn("upstream answer is not JSON", "request_id", ex.rec.RequestID,
-			"upstream", s.at.up.cfg.Name, "bytes", len(s.at.captured))
+			"upstream", at.up.cfg.Name, "bytes", len(at.captured))
 	case s.failed:
 		// The answer's own error, as a stream's response.failed would
 		// carry it: judged by its code like an error event.
 		e.result, e.errType = resultErrorEvent, s.errType
-		e.healthy = ex.errorEventHealthy(s.at.up, e.errType)
+		e.healthy = ex.errorEventHealthy(at.up, e.errType)
 	default:
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	}

@@ -337,13 +337,11 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 		case obs.TokenBearing && !l.firstOut:
 			l.firstOut, l.firstInBatch = true, true
 			l.pt.firstToken()
-			if l.at.tk != nil {
-				// The upstream answers: a long stream must not hold a
-				// half-open probe slot to its end (a later break is still
-				// counted, see attemptWith).
-				l.at.tk.done(true)
-				l.at.tkEarly = true
-			}
+			// The upstream answers: a long stream must not hold a
+			// half-open probe slot to its end (a later break is still
+			// counted, see attemptWith).
+			l.at.tk.done(true)
+			l.at.tkEarly = true
 			l.events++
 		default:
 			l.events++
@@ -493,8 +491,8 @@ func (l *relayLoop) readEnded(rerr error) attemptResult {
 // attempt follows.
 func (l *relayLoop) endHeld(s stop, held []byte) attemptResult {
 	ex := l.ex
-	s.stage, s.ctx, s.at = stageHeld, l.ctx, l.at
-	e := ex.classify(s)
+	s.stage, s.ctx = stageHeld, l.ctx
+	e := ex.classify(l.at, s)
 	if e.gone {
 		return ex.callerLeft(e, 0)
 	}
@@ -522,11 +520,11 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 	l.st.tap.Fill(&ex.rec)
 	s := stop{stage: stageStream, ctx: l.ctx, err: readErr, writeErr: writeErr,
 		tooLarge: errors.Is(readErr, errEventTooLarge), terminalOut: l.at.terminalOut, errorEvent: l.st.tap.ErrorSeen(),
-		conflict: errors.Is(readErr, errIDConflict), at: l.at}
+		conflict: errors.Is(readErr, errIDConflict)}
 	if s.errorEvent {
 		s.errType = ex.rec.ErrorType
 	}
-	e := ex.classify(s)
+	e := ex.classify(l.at, s)
 	if e.gone {
 		l.pt.abort() // stop the upstream now rather than when the handler returns
 	}

@@ -292,20 +292,20 @@ func (ex *exchange) countMove(rt *route, up *upstream) {
 // failure too.
 func (ex *exchange) attemptWith(t target, tk ticket, body []byte, mayRetry bool) (res attemptResult) {
 	up := t.up
-	at := attemptState{up: up, tk: &tk}
+	// The ticket lives in the attempt's state: the relay may report it
+	// done at the first token, after which its verdict here is a no-op.
+	at := attemptState{up: up, tk: tk}
 	defer up.shaper.Release()
 	defer func() {
-		early := at.tkEarly
-		at.tk = nil
-		res.at = at
 		if res.result == resultClientGone {
-			tk.release()
-			return
+			at.tk.release()
+		} else {
+			at.tk.done(res.healthy)
+			if at.tkEarly && !res.healthy && up.breaker != nil {
+				up.breaker.observe(false)
+			}
 		}
-		tk.done(res.healthy)
-		if early && !res.healthy && up.breaker != nil {
-			up.breaker.observe(false)
-		}
+		res.at = at // its ticket settled
 	}()
 	return ex.attempt(&at, t, body, ex.callerKeyUp, mayRetry)
 }
