@@ -60,14 +60,14 @@ type testGateway struct {
 
 // newTestGateway starts a gateway in front of upstreamURL. edit may change
 // the config before the gateway is built.
-func newTestGateway(t *testing.T, upstreamURL string, edit func(*config.Config)) *testGateway {
+func newTestGateway(t testing.TB, upstreamURL string, edit func(*config.Config)) *testGateway {
 	t.Helper()
 	return newTestGatewayWith(t, upstreamURL, edit, nil)
 }
 
 // newTestGatewayWith is newTestGateway with a hook that may set more
 // Options (a limiter, a ledger, a clock) before the gateway is built.
-func newTestGatewayWith(t *testing.T, upstreamURL string, edit func(*config.Config), opts func(*Options)) *testGateway {
+func newTestGatewayWith(t testing.TB, upstreamURL string, edit func(*config.Config), opts func(*Options)) *testGateway {
 	t.Helper()
 	cfg := testConfig(t, upstreamURL, edit)
 	reg := prometheus.NewRegistry()
@@ -118,7 +118,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 }
 
 // record waits for the next finished record.
-func (tg *testGateway) record(t *testing.T) llm.Record {
+func (tg *testGateway) record(t testing.TB) llm.Record {
 	t.Helper()
 	return await(t, tg.recCh, "a finished record")
 }
@@ -215,7 +215,7 @@ const testWait = 10 * time.Second
 
 // await returns the next value from ch, failing the test if none comes
 // within testWait; what names the awaited event.
-func await[T any](t *testing.T, ch <-chan T, what string) T {
+func await[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-ch:
@@ -329,7 +329,7 @@ func i64(v int64) *int64 { return &v }
 
 func f64(v float64) *float64 { return &v }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -476,7 +476,7 @@ func (g *gateUpstream) waitArrived(t *testing.T) {
 }
 
 // mockUpstream starts a mockllm upstream on loopback.
-func mockUpstream(t *testing.T, o mockllm.Options) (*mockllm.Server, string) {
+func mockUpstream(t testing.TB, o mockllm.Options) (*mockllm.Server, string) {
 	t.Helper()
 	m := mockllm.New(o)
 	srv := httptest.NewServer(m)
@@ -632,7 +632,7 @@ func wantAttempts(t *testing.T, rec llm.Record, want ...string) {
 
 // metricValue returns the value of the counter or gauge series name with
 // exactly the given labels (constant labels aside), or -1 when it is absent.
-func metricValue(t *testing.T, tg *testGateway, name string, labels map[string]string) float64 {
+func metricValue(t testing.TB, tg *testGateway, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := tg.registry.Gather()
 	if err != nil {

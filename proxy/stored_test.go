@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -117,7 +118,7 @@ const storedKeyGamma = "tg-test-gamma-0123456789"
 // storedGateway is a gateway in mode "keys" (alpha in team search, beta in
 // team ads, gamma without a team) in front of upURL, keeping owners in
 // owners (a private in-memory store when nil).
-func storedGateway(t *testing.T, upURL string, owners ownership.Store) *testGateway {
+func storedGateway(t testing.TB, upURL string, owners ownership.Store) *testGateway {
 	t.Helper()
 	return newTestGatewayWith(t, upURL, func(c *config.Config) {
 		c.Auth.Mode = "keys"
@@ -681,7 +682,7 @@ func TestStoredStateHasNoOtherSpelling(t *testing.T) {
 // streamUntilCompleted opens a Responses stream as key and reads its events
 // until response.completed, leaving the body open: it returns the new
 // response's id, the event types read, and the body to read on.
-func streamUntilCompleted(t *testing.T, tg *testGateway, key string) (id string, types []string, body io.ReadCloser) {
+func streamUntilCompleted(t testing.TB, tg *testGateway, key string) (id string, types []string, body io.ReadCloser) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, tg.URL+"/v1/responses",
 		strings.NewReader(`{"model":"gpt-test","input":"What is stored here?","stream":true}`))
@@ -848,5 +849,43 @@ func TestRequestRacingADeferredClaimWaitsForIt(t *testing.T) {
 	tg.record(t)
 	if n := upstreamSaw(mock, "GET", "/v1/responses/"+id); n != 1 {
 		t.Errorf("the upstream saw %d GETs, want 1", n)
+	}
+}
+
+// BenchmarkStreamTTFTWithOwnershipStalled measures what a stalled
+// ownership store costs a stream's first token in mode "keys": each
+// iteration opens a Responses stream whose new response is claimed on a
+// private redis-server over loopback, healthy or stopped (SIGSTOP) until
+// the caller has read response.completed, and reports the gateway's TTFT
+// (ttft-ms, the record's) and how many claims the relay went on without
+// (deferred/op). ttft is the upstream's own first-token delay after
+// response.created: at 0 the first token follows it at once, so any wait
+// for the store shows in full.
+func BenchmarkStreamTTFTWithOwnershipStalled(b *testing.B) {
+	for _, ttft := range []time.Duration{0, 20 * time.Millisecond} {
+		_, up := mockUpstream(b, mockllm.Options{OutputTokens: 4, RequireKey: upstreamKey, TTFT: ttft})
+		srv := redistest.Start(b)
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		b.Cleanup(func() { _ = c.Close() })
+		tg := storedGateway(b, up, ownership.NewRedis(c, "tollgate:own:"))
+		for _, stalled := range []bool{false, true} {
+			b.Run(fmt.Sprintf("upstream_ttft=%v/redis_stalled=%v", ttft, stalled), func(b *testing.B) {
+				deferredBefore := metricValue(b, tg, "tollgate_stored_claims_deferred_total", nil)
+				var sum time.Duration
+				for b.Loop() {
+					if stalled {
+						srv.Stall()
+					}
+					_, _, body := streamUntilCompleted(b, tg, keyAlpha)
+					srv.Resume()
+					_, _ = io.Copy(io.Discard, body)
+					_ = body.Close()
+					rec := tg.record(b)
+					sum += rec.TTFT()
+				}
+				b.ReportMetric(float64(sum.Microseconds())/1000/float64(b.N), "ttft-ms")
+				b.ReportMetric((metricValue(b, tg, "tollgate_stored_claims_deferred_total", nil)-deferredBefore)/float64(b.N), "deferred/op")
+			})
+		}
 	}
 }
