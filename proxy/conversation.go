@@ -109,8 +109,8 @@ func (ex *exchange) identifyConversation() refusal {
 	case ex.info.Conversation != "":
 		ex.conv.key = conversation.Key(owner, ex.info.Conversation)
 	case ex.info.PreviousResponseID != "":
+		g.claims.wait(ex.r.Context(), ex.info.PreviousResponseID, claimLookupWait) // its link may be in flight
 		ctx, cancel := context.WithTimeout(ex.r.Context(), conversationTimeout)
-		g.claims.wait(ctx, ex.info.PreviousResponseID) // its link may be in flight
 		key, err := g.conv.Resolve(ctx, linkName(owner, ex.info.PreviousResponseID))
 		cancel()
 		if err != nil {

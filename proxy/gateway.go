@@ -120,7 +120,9 @@ type Gateway struct {
 	chainMu  sync.Mutex // the generations' chain (generation.ended)
 
 	owners ownership.Store
-	claims claimsInFlight // stream claims the relay went on without
+	claims claimsInFlight // stream claims in flight, by response id
+	// claiming counts them too, for Wait: a claim outlives its stream.
+	claiming atomic.Int64
 	// conv is the conversation store, nil when [conversations] is off;
 	// onOutcome is Options.OnOutcome.
 	conv      conversation.Store
@@ -316,17 +318,19 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
 }
 
 // Wait returns once every exchange has finished (settled, billed and
-// logged), or with ctx's error. http.Server.Shutdown waits for handlers,
+// logged) and every stream's new stored response is recorded (a claim
+// may outlive its stream, see claimWait), or with ctx's error. http.Server.Shutdown waits for handlers,
 // but Close does not: after a forced close the caller waits here before
 // closing the limiter and the ledger, so that no exchange bills into a
 // closed ledger.
 func (g *Gateway) Wait(ctx context.Context) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
-	for g.open.Load() > 0 {
+	for g.open.Load() > 0 || g.claiming.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("proxy: %d exchanges still open: %w", g.open.Load(), ctx.Err())
+			return fmt.Errorf("proxy: %d exchanges still open, %d stored responses still being recorded: %w",
+				g.open.Load(), g.claiming.Load(), ctx.Err())
 		case <-t.C:
 		}
 	}

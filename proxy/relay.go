@@ -138,7 +138,7 @@ func (ex *exchange) relay(ctx context.Context, at *attemptState, resp *http.Resp
 			g.bufPool.Put(l.big)
 		}
 		if l.claim != nil {
-			ex.awaitClaim(l.claim)
+			ex.endClaim(l.claim)
 		}
 	}()
 	if !hold {

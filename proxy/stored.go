@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -140,8 +141,8 @@ func (ex *exchange) checkStored() refusal {
 		if ref.id == "" {
 			continue
 		}
+		g.claims.wait(ex.r.Context(), ref.id, claimLookupWait)
 		ctx, cancel := context.WithTimeout(ex.r.Context(), ownershipTimeout)
-		g.claims.wait(ctx, ref.id)
 		holder, err := g.owners.Owner(ctx, ref.id)
 		cancel()
 		if errors.Is(err, ownership.ErrInvalid) {
@@ -231,22 +232,28 @@ func (ex *exchange) joinConversation(key string, conflict bool) {
 // microseconds and a healthy Redis in well under a millisecond, so the
 // wait normally ends with the answer, and an answer naming another team's
 // response is withheld whole. A store slower than this (a stalled Redis)
-// delays no event: the relay goes on, counts it
-// (tollgate_stored_claims_deferred_total), keeps the claim in flight for
-// requests that race it (claimsInFlight) and ends the stream at its next
-// event if the claim finds a conflict. The first token follows
-// response.created by the model's prefill time, so this bound normally
-// costs no token anything.
+// delays no event and does not hold the stream's end either: the relay
+// goes on, counts it (tollgate_stored_claims_deferred_total), and ends the
+// stream at its next event if the claim finds a conflict; a request on
+// this replica naming the id waits for the claim (claimsInFlight). The
+// first token follows response.created by the model's prefill time, so
+// this bound normally costs no token anything.
 const claimWait = 5 * time.Millisecond
+
+// claimLookupWait bounds how long a request naming a response waits for
+// that response's claim in flight (owner, then conversation link) before
+// it looks the owner or the conversation up.
+const claimLookupWait = ownershipTimeout + conversationTimeout
 
 // storedClaim is a stream's new response being recorded off the relay
 // loop: done is closed when it is, and conflict is then its answer.
+// deferred is the relay's own: it went on before the answer.
 type storedClaim struct {
 	id       string
 	convKey  string // the conversation it is linked to, "" for none
 	done     chan struct{}
 	conflict bool
-	deferred bool // the relay went on before it was recorded
+	deferred bool
 }
 
 // result returns the claim's answer without waiting; ok is false while it
@@ -262,15 +269,30 @@ func (c *storedClaim) result() (conflict, ok bool) {
 
 // claimStream starts recording the new response a stream's
 // response.created names (id), off the relay loop, and waits for it at
-// most claimWait. A claim still in flight after that is registered, so a
-// request naming id on this replica waits for it instead of finding it
-// unowned.
+// most claimWait. The claim is in claimsInFlight from before it starts to
+// its end, so a request naming id on this replica waits for it instead of
+// finding it unowned; it runs to its end (each store call bounded by its
+// own timeout) whether or not the stream is still open, and Gateway.Wait
+// waits for it at shutdown. A panic in a store counts as a failed claim:
+// logged, and the id stays unowned.
 func (ex *exchange) claimStream(at *attemptState, id string) *storedClaim {
+	g := ex.g
 	kind := at.claim
 	at.claim = storedNone
 	c := &storedClaim{id: id, convKey: ex.takeLink(at, id), done: make(chan struct{})}
+	g.claims.add(c)
+	g.claiming.Add(1)
 	go func() {
+		defer g.claiming.Add(-1)
+		defer g.claims.remove(c)
 		defer close(c.done)
+		defer func() {
+			if p := recover(); p != nil {
+				c.conflict = false
+				g.log.Error("panic recording a new stored response: it is unusable through the gateway",
+					"request_id", ex.rec.RequestID, "panic", p, "stack", string(debug.Stack()))
+			}
+		}()
 		c.conflict = ex.recordStored(kind, id, c.convKey)
 	}()
 	t := time.NewTimer(claimWait)
@@ -279,29 +301,25 @@ func (ex *exchange) claimStream(at *attemptState, id string) *storedClaim {
 	case <-c.done:
 	case <-t.C:
 		c.deferred = true
-		ex.g.claims.add(c)
-		ex.g.metrics.StoredClaimDeferred()
+		g.metrics.StoredClaimDeferred()
 	}
 	return c
 }
 
-// awaitClaim waits for a stream's claim to be recorded (each store call is
-// bounded by its own timeout), unregisters it and joins its conversation.
-// The relay calls it once the stream has ended, so the handler does not
-// return with the claim in flight.
-func (ex *exchange) awaitClaim(c *storedClaim) {
-	<-c.done
-	if c.deferred {
-		ex.g.claims.remove(c)
-	}
-	ex.joinConversation(c.convKey, c.conflict)
+// endClaim joins the stream's conversation once the stream has ended,
+// without waiting for a claim still in flight: its conversation key was
+// known before it started. A conflict that claim finds later can change
+// nothing the caller got (the whole answer); claimID logs it.
+func (ex *exchange) endClaim(c *storedClaim) {
+	conflict, _ := c.result()
+	ex.joinConversation(c.convKey, conflict)
 }
 
-// claimsInFlight are the stream claims the relay went on without (see
-// claimWait), by response id: a request on this replica that names one
-// (a GET of it, or previous_response_id) waits for it before it looks the
-// owner or the conversation up, so it is served as it would be a moment
-// later. Another replica sees the claim once its store has it.
+// claimsInFlight are the stream claims in flight, by response id: a
+// request on this replica that names one (a GET of it, or
+// previous_response_id) waits for it before it looks the owner or the
+// conversation up, so it is served as it would be a moment later. Another
+// replica sees the claim once its store has it.
 type claimsInFlight struct {
 	mu sync.Mutex
 	m  map[string]*storedClaim
@@ -324,17 +342,21 @@ func (f *claimsInFlight) remove(c *storedClaim) {
 	}
 }
 
-// wait returns once no claim of id is in flight, or ctx ends.
-func (f *claimsInFlight) wait(ctx context.Context, id string) {
+// wait returns once no claim of id is in flight, ctx ends, or limit
+// passes.
+func (f *claimsInFlight) wait(ctx context.Context, id string, limit time.Duration) {
 	f.mu.Lock()
 	c := f.m[id]
 	f.mu.Unlock()
 	if c == nil {
 		return
 	}
+	t := time.NewTimer(limit)
+	defer t.Stop()
 	select {
 	case <-c.done:
 	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
@@ -361,7 +383,8 @@ func (ex *exchange) claimID(kind storedKind, id string) (conflict bool) {
 		g.log.Error("recording the owner of a stored object failed: it is unusable through the gateway",
 			"request_id", ex.rec.RequestID, "err", err)
 	case holder != me:
-		g.log.Error("the upstream answered with the id of a stored object another team owns: the answer is withheld",
+		g.log.Error("the upstream answered with the id of a stored object another team owns: it stays that team's, "+
+			"and the answer is withheld unless the caller had it already (a claim slower than the stream)",
 			"request_id", ex.rec.RequestID)
 		return true
 	}

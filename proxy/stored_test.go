@@ -766,9 +766,10 @@ func TestStalledOwnershipStoreHoldsNoEvent(t *testing.T) {
 		t.Errorf("record with Redis stalled: outcome %v, %d token events", rec.Outcome, rec.TokenEvents)
 	}
 	wantMetric(t, tg, "tollgate_stored_claims_deferred_total", nil, deferred+1)
-	if holder, err := owners.Owner(ctx, id); err != nil || holder != "team:search" {
-		t.Errorf("stalled Redis: %s owned by %q (%v) after it came back, want team:search", id, holder, err)
-	}
+	waitFor(t, "the deferred claim to land once Redis answers", func() bool {
+		holder, err := owners.Owner(ctx, id)
+		return err == nil && holder == "team:search"
+	})
 	if got, err := storedClient(tg, keyAlpha).Responses.Get(ctx, id, responses.ResponseGetParams{}); err != nil || got.ID != id {
 		t.Errorf("the team's own response after the deferred claim: %v", err)
 	}
@@ -821,6 +822,9 @@ func TestRequestRacingADeferredClaimWaitsForIt(t *testing.T) {
 	t.Cleanup(openGate) // before the gateway's cleanup, which waits for the stream's handler
 	tg := storedGateway(t, up, owners)
 	id, _, body := streamUntilCompleted(t, tg, keyAlpha) // its claim waits on the gate
+	_, _ = io.Copy(io.Discard, body)                     // the stream ends; its claim goes on
+	_ = body.Close()
+	tg.record(t)
 	type got struct {
 		r   *responses.Response
 		err error
@@ -833,7 +837,7 @@ func TestRequestRacingADeferredClaimWaitsForIt(t *testing.T) {
 	// Give the GET the time to reach the gateway (ordering only: were it
 	// late, the claim would be in the store and the test would prove less,
 	// never fail).
-	waitFor(t, "the GET's exchange to open", func() bool { return tg.gw.open.Load() == 2 || len(done) > 0 })
+	waitFor(t, "the GET's exchange to open", func() bool { return tg.gw.open.Load() == 1 || len(done) > 0 })
 	time.Sleep(20 * time.Millisecond)
 	openGate()
 	res := await(t, done, "the GET")
@@ -843,9 +847,6 @@ func TestRequestRacingADeferredClaimWaitsForIt(t *testing.T) {
 	if owners.askedMidClaim.Load() {
 		t.Error("the GET looked the owner up while the claim was in flight")
 	}
-	_, _ = io.Copy(io.Discard, body)
-	_ = body.Close()
-	tg.record(t)
 	tg.record(t)
 	if n := upstreamSaw(mock, "GET", "/v1/responses/"+id); n != 1 {
 		t.Errorf("the upstream saw %d GETs, want 1", n)
@@ -887,5 +888,141 @@ func BenchmarkStreamTTFTWithOwnershipStalled(b *testing.B) {
 				b.ReportMetric((metricValue(b, tg, "tollgate_stored_claims_deferred_total", nil)-deferredBefore)/float64(b.N), "deferred/op")
 			})
 		}
+	}
+}
+
+// TestStreamEndDoesNotWaitForADeferredClaim: a claim slower than the
+// relay's wait holds neither an event nor the stream's end: the caller
+// reads its answer to the end of the body while the claim is still in
+// flight, and the record is finished; the claim lands afterwards, and
+// Gateway.Wait (shutdown) waits for it.
+func TestStreamEndDoesNotWaitForADeferredClaim(t *testing.T) {
+	_, up := storedMock(t)
+	local, err := ownership.NewLocal(ownership.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	owners := &gatedOwners{Store: local, gate: make(chan struct{})}
+	var open sync.Once
+	openGate := func() { open.Do(func() { close(owners.gate) }) }
+	t.Cleanup(openGate)
+	tg := storedGateway(t, up, owners)
+	id, _, body := streamUntilCompleted(t, tg, keyAlpha)
+	_, _ = io.Copy(io.Discard, body) // to the end of the body
+	_ = body.Close()
+	rec := tg.record(t)
+	if owners.waiting.Load() == 0 {
+		t.Fatal("the stream's end waited for its claim")
+	}
+	if rec.Outcome != llm.OutcomeOK {
+		t.Errorf("record outcome %v", rec.Outcome)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	if err := tg.gw.Wait(ctx); err == nil {
+		t.Error("Wait returned with a claim in flight")
+	}
+	cancel()
+	openGate()
+	if err := tg.gw.Wait(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if holder, err := local.Owner(testCtx(t), id); err != nil || holder != "team:search" {
+		t.Errorf("%s owned by %q (%v) after the claim, want team:search", id, holder, err)
+	}
+}
+
+// panickingOwners is an ownership store whose Claim panics, as a buggy
+// store could.
+type panickingOwners struct{ ownership.Store }
+
+func (panickingOwners) Claim(context.Context, string, string, time.Duration) (string, error) {
+	panic("ownership store bug")
+}
+
+// TestPanickingClaimFailsTheClaimNotTheGateway: a panic in the store while
+// a stream's new response is recorded (off the handler, where no
+// recoverer runs) counts as a failed claim: the stream is relayed whole,
+// the id stays unowned (a 404 for everyone), and the gateway serves on.
+func TestPanickingClaimFailsTheClaimNotTheGateway(t *testing.T) {
+	_, up := storedMock(t)
+	local, err := ownership.NewLocal(ownership.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	tg := storedGateway(t, up, panickingOwners{local})
+	ctx := testCtx(t)
+	final := drain(t, storedClient(tg, keyAlpha).Responses.NewStreaming(ctx, storedParams()))
+	if rec := tg.record(t); rec.Outcome != llm.OutcomeOK {
+		t.Errorf("record outcome %v", rec.Outcome)
+	}
+	if err := tg.gw.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = storedClient(tg, keyAlpha).Responses.Get(ctx, final.ID, responses.ResponseGetParams{})
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusNotFound {
+		t.Errorf("GET of the response whose claim panicked: %v, want a 404", err)
+	}
+}
+
+// slowOwners is an in-process ownership store whose claims take delay.
+type slowOwners struct {
+	ownership.Store
+	delay time.Duration
+}
+
+func (o slowOwners) Claim(ctx context.Context, id, owner string, ttl time.Duration) (string, error) {
+	t := time.NewTimer(o.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	return o.Store.Claim(ctx, id, owner, ttl)
+}
+
+// TestLateConflictKeepsTheResponseItsOwners: an upstream names a response
+// another team owns, and the claim that finds it answers only after the
+// whole stream reached the caller (a store slower than the relay waits).
+// The answer cannot be withheld any more, but the id stays its owner's:
+// the caller cannot use it through the gateway.
+func TestLateConflictKeepsTheResponseItsOwners(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "event: response.created\ndata: "+
+			`{"type":"response.created","sequence_number":0,"response":{"id":"resp_owned","object":"response","status":"in_progress","model":"gpt-test","output":[]}}`+"\n\n"+
+			"event: response.output_text.delta\ndata: "+
+			`{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"hi"}`+"\n\n"+
+			"event: response.completed\ndata: "+
+			`{"type":"response.completed","sequence_number":2,"response":{"id":"resp_owned","object":"response","status":"completed","model":"gpt-test","output":[],"usage":{"input_tokens":1,"output_tokens":1,"total_tokens":2}}}`+"\n\n")
+	}))
+	t.Cleanup(up.Close)
+	local, err := ownership.NewLocal(ownership.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	ctx := testCtx(t)
+	if holder, err := local.Claim(ctx, "resp_owned", "team:search", time.Hour); err != nil || holder != "team:search" {
+		t.Fatalf("claim: %q %v", holder, err)
+	}
+	tg := storedGateway(t, up.URL, slowOwners{local, 200 * time.Millisecond})
+	drain(t, storedClient(tg, keyBeta).Responses.NewStreaming(ctx, storedParams()))
+	tg.record(t)
+	wantMetric(t, tg, "tollgate_stored_claims_deferred_total", nil, 1)
+	if err := tg.gw.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if holder, err := local.Owner(ctx, "resp_owned"); err != nil || holder != "team:search" {
+		t.Errorf("resp_owned owned by %q (%v), want team:search still", holder, err)
+	}
+	_, err = storedClient(tg, keyBeta).Responses.Get(ctx, "resp_owned", responses.ResponseGetParams{})
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusNotFound {
+		t.Errorf("the other team's GET of resp_owned: %v, want a 404", err)
 	}
 }
