@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/tollgate-llm/tollgate/llm"
+import (
+	"net/http"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
 
 // exchangeKind is what an exchange is. It decides the questions every stage
 // asks of an exchange (admitted? billed? retried? in the user figures?), so
@@ -53,3 +57,23 @@ func (k exchangeKind) readsUsage() bool { return k != kindForward }
 // caller reports whether the exchange is a caller's request, counted in the
 // user figures (metrics, /stats, traces, conversations), not the probe.
 func (k exchangeKind) caller() bool { return k != kindProbe }
+
+// retried reports whether a failed attempt of the exchange may be followed
+// by another (a retry or a fallback), for a request of method: not for the
+// probe, which must see its upstream's own health; a plain forward only
+// when it is idempotent (a file upload retried could be stored twice).
+func (k exchangeKind) retried(method string) bool {
+	return k != kindProbe && (k != kindForward || safeMethod(method))
+}
+
+// repeatsAnyFailure reports whether an attempt that failed in any way may
+// be sent again: a dialect route's request, or a GET or HEAD. Other
+// forwards, metered or not, may create things (fine-tuning jobs, images,
+// stored objects), so they are sent again only when the upstream surely
+// did not act on them (repeatable).
+func (k exchangeKind) repeatsAnyFailure(method string) bool {
+	return k == kindModelCall || k == kindReplay || k == kindProbe || safeMethod(method)
+}
+
+// safeMethod reports whether method is GET or HEAD.
+func safeMethod(method string) bool { return method == http.MethodGet || method == http.MethodHead }

@@ -35,6 +35,27 @@ func TestExchangeKindAnswersEachQuestionOnce(t *testing.T) {
 				c.name, k, k.billed(), k.admitted(), k.readsUsage(), k.caller(), c.want, c.billed, c.usage, c.counted)
 		}
 	}
+	// Retries: never for the probe; a plain or metered forward repeats
+	// only an idempotent request after any failure, and a plain forward is
+	// retried at all only then.
+	for _, c := range []struct {
+		k                 exchangeKind
+		method            string
+		retried, anyFault bool
+	}{
+		{kindModelCall, "POST", true, true},
+		{kindReplay, "GET", true, true},
+		{kindProbe, "POST", false, true},
+		{kindMetered, "POST", true, false},
+		{kindForward, "POST", false, false},
+		{kindForward, "GET", true, true},
+		{kindForward, "HEAD", true, true},
+	} {
+		if c.k.retried(c.method) != c.retried || c.k.repeatsAnyFailure(c.method) != c.anyFault {
+			t.Errorf("kind %d %s: retried %v, repeats any failure %v; want %v, %v", c.k, c.method,
+				c.k.retried(c.method), c.k.repeatsAnyFailure(c.method), c.retried, c.anyFault)
+		}
+	}
 	// A forward whose body names a model becomes metered (inspect): then
 	// it is admitted, billed and its usage read like a model call.
 	if k := kindMetered; !k.admitted() || !k.billed() || !k.readsUsage() || !k.caller() {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/internal/retryhint"
-	"github.com/tollgate-llm/tollgate/llm"
 )
 
 // retryPolicy is the per-upstream retry schedule. The zero
@@ -244,13 +243,11 @@ func shouldRetry(p retryPolicy, status int, h http.Header, errType, errCode stri
 	return retryableStatus(p, status, errType, errCode)
 }
 
-// repeatable reports whether a failed attempt may be sent again. The dialect
-// routes and GET/HEAD always may. Other model calls may create things
-// (fine-tuning jobs, images, stored responses), so they are sent again only
-// when the upstream surely did not act on them: connection refused, 429,
-// 503 or 529.
+// repeatable reports whether a failed attempt may be sent again: always
+// when the kind says so (kind.repeatsAnyFailure), else only when the
+// upstream surely did not act on it: connection refused, 429, 503 or 529.
 func (ex *exchange) repeatable(res attemptResult) bool {
-	if ex.rec.Dialect != llm.DialectNone || ex.r.Method == http.MethodGet || ex.r.Method == http.MethodHead {
+	if ex.kind.repeatsAnyFailure(ex.r.Method) {
 		return true
 	}
 	switch res.result {

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"net/http"
 	"time"
 
 	"github.com/tollgate-llm/tollgate/internal/shaper"
@@ -43,13 +42,7 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool, targets []target) {
 		ex.fail(errNoUpstream(ex.rec.Dialect), llm.OutcomeBadRequest)
 		return
 	}
-	r := ex.r
-	rt := &route{targets: targets, body: body,
-		// Other /v1/* paths are retried only when the request is idempotent
-		// or a model call; a file upload retried could be stored twice. A
-		// probe is one attempt: it must see its upstream's raw health.
-		retryOK: ex.kind != kindProbe && (ex.kind != kindForward ||
-			r.Method == http.MethodGet || r.Method == http.MethodHead)}
+	rt := &route{targets: targets, body: body, retryOK: ex.kind.retried(ex.r.Method)}
 	by := ex.bypassTarget(rt)
 	if by < 0 {
 		for ti := range targets {
