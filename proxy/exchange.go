@@ -27,8 +27,8 @@ type exchange struct {
 	// kind is what the exchange is (kind.go): a model call, a replay, a
 	// metered or plain forward, a probe. answer is the dialect its errors
 	// are written in: its own, or for a forwarded path the one its path and
-	// headers suggest. Both are fixed at construction, but for a forward
-	// whose body names a model, which reading the body makes metered.
+	// headers suggest. Both are fixed at construction, except that reading
+	// a forward's body may make it metered (inspect).
 	kind   exchangeKind
 	answer llm.Dialect
 	// promptEstimate is the prompt size in tokens guessed from the body
