@@ -124,7 +124,7 @@ func (ex *exchange) attempt(at *attemptState, t target, body []byte, callerKeyUp
 		pt.enter(phaseNone, 0)
 		return ex.errorAnswer(ctx, at, resp, mayRetry)
 	case isEventStream(resp.Header.Get("Content-Type")) && ex.rec.Dialect != llm.DialectNone:
-		if ex.rec.Stream {
+		if ex.info.Stream { // the caller asked for a stream
 			pt.enter(phaseFirstToken, up.firstToken)
 		} else {
 			pt.enter(phaseNone, 0) // a stream nobody asked for: only the total timeout
@@ -241,7 +241,7 @@ func (ex *exchange) errorAnswer(ctx context.Context, at *attemptState, resp *htt
 	ex.prepareHeaders(resp.Header)
 	read := s.body
 	s.stage = stageErrorCopied
-	s.err, s.writeErr = ex.copyBody(at, io.MultiReader(bytes.NewReader(read), resp.Body), errorCaptureLimit, false)
+	s.err, s.writeErr = ex.copyBody(at, st, io.MultiReader(bytes.NewReader(read), resp.Body), errorCaptureLimit, false)
 	if !mayRetry {
 		// The body was not read before: judge the upstream's health on what
 		// was relayed (a quota error on the last attempt is not an outage

@@ -253,3 +253,37 @@ func TestEventStreamContentTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestUnaskedStreamDoesNotTimeTheNextAttemptsFirstToken: an upstream that
+// answers a non-streamed request with an event stream gets only the total
+// timeout (no first-token timer), and a retry after it fails is judged by
+// the caller's request again, not by what the failed attempt got: its slow
+// first token is not cut by first_token_timeout_seconds.
+func TestUnaskedStreamDoesNotTimeTheNextAttemptsFirstToken(t *testing.T) {
+	var n atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		if n.Add(1) == 1 { // an error event before any token: retried
+			_, _ = io.WriteString(w, errorEvent("server_error", "boom"))
+			return
+		}
+		w.(http.Flusher).Flush()
+		time.Sleep(150 * time.Millisecond) // past the first-token timeout below
+		_, _ = io.WriteString(w, chunkEvent(`{"content":"hi"}`)+"data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	tg := newTestGateway(t, up.URL, func(c *config.Config) {
+		c.Upstreams[0].Retry.MaxAttempts = 2
+		fastRetry(&c.Upstreams[0])
+		c.Upstreams[0].FirstTokenTimeoutSeconds = 0.05
+	})
+	resp, body := post(t, tg.URL+"/v1/chat/completions",
+		`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`, nil)
+	rec := tg.record(t)
+	if resp.StatusCode != http.StatusOK || rec.Outcome != llm.OutcomeOK {
+		t.Errorf("status %d, outcome %v, attempts %v: %s", resp.StatusCode, rec.Outcome, attemptList(rec), body)
+	}
+	wantAttempts(t, rec, "mock:200:error_event", "mock:200:ok")
+}

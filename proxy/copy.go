@@ -23,7 +23,7 @@ func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http
 	s := stop{stage: stageBody, ctx: ctx}
 	if isEventStream(resp.Header.Get("Content-Type")) { // a stream on a forwarded path
 		ex.sseHeaders()
-		s.err, s.writeErr = ex.copyBody(at, resp.Body, 0, true)
+		s.err, s.writeErr = ex.copyBody(at, resp.StatusCode, resp.Body, 0, true)
 		e := ex.classify(at, s)
 		ex.record(e)
 		return ex.result(e, resp.StatusCode, true)
@@ -37,7 +37,7 @@ func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http
 	case at.claim != storedNone: // a conversation created: its id is read
 		limit = errorCaptureLimit
 	}
-	s.err, s.writeErr = ex.copyBody(at, resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
+	s.err, s.writeErr = ex.copyBody(at, resp.StatusCode, resp.Body, limit, resp.ContentLength < 0 && ex.rec.Dialect == llm.DialectNone)
 	s.conflict = at.idConflict
 	s.notJSON = !s.conflict && s.err == nil && s.writeErr == nil && resp.StatusCode == http.StatusOK &&
 		ex.rec.Dialect != llm.DialectNone && len(at.captured) < limit && !isJSON(at.captured)
@@ -71,15 +71,16 @@ func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http
 // copyBody copies a body that is not relayed event by event: non-streamed
 // answers, upstream errors and forwarded paths. It keeps up to capture bytes
 // in at.captured (for usage or the error type); a larger body is still
-// copied whole. flush sends every read on at once (streams on forwarded
-// paths). It returns the upstream's read error and the caller's write error.
-func (ex *exchange) copyBody(at *attemptState, body io.Reader, capture int, flush bool) (readErr, writeErr error) {
+// copied whole. status is the upstream answer's, sent to the caller as its
+// own. flush sends every read on at once (streams on forwarded paths). It
+// returns the upstream's read error and the caller's write error.
+func (ex *exchange) copyBody(at *attemptState, status int, body io.Reader, capture int, flush bool) (readErr, writeErr error) {
 	g := ex.g
 	bp := g.bufPool.Get().(*[]byte)
 	defer g.bufPool.Put(bp)
 	buf := *bp
 	rc := http.NewResponseController(ex.w)
-	if (at.claim != storedNone || at.link) && ex.rec.Status == http.StatusOK && capture > 0 {
+	if (at.claim != storedNone || at.link) && status == http.StatusOK && capture > 0 {
 		// The answer names a new stored object: hold it until the object
 		// is recorded as the caller's, so the caller never holds an id
 		// its team cannot use yet.
@@ -88,7 +89,7 @@ func (ex *exchange) copyBody(at *attemptState, body io.Reader, capture int, flus
 			at.idConflict = true
 			return nil, nil
 		}
-		ex.writeHeader(ex.rec.Status)
+		ex.writeHeader(status)
 		if writeErr = ex.write(at.captured); writeErr == nil && flush {
 			writeErr = rc.Flush()
 		}
@@ -97,7 +98,7 @@ func (ex *exchange) copyBody(at *attemptState, body io.Reader, capture int, flus
 			return readErr, writeErr
 		}
 	} else {
-		ex.writeHeader(ex.rec.Status)
+		ex.writeHeader(status)
 	}
 	for {
 		n, err := body.Read(buf)

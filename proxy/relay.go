@@ -417,7 +417,7 @@ func (l *relayLoop) commit() {
 	l.committed = true
 	l.ex.prepareHeaders(l.resp.Header)
 	l.ex.sseHeaders()
-	l.ex.writeHeader(l.ex.rec.Status)
+	l.ex.writeHeader(l.resp.StatusCode)
 }
 
 // commitHeld commits and sends the events held so far.
@@ -496,7 +496,7 @@ func (l *relayLoop) endHeld(s stop, held []byte) attemptResult {
 	if e.gone {
 		return ex.callerLeft(e, 0)
 	}
-	f := &failure{status: ex.rec.Status, header: l.resp.Header, body: append([]byte(nil), held...), stream: true,
+	f := &failure{status: l.resp.StatusCode, header: l.resp.Header, body: append([]byte(nil), held...), stream: true,
 		outcome: e.outcome, interrupt: e.interrupt, errType: e.errType, upReqID: ex.rec.UpstreamRequestID}
 	f.usage, _ = l.st.tap.Usage()
 	if s.conflict {
@@ -534,5 +534,5 @@ func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 			_ = l.rc.Flush()
 		}
 	}
-	return ex.result(e, ex.rec.Status, true)
+	return ex.result(e, l.resp.StatusCode, true)
 }
