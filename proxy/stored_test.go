@@ -787,6 +787,29 @@ type gatedOwners struct {
 	askedMidClaim atomic.Bool
 }
 
+// newGatedOwners is a gatedOwners over a new in-process store, and the
+// function that opens its gate (once; the test's cleanup opens it too, so
+// no claim outlives the test).
+func newGatedOwners(t testing.TB) (*gatedOwners, func()) {
+	t.Helper()
+	owners := &gatedOwners{Store: newLocalOwners(t), gate: make(chan struct{})}
+	var once sync.Once
+	open := func() { once.Do(func() { close(owners.gate) }) }
+	t.Cleanup(open)
+	return owners, open
+}
+
+// newLocalOwners is a new in-process ownership store, closed in cleanup.
+func newLocalOwners(t testing.TB) *ownership.Local {
+	t.Helper()
+	local, err := ownership.NewLocal(ownership.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	return local
+}
+
 func (o *gatedOwners) Claim(ctx context.Context, id, owner string, ttl time.Duration) (string, error) {
 	o.waiting.Add(1)
 	defer o.waiting.Add(-1)
@@ -811,15 +834,7 @@ func (o *gatedOwners) Owner(ctx context.Context, id string) (string, error) {
 // the owner's, instead of finding the response unowned (a 404).
 func TestRequestRacingADeferredClaimWaitsForIt(t *testing.T) {
 	mock, up := storedMock(t)
-	local, err := ownership.NewLocal(ownership.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = local.Close() })
-	owners := &gatedOwners{Store: local, gate: make(chan struct{})}
-	var open sync.Once
-	openGate := func() { open.Do(func() { close(owners.gate) }) }
-	t.Cleanup(openGate) // before the gateway's cleanup, which waits for the stream's handler
+	owners, openGate := newGatedOwners(t)
 	tg := storedGateway(t, up, owners)
 	id, _, body := streamUntilCompleted(t, tg, keyAlpha) // its claim waits on the gate
 	_, _ = io.Copy(io.Discard, body)                     // the stream ends; its claim goes on
@@ -898,15 +913,7 @@ func BenchmarkStreamTTFTWithOwnershipStalled(b *testing.B) {
 // Gateway.Wait (shutdown) waits for it.
 func TestStreamEndDoesNotWaitForADeferredClaim(t *testing.T) {
 	_, up := storedMock(t)
-	local, err := ownership.NewLocal(ownership.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = local.Close() })
-	owners := &gatedOwners{Store: local, gate: make(chan struct{})}
-	var open sync.Once
-	openGate := func() { open.Do(func() { close(owners.gate) }) }
-	t.Cleanup(openGate)
+	owners, openGate := newGatedOwners(t)
 	tg := storedGateway(t, up, owners)
 	id, _, body := streamUntilCompleted(t, tg, keyAlpha)
 	_, _ = io.Copy(io.Discard, body) // to the end of the body
@@ -927,7 +934,7 @@ func TestStreamEndDoesNotWaitForADeferredClaim(t *testing.T) {
 	if err := tg.gw.Wait(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if holder, err := local.Owner(testCtx(t), id); err != nil || holder != "team:search" {
+	if holder, err := owners.Owner(testCtx(t), id); err != nil || holder != "team:search" {
 		t.Errorf("%s owned by %q (%v) after the claim, want team:search", id, holder, err)
 	}
 }
@@ -946,12 +953,7 @@ func (panickingOwners) Claim(context.Context, string, string, time.Duration) (st
 // the id stays unowned (a 404 for everyone), and the gateway serves on.
 func TestPanickingClaimFailsTheClaimNotTheGateway(t *testing.T) {
 	_, up := storedMock(t)
-	local, err := ownership.NewLocal(ownership.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = local.Close() })
-	tg := storedGateway(t, up, panickingOwners{local})
+	tg := storedGateway(t, up, panickingOwners{newLocalOwners(t)})
 	ctx := testCtx(t)
 	final := drain(t, storedClient(tg, keyAlpha).Responses.NewStreaming(ctx, storedParams()))
 	if rec := tg.record(t); rec.Outcome != llm.OutcomeOK {
@@ -960,7 +962,7 @@ func TestPanickingClaimFailsTheClaimNotTheGateway(t *testing.T) {
 	if err := tg.gw.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, err = storedClient(tg, keyAlpha).Responses.Get(ctx, final.ID, responses.ResponseGetParams{})
+	_, err := storedClient(tg, keyAlpha).Responses.Get(ctx, final.ID, responses.ResponseGetParams{})
 	var oe *openai.Error
 	if !errors.As(err, &oe) || oe.StatusCode != http.StatusNotFound {
 		t.Errorf("GET of the response whose claim panicked: %v, want a 404", err)
@@ -1001,11 +1003,7 @@ func TestLateConflictKeepsTheResponseItsOwners(t *testing.T) {
 			`{"type":"response.completed","sequence_number":2,"response":{"id":"resp_owned","object":"response","status":"completed","model":"gpt-test","output":[],"usage":{"input_tokens":1,"output_tokens":1,"total_tokens":2}}}`+"\n\n")
 	}))
 	t.Cleanup(up.Close)
-	local, err := ownership.NewLocal(ownership.LocalOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = local.Close() })
+	local := newLocalOwners(t)
 	ctx := testCtx(t)
 	if holder, err := local.Claim(ctx, "resp_owned", "team:search", time.Hour); err != nil || holder != "team:search" {
 		t.Fatalf("claim: %q %v", holder, err)
@@ -1020,7 +1018,7 @@ func TestLateConflictKeepsTheResponseItsOwners(t *testing.T) {
 	if holder, err := local.Owner(ctx, "resp_owned"); err != nil || holder != "team:search" {
 		t.Errorf("resp_owned owned by %q (%v), want team:search still", holder, err)
 	}
-	_, err = storedClient(tg, keyBeta).Responses.Get(ctx, "resp_owned", responses.ResponseGetParams{})
+	_, err := storedClient(tg, keyBeta).Responses.Get(ctx, "resp_owned", responses.ResponseGetParams{})
 	var oe *openai.Error
 	if !errors.As(err, &oe) || oe.StatusCode != http.StatusNotFound {
 		t.Errorf("the other team's GET of resp_owned: %v, want a 404", err)
