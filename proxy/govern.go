@@ -331,12 +331,12 @@ func (ex *exchange) meterForwarded(body []byte) (requestInfo, bool, *apiError) {
 	}
 	if r.Method != http.MethodPost || exact && path == "/v1/messages/count_tokens" {
 		if !gv.keysMode {
-			if strict && r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodPost {
+			if strict && !safeMethod(r.Method) && r.Method != http.MethodPost {
 				return requestInfo{}, false, errUnmetered(path, "a governed key may send only GET, HEAD and model requests")
 			}
 			return requestInfo{}, false, nil
 		}
-		models := (r.Method == http.MethodGet || r.Method == http.MethodHead) && exact &&
+		models := safeMethod(r.Method) && exact &&
 			(path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"))
 		count := r.Method == http.MethodPost && exact && path == "/v1/messages/count_tokens"
 		if models || count {

@@ -320,7 +320,7 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 	if ev := l.st.fr.Event(); ev != nil {
 		obs := l.st.tap.Observe(ev, now)
 		ex.traceEvent(ev)
-		if l.conflict(obs) {
+		if l.claimWatched() && l.conflict(obs) {
 			return l.endConflict(now)
 		}
 		if !l.committed {
@@ -364,6 +364,14 @@ func (l *relayLoop) event(now time.Time) (res attemptResult, done, more bool) {
 	l.prevWithheld = withheld
 	l.lfPending = l.pos == l.end && l.buf[l.pos-1] == '\r'
 	return attemptResult{}, false, true
+}
+
+// claimWatched reports whether the stream's events must be looked at for
+// its new response's claim: one is still to start, or one the relay went
+// on without has not answered yet. Small enough to inline, so a stream
+// with no claim pays two compares per event.
+func (l *relayLoop) claimWatched() bool {
+	return l.at.claim != storedNone || l.at.link || l.claim != nil && l.claim.deferred && !l.claimSeen
 }
 
 // conflict reports whether the stream must end before the event obs

@@ -969,26 +969,10 @@ func TestPanickingClaimFailsTheClaimNotTheGateway(t *testing.T) {
 	}
 }
 
-// slowOwners is an in-process ownership store whose claims take delay.
-type slowOwners struct {
-	ownership.Store
-	delay time.Duration
-}
-
-func (o slowOwners) Claim(ctx context.Context, id, owner string, ttl time.Duration) (string, error) {
-	t := time.NewTimer(o.delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		return "", ctx.Err()
-	}
-	return o.Store.Claim(ctx, id, owner, ttl)
-}
-
 // TestLateConflictKeepsTheResponseItsOwners: an upstream names a response
 // another team owns, and the claim that finds it answers only after the
-// whole stream reached the caller (a store slower than the relay waits).
+// whole stream reached the caller (a store slower than the relay waits,
+// here one held until the caller has drained the stream).
 // The answer cannot be withheld any more, but the id stays its owner's:
 // the caller cannot use it through the gateway.
 func TestLateConflictKeepsTheResponseItsOwners(t *testing.T) {
@@ -1003,24 +987,71 @@ func TestLateConflictKeepsTheResponseItsOwners(t *testing.T) {
 			`{"type":"response.completed","sequence_number":2,"response":{"id":"resp_owned","object":"response","status":"completed","model":"gpt-test","output":[],"usage":{"input_tokens":1,"output_tokens":1,"total_tokens":2}}}`+"\n\n")
 	}))
 	t.Cleanup(up.Close)
-	local := newLocalOwners(t)
+	owners, openGate := newGatedOwners(t) // the claim answers once the stream is over
 	ctx := testCtx(t)
-	if holder, err := local.Claim(ctx, "resp_owned", "team:search", time.Hour); err != nil || holder != "team:search" {
+	if holder, err := owners.Store.Claim(ctx, "resp_owned", "team:search", time.Hour); err != nil || holder != "team:search" {
 		t.Fatalf("claim: %q %v", holder, err)
 	}
-	tg := storedGateway(t, up.URL, slowOwners{local, 200 * time.Millisecond})
+	tg := storedGateway(t, up.URL, owners)
 	drain(t, storedClient(tg, keyBeta).Responses.NewStreaming(ctx, storedParams()))
 	tg.record(t)
 	wantMetric(t, tg, "tollgate_stored_claims_deferred_total", nil, 1)
+	openGate()
 	if err := tg.gw.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if holder, err := local.Owner(ctx, "resp_owned"); err != nil || holder != "team:search" {
+	if holder, err := owners.Store.Owner(ctx, "resp_owned"); err != nil || holder != "team:search" {
 		t.Errorf("resp_owned owned by %q (%v), want team:search still", holder, err)
 	}
 	_, err := storedClient(tg, keyBeta).Responses.Get(ctx, "resp_owned", responses.ResponseGetParams{})
 	var oe *openai.Error
 	if !errors.As(err, &oe) || oe.StatusCode != http.StatusNotFound {
 		t.Errorf("the other team's GET of resp_owned: %v, want a 404", err)
+	}
+}
+
+// TestClaimLookupWaitHasItsOwnBound: a request naming a response whose
+// claim is in flight waits for it, but no longer than the wait's own
+// bound, nor than its context: then it goes on to the store (with a
+// timeout of its own) rather than hang on a claim that does not end.
+func TestClaimLookupWaitHasItsOwnBound(t *testing.T) {
+	var f claimsInFlight
+	c := &storedClaim{id: "resp_1", done: make(chan struct{})}
+	f.add(c)
+	returned := func(wait func()) bool {
+		done := make(chan struct{})
+		go func() { wait(); close(done) }()
+		select {
+		case <-done:
+			return true
+		case <-time.After(testWait):
+			return false
+		}
+	}
+	if !returned(func() { f.wait(context.Background(), "resp_1", time.Millisecond) }) {
+		t.Error("the wait outlived its bound")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if !returned(func() { f.wait(ctx, "resp_1", time.Hour) }) {
+		t.Error("the wait outlived its context")
+	}
+	if !returned(func() { f.wait(context.Background(), "resp_other", time.Hour) }) {
+		t.Error("a wait for an id with no claim in flight waited")
+	}
+	held := make(chan struct{})
+	go func() { f.wait(context.Background(), "resp_1", time.Hour); close(held) }()
+	select {
+	case <-held:
+		t.Fatal("the wait returned while the claim was in flight")
+	case <-time.After(20 * time.Millisecond): // ordering only: a late return would pass
+	}
+	close(c.done)
+	f.remove(c)
+	if !returned(func() { <-held }) {
+		t.Error("the wait did not end with its claim")
+	}
+	if len(f.m) != 0 {
+		t.Errorf("claims in flight after remove: %v", f.m)
 	}
 }
