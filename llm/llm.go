@@ -362,15 +362,12 @@ type Record struct {
 	Rejection Rejection
 	BytesOut  int64
 
-	// Attempts lists the upstream attempts in order, at most
-	// MaxRecordedAttempts: the first ones and the last (see AddAttempt);
-	// AttemptCount counts them all. RetryWait is the time spent
-	// waiting between attempts (backoff and Retry-After), and QueueWait in
-	// upstreams' shaping queues.
-	Attempts     [MaxRecordedAttempts]Attempt
-	AttemptCount int
-	RetryWait    time.Duration
-	QueueWait    time.Duration
+	// AttemptLog lists the upstream attempts (Attempts, AttemptCount).
+	// RetryWait is the time spent waiting between attempts (backoff and
+	// Retry-After), and QueueWait in upstreams' shaping queues.
+	AttemptLog
+	RetryWait time.Duration
+	QueueWait time.Duration
 	// Retrying is the time from the first attempt's start to the last
 	// one's: failed attempts, waits between them and shaping queues. It is
 	// not the gateway's overhead, so Overhead leaves it out.
@@ -400,12 +397,20 @@ type Attempt struct {
 	BreakerBypass bool
 }
 
-// AddAttempt appends a to the record's attempts. Past MaxRecordedAttempts
-// it takes the last place, so the attempt that ended the request is always
-// listed.
-func (r *Record) AddAttempt(a Attempt) {
-	r.Attempts[min(r.AttemptCount, MaxRecordedAttempts-1)] = a
-	r.AttemptCount++
+// AttemptLog lists a request's upstream attempts in order, at most
+// MaxRecordedAttempts: the first ones and the last (see AddAttempt);
+// AttemptCount counts them all. A fixed array, so keeping it costs no
+// allocation.
+type AttemptLog struct {
+	Attempts     [MaxRecordedAttempts]Attempt
+	AttemptCount int
+}
+
+// AddAttempt appends a to the log. Past MaxRecordedAttempts it takes the
+// last place, so the attempt that ended the request is always listed.
+func (l *AttemptLog) AddAttempt(a Attempt) {
+	l.Attempts[min(l.AttemptCount, MaxRecordedAttempts-1)] = a
+	l.AttemptCount++
 }
 
 // since returns b-a, or 0 when either moment is missing.

@@ -137,6 +137,46 @@ func (t *Tap) Sequence() int64 { return t.seq }
 // valid until the next Reset.
 func (t *Tap) ResponseID() []byte { return t.respID }
 
+// Summary is what a tap read of one stream, as a value that outlives the
+// tap (Reset reuses its buffers): the token instants and counts, the gaps,
+// the usage, the terminal marker, an incomplete answer's reason and the
+// error event. Fill writes it on a record.
+type Summary struct {
+	FirstToken, LastToken time.Time
+	TokenEvents           int
+	ITLCount              int
+	ITLSum, ITLMax        time.Duration
+	// Usage is the reported usage; when no output count was reported,
+	// Output is the number of token-bearing deltas and Estimated is true
+	// (Usage.HasOutput stays false).
+	Usage            llm.Usage
+	Estimated        bool
+	TerminalSeen     bool
+	IncompleteReason string
+	// ErrorSeen: an error event was seen; ErrorType is its type, when it
+	// named one.
+	ErrorSeen bool
+	ErrorType string
+}
+
+// Summary returns the stream's results so far. It allocates only for an
+// incomplete answer's reason and an error event's type.
+func (t *Tap) Summary() Summary {
+	s := Summary{FirstToken: t.first, LastToken: t.last, TokenEvents: t.tokenEvents,
+		ITLCount: t.itlCount, ITLSum: t.itlSum, ITLMax: t.itlMax, TerminalSeen: t.terminal, ErrorSeen: t.errSeen}
+	s.Usage, _ = t.Usage()
+	if s.Estimated = !s.Usage.HasOutput; s.Estimated {
+		s.Usage.Output = int64(t.tokens)
+	}
+	if len(t.incomplete) > 0 {
+		s.IncompleteReason = string(t.incomplete)
+	}
+	if t.errSeen && len(t.errType) > 0 {
+		s.ErrorType = string(t.errType)
+	}
+	return s
+}
+
 // Fill copies the stream's results into r: Timing.FirstToken and
 // Timing.LastToken, TokenEvents, ITLCount, ITLSum, ITLMax, Usage, Estimated,
 // TerminalSeen, and, when an error event was seen, Interruption
@@ -147,26 +187,28 @@ func (t *Tap) ResponseID() []byte { return t.respID }
 // token-bearing deltas and Estimated is true; Usage.HasOutput stays false
 // (not reported) and a reported Input is kept.
 func (t *Tap) Fill(r *llm.Record) {
-	r.Timing.FirstToken = t.first
-	r.Timing.LastToken = t.last
-	r.TokenEvents = t.tokenEvents
-	r.ITLCount = t.itlCount
-	r.ITLSum = t.itlSum
-	r.ITLMax = t.itlMax
-	u, _ := t.Usage()
-	r.Estimated = !u.HasOutput
-	if r.Estimated {
-		u.Output = int64(t.tokens)
+	s := t.Summary()
+	s.Fill(r)
+}
+
+// Fill writes the summary on r, as Tap.Fill does.
+func (s *Summary) Fill(r *llm.Record) {
+	r.Timing.FirstToken = s.FirstToken
+	r.Timing.LastToken = s.LastToken
+	r.TokenEvents = s.TokenEvents
+	r.ITLCount = s.ITLCount
+	r.ITLSum = s.ITLSum
+	r.ITLMax = s.ITLMax
+	r.Estimated = s.Estimated
+	r.Usage = s.Usage
+	r.TerminalSeen = s.TerminalSeen
+	if s.IncompleteReason != "" {
+		r.IncompleteReason = s.IncompleteReason
 	}
-	r.Usage = u
-	r.TerminalSeen = t.terminal
-	if len(t.incomplete) > 0 {
-		r.IncompleteReason = string(t.incomplete)
-	}
-	if t.errSeen {
+	if s.ErrorSeen {
 		r.Interruption = llm.InterruptUpstreamErrorEvent
-		if len(t.errType) > 0 {
-			r.ErrorType = string(t.errType)
+		if s.ErrorType != "" {
+			r.ErrorType = s.ErrorType
 		}
 	}
 }
