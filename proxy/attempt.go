@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate-llm/tollgate/llm"
+	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
 // attemptState is one attempt's own state, made for each try (attemptWith)
@@ -20,6 +21,9 @@ import (
 // attempt that answered comes back in its result (attemptResult.at).
 type attemptState struct {
 	up *upstream
+	// callerKeyUp: the caller's own key goes upstream (passthrough), so a
+	// 429 describes the caller's account, not the upstream's health.
+	callerKeyUp bool
 	// tk is the attempt's breaker ticket (the zero ticket without a
 	// breaker); a stream reports it healthy at its first token (tkEarly),
 	// so a long stream does not hold a half-open probe slot to its end.
@@ -45,7 +49,43 @@ type attemptState struct {
 	// caller; lastFlush is the time of the last flush.
 	terminalOut bool
 	lastFlush   time.Time
+	// learned is what the attempt found out about its upstream's answer:
+	// the record's, when it is the last attempt (finish).
+	learned answerFacts
 }
+
+// answerFacts is what one attempt learned of its upstream's answer.
+type answerFacts struct {
+	// requestID is the upstream's id for the answer (upstreamRequestID);
+	// sent and firstByte the moments the request was written and the
+	// answer's first byte came.
+	requestID       string
+	sent, firstByte time.Time
+	form            answerForm
+	// firstTokenOut is when the first token was flushed to the caller;
+	// relayOverhead sums each relayed event's time from its read to its
+	// flush.
+	firstTokenOut time.Time
+	relayOverhead time.Duration
+	// tally is a relayed stream's figures, when tallied.
+	tally   sseparse.Summary
+	tallied bool
+	// usage is a whole answer's, read from its body when hasUsage, and
+	// incompleteReason a Responses API answer's incomplete_details.reason.
+	usage            llm.Usage
+	hasUsage         bool
+	incompleteReason string
+}
+
+// answerForm is how an upstream answered: the record's Stream is the form
+// the caller asked for until an answer says otherwise.
+type answerForm uint8
+
+const (
+	formUnknown answerForm = iota // no answer, or an error answer
+	formStream                    // an event stream, relayed event by event
+	formWhole                     // one piece, copied
+)
 
 // attemptResult is what one attempt left behind.
 type attemptResult struct {
@@ -61,7 +101,7 @@ type attemptResult struct {
 	healthy bool
 	fail    *failure
 	// at is the attempt's state as it ended.
-	at attemptState
+	at *attemptState
 }
 
 // attemptTrace holds the moments the transport's goroutines report for one
@@ -76,9 +116,8 @@ type attemptTrace struct {
 // opening events are held back until its first token, so that an error or a
 // stall before it can still be retried; otherwise every event goes out at
 // once.
-func (ex *exchange) attempt(at *attemptState, t target, body []byte, callerKeyUp, mayRetry bool) attemptResult {
+func (ex *exchange) attempt(at *attemptState, t target, body []byte, mayRetry bool) attemptResult {
 	g, up := ex.g, t.up
-	ex.rec.Upstream = up.cfg.Name
 	body = ex.bodyFor(at, t, body)
 	// Each attempt that succeeds upstream creates its own stored object.
 	at.claim = ex.claims()
@@ -98,8 +137,8 @@ func (ex *exchange) attempt(at *attemptState, t target, body []byte, callerKeyUp
 	// answer's headers are in, which can be before that report: read it
 	// when the attempt ends, or the exchange loses its overhead and upstream
 	// TTFT. finish, which uses them, runs after the attempts.
-	defer func() { ex.rec.Timing.UpSent = ex.since(tr.sent.Load()) }()
-	req, err := ex.upstreamRequest(tr.trace(ctx, g.now, ex.rec.Timing.In), up, body, callerKeyUp)
+	defer func() { at.learned.sent = ex.since(tr.sent.Load()) }()
+	req, err := ex.upstreamRequest(tr.trace(ctx, g.now, ex.rec.Timing.In), up, body, at.callerKeyUp)
 	if err != nil {
 		g.log.Error("building upstream request", "request_id", ex.rec.RequestID, "upstream", up.cfg.Name, "err", err)
 		ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
@@ -111,12 +150,12 @@ func (ex *exchange) attempt(at *attemptState, t target, body []byte, callerKeyUp
 		pt.enter(phaseHeaders, up.headerTimeout)
 	}
 	resp, err := up.transport.RoundTrip(req)
-	ex.rec.Timing.UpFirstByte = ex.since(tr.firstByte.Load())
+	at.learned.firstByte = ex.since(tr.firstByte.Load())
 	if err != nil {
 		return ex.noResponse(ctx, at, err)
 	}
 	defer resp.Body.Close()
-	ex.rec.UpstreamRequestID = upstreamRequestID(resp.Header)
+	at.learned.requestID = upstreamRequestID(resp.Header)
 	ex.servedBy(resp.StatusCode)
 
 	switch {
@@ -129,12 +168,10 @@ func (ex *exchange) attempt(at *attemptState, t target, body []byte, callerKeyUp
 		} else {
 			pt.enter(phaseNone, 0) // a stream nobody asked for: only the total timeout
 		}
-		ex.rec.Stream = true
-		ex.rec.Status = resp.StatusCode
+		at.learned.form = formStream
 		return ex.relay(ctx, at, resp, mayRetry, pt)
 	default:
 		pt.enter(phaseNone, 0)
-		ex.rec.Status = resp.StatusCode
 		ex.prepareHeaders(resp.Header)
 		return ex.copyAnswer(ctx, at, resp)
 	}
@@ -233,11 +270,9 @@ func (ex *exchange) errorAnswer(ctx context.Context, at *attemptState, resp *htt
 		return ex.callerLeft(e, st)
 	case e.retryable:
 		return attemptResult{result: e.result, status: st, retryable: true, healthy: e.healthy,
-			fail: &failure{status: st, header: resp.Header, body: s.body, outcome: e.outcome, errType: e.errType,
-				upReqID: ex.rec.UpstreamRequestID}}
+			fail: &failure{status: st, header: resp.Header, body: s.body, outcome: e.outcome, errType: e.errType}}
 	}
 	// Not retried: relay the answer now, the part already read first.
-	ex.rec.Status = st
 	ex.prepareHeaders(resp.Header)
 	read := s.body
 	s.stage = stageErrorCopied
@@ -249,7 +284,7 @@ func (ex *exchange) errorAnswer(ctx context.Context, at *attemptState, resp *htt
 		s.body = at.captured
 	}
 	e = ex.classify(at, s)
-	ex.record(e)
+	ex.ended(e)
 	return ex.result(e, st, true)
 }
 

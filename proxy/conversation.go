@@ -235,9 +235,8 @@ func (ex *exchange) linkResponse(id, key string) {
 
 // recordTurn folds a finished exchange into its conversation: every
 // request that was admitted and sent upstream is a turn (a refused one is
-// not), with what the record says it used, cost and waited.
-func (ex *exchange) recordTurn() {
-	rec := &ex.rec
+// not), with what its finished record (rec) says it used, cost and waited.
+func (ex *exchange) recordTurn(rec *llm.Record) {
 	if ex.conv.held > 0 {
 		// After the Record below has its cost in the store.
 		defer ex.g.convHolds.release(ex.conv.key, ex.conv.held)
@@ -337,7 +336,7 @@ func conversationOwner(cfg *config.Config, q url.Values) (string, *apiError) {
 // adminConversation serves GET /admin/conversations/{id}: an active
 // conversation's figures (404 when there is none).
 func (g *Gateway) adminConversation(w http.ResponseWriter, r *http.Request) {
-	d := guessDialect(r)
+	d := errorDialect(r, llm.DialectNone)
 	id := conversationID(r)
 	if e := g.checkConversationAPI(id); e != nil {
 		writeError(w, d, requestIDFrom(r.Context()), e)
@@ -415,7 +414,7 @@ func conversationError(err error) *apiError {
 // shadows an upstream API such as /v1/conversations.
 func (g *Gateway) conversationOutcome(w http.ResponseWriter, r *http.Request) {
 	rid := requestIDFrom(r.Context())
-	d := guessDialect(r)
+	d := errorDialect(r, llm.DialectNone)
 	id := conversationID(r)
 	if e := g.checkConversationAPI(id); e != nil {
 		writeError(w, d, rid, e)

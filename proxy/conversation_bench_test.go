@@ -110,7 +110,7 @@ func trackOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in 
 	ex.info.MaxTokens = 150
 	sum, id := keyHash(keyAlpha)
 	ex.rec.KeyID = id
-	if aerr := ex.identify(sum, true); aerr != nil {
+	if aerr := ex.identify(sum, id, true); aerr != nil {
 		tb.Fatal(aerr)
 	}
 	if rf := ex.identifyConversation(); !rf.ok() {
@@ -123,5 +123,5 @@ func trackOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in 
 	ex.rec.Timing.End, ex.rec.Timing.FirstTokenOut = in, in
 	ex.rec.Usage = llm.Usage{Input: 300, Output: 150, HasInput: true, HasOutput: true}
 	ex.rec.CostMicros = 2250
-	ex.recordTurn()
+	ex.recordTurn(&ex.rec)
 }

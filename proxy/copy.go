@@ -25,10 +25,10 @@ func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http
 		ex.sseHeaders()
 		s.err, s.writeErr = ex.copyBody(at, resp.StatusCode, resp.Body, 0, true)
 		e := ex.classify(at, s)
-		ex.record(e)
+		ex.ended(e)
 		return ex.result(e, resp.StatusCode, true)
 	}
-	ex.rec.Stream = false // answered in one piece, whatever was asked
+	at.learned.form = formWhole // answered in one piece, whatever was asked
 	metered := ex.kind.readsUsage()
 	limit := 0
 	switch {
@@ -59,9 +59,9 @@ func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http
 			g.log.Warn("answer larger than max_event_bytes: usage not read", "request_id", ex.rec.RequestID,
 				"upstream", at.up.cfg.Name, "limit_bytes", limit)
 		}
-		ex.usageFromBody(at.captured, &answer)
+		ex.usageFromBody(at, &answer)
 	}
-	ex.record(e)
+	ex.ended(e)
 	if s.conflict {
 		ex.fail(errStoredIDConflict(), e.outcome)
 	}
@@ -143,8 +143,10 @@ func (at *attemptState) captureHead(body io.Reader, buf []byte, capture int) err
 }
 
 // usageFromBody reads the usage of a non-streamed answer from the bounded
-// copy of its body; a Responses API answer's was read already (answer).
-func (ex *exchange) usageFromBody(captured []byte, answer *sseparse.ResponsesAnswer) {
+// copy of its body (at.captured); a Responses API answer's was read already
+// (answer).
+func (ex *exchange) usageFromBody(at *attemptState, answer *sseparse.ResponsesAnswer) {
+	captured := at.captured
 	var u llm.Usage
 	var ok bool
 	switch ex.rec.Dialect {
@@ -155,16 +157,14 @@ func (ex *exchange) usageFromBody(captured []byte, answer *sseparse.ResponsesAns
 	case llm.DialectResponses:
 		u, ok = answer.Usage, answer.HasUsage
 		if len(answer.IncompleteReason) > 0 {
-			ex.rec.IncompleteReason = string(jsonscan.AppendUnescape(nil, answer.IncompleteReason))
+			at.learned.incompleteReason = string(jsonscan.AppendUnescape(nil, answer.IncompleteReason))
 		}
 	default: // a metered forwarded answer: prompt_tokens or input_tokens
 		if u, ok = sseparse.UsageFromOpenAIBody(captured); !ok {
 			u, ok = sseparse.UsageFromAnthropicBody(captured)
 		}
 	}
-	if ok {
-		ex.rec.Usage = u
-	}
+	at.learned.usage, at.learned.hasUsage = u, ok
 }
 
 // isJSON reports whether an answer body is one JSON value, as

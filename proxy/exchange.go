@@ -21,9 +21,8 @@ type exchange struct {
 	rec        llm.Record
 	modelLabel string
 	info       requestInfo
-	// headersSent is set once the response status is written: after that
-	// an error can no longer be reported as a status.
-	headersSent bool
+	// out is what the caller got (respond.go).
+	out reply
 	// kind is what the exchange is (kind.go): a model call, a replay, a
 	// metered or plain forward, a probe. answer is the dialect its errors
 	// are written in: its own, or for a forwarded path the one its path and
@@ -44,14 +43,12 @@ type exchange struct {
 
 	// stored is the stored response or conversation the path addresses.
 	stored storedUse
+	// trip is the request's way through its upstreams (roundtrip.go).
+	trip trip
 	// last is the state of the last attempt, the one whose answer (or
-	// failure) the caller got, as it ended (attemptResult.at); its up is
-	// nil before any attempt.
-	last attemptState
-
-	// callerKeyUp: the caller's own key went upstream (passthrough), so a
-	// 429 describes the caller's account, not the upstream's health.
-	callerKeyUp bool
+	// failure) the caller got, as it ended (attemptResult.at); nil before
+	// any attempt (see lastAttempt).
+	last *attemptState
 
 	// Governance: the caller's [[keys]] entry (nil if none), its lease when
 	// a limiter admitted it, the limiter's RPM/TPM states for the
@@ -84,38 +81,6 @@ func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
 	g.handle(w, r, llm.RouteOther, llm.DialectNone)
 }
 
-// newExchange starts an exchange at t_in under gen, the configuration it
-// runs under to its end: its route and dialect, its kind (kindOf), the
-// dialect its errors are written in, and its request id (id). Every
-// exchange is made here: a caller's request (handle), one that matched no
-// route (reject) and the synthetic probe (Probe).
-func (g *Gateway) newExchange(gen *generation, w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect,
-	probe bool, id string) *exchange {
-	ex := &exchange{g: g, gen: gen, w: w, r: r, promptEstimate: -1, kind: kindOf(route, d, probe), answer: d}
-	if d == llm.DialectNone {
-		ex.answer = guessDialect(r)
-	}
-	ex.rec.Timing.In = g.now()
-	ex.rec.Route, ex.rec.Dialect = route, d
-	ex.rec.RequestID = id
-	return ex
-}
-
-// handle runs one exchange, t_in to finish.
-func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect) {
-	g.open.Add(1)
-	defer g.open.Add(-1)
-	ex := g.newExchange(g.begin(), w, r, route, d, false, requestIDFrom(r.Context()))
-	defer ex.gen.end()
-	ex.startTrace()
-	inflight := g.metrics.Inflight(route)
-	inflight.Inc()
-	defer inflight.Dec()
-	defer ex.finish()
-	defer ex.abortOnPanic()
-	ex.serve()
-}
-
 // abortOnPanic turns a panic after the response has started into
 // http.ErrAbortHandler, so the connection is cut (the caller sees a broken
 // response) instead of the recoverer writing an error body into a stream.
@@ -124,10 +89,23 @@ func (ex *exchange) abortOnPanic() {
 	if p == nil {
 		return
 	}
-	if ex.headersSent && p != http.ErrAbortHandler {
+	if ex.out.sent() && p != http.ErrAbortHandler {
 		ex.g.log.Error("panic after the response started; aborting the connection",
 			"request_id", ex.rec.RequestID, "panic", p, "stack", string(debug.Stack()))
 		panic(http.ErrAbortHandler)
 	}
 	panic(p)
+}
+
+// noAttempt is the state of no attempt: what lastAttempt gives before one.
+// Nothing writes it.
+var noAttempt attemptState
+
+// lastAttempt is the state of the exchange's last attempt as it ended, or
+// noAttempt (its up nil) when none was made.
+func (ex *exchange) lastAttempt() *attemptState {
+	if ex.last == nil {
+		return &noAttempt
+	}
+	return ex.last
 }

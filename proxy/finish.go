@@ -2,19 +2,25 @@ package proxy
 
 import (
 	"time"
+
+	"github.com/tollgate-llm/tollgate/llm"
 )
 
 // finish completes the record and hands it to the sinks, once per request,
 // after the last byte has been written. The probe's record goes to the
 // access log alone (marked "probe"): it is kept out of the user figures,
-// and settle bills nothing that is not kind.billed.
-func (ex *exchange) finish() {
+// and settle bills nothing that is not kind.billed. It returns the finished
+// record (the probe reads its result there).
+func (ex *exchange) finish() *llm.Record {
 	g, rec := ex.g, &ex.rec
-	rec.Timing.End = ex.end()
-	if rec.Status == 0 {
-		rec.Status = statusClientClosed
+	ex.closeRecord()
+	c := ex.chargeFor(rec)
+	if c.ok {
+		rec.Usage, rec.CostMicros = c.usage, c.cost
+		rec.Estimated = rec.Estimated || c.estimated
+		rec.InputEstimated = c.inputEstimated
 	}
-	ex.settle()
+	ex.settle(rec, c)
 	input := ex.promptEstimate
 	if rec.Usage.HasInput {
 		input = rec.Usage.Input
@@ -27,7 +33,7 @@ func (ex *exchange) finish() {
 		if label == "" {
 			label = g.metrics.Model(rec.Model)
 		}
-		ex.recordTurn()
+		ex.recordTurn(rec)
 		g.metrics.Observe(rec, label)
 		if g.stats != nil {
 			g.stats.Observe(rec, label)
@@ -37,19 +43,65 @@ func (ex *exchange) finish() {
 		logRecord(g.accessLog, rec, !caller)
 	}
 	if caller {
-		ex.endTrace()
+		ex.endTrace(rec)
 		if g.onRecord != nil {
 			g.onRecord(rec)
 		}
 	}
+	return rec
+}
+
+// closeRecord completes the record from what the request's stages handed
+// back as values: the last attempt's facts (lastAttempt().learned), the round
+// trip's (ex.trip), and the reply's (ex.out); then t_end. The front door
+// wrote the request's own part (key, team, model, the stream asked for, a
+// refusal's reason) as it checked it. An attempt that is not the last one
+// leaves nothing on the record but its line in the attempt log.
+func (ex *exchange) closeRecord() {
+	rec, out := &ex.rec, ex.out
+	if at := ex.lastAttempt(); at.up != nil {
+		l := &at.learned
+		rec.Upstream, rec.UpstreamRequestID = at.up.cfg.Name, l.requestID
+		rec.Timing.UpSent, rec.Timing.UpFirstByte, rec.Timing.FirstTokenOut = l.sent, l.firstByte, l.firstTokenOut
+		rec.RelayOverhead = l.relayOverhead
+		switch l.form {
+		case formStream:
+			rec.Stream = true
+		case formWhole:
+			rec.Stream = false
+		}
+		if l.tallied {
+			l.tally.Fill(rec)
+		}
+		if l.hasUsage {
+			rec.Usage = l.usage
+		}
+		if l.incompleteReason != "" {
+			rec.IncompleteReason = l.incompleteReason
+		}
+	}
+	rec.AttemptLog = ex.trip.AttemptLog
+	rec.Retrying, rec.RetryWait, rec.QueueWait = ex.trip.retrying, ex.trip.retryWait, ex.trip.queueWait
+	if out.usage.HasInput || out.usage.HasOutput {
+		rec.Usage = out.usage
+	}
+	rec.Status, rec.BytesOut = out.status, out.bytes
+	if !out.sent() {
+		rec.Status = statusClientClosed
+	}
+	rec.Outcome, rec.Interruption = out.outcome, out.interrupt
+	if out.errType != "" {
+		rec.ErrorType = out.errType
+	}
+	rec.Timing.End = ex.end()
 }
 
 // end is t_end: the last flush when the caller got the whole answer up to
 // its terminal marker (the relay may read on after it, waiting for the
 // upstream's end of body), else now, when the exchange ends.
 func (ex *exchange) end() time.Time {
-	if ex.last.terminalOut {
-		return ex.last.lastFlush
+	if at := ex.lastAttempt(); at.terminalOut {
+		return at.lastFlush
 	}
 	return ex.g.now()
 }

@@ -1,6 +1,76 @@
 package proxy
 
-import "github.com/tollgate-llm/tollgate/llm"
+import (
+	"crypto/sha256"
+	"net/http"
+	"strings"
+
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// newExchange starts an exchange at t_in under gen, the configuration it
+// runs under to its end: its route and dialect, its kind (kindOf), the
+// dialect its errors are written in, and its request id (id). Every
+// exchange is made here: a caller's request (handle), one that matched no
+// route (reject) and the synthetic probe of an upstream (Probe, probe
+// non-nil), which has no key and goes to that upstream alone.
+func (g *Gateway) newExchange(gen *generation, w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect,
+	probe *upstream, id string) *exchange {
+	ex := &exchange{g: g, gen: gen, w: w, r: r, promptEstimate: -1, kind: kindOf(route, d, probe != nil),
+		answer: errorDialect(r, d)}
+	ex.rec.Timing.In = g.now()
+	ex.rec.Route, ex.rec.Dialect = route, d
+	ex.rec.RequestID = id
+	if probe != nil {
+		ex.rec.KeyID, ex.rec.Upstream = keyID(""), probe.cfg.Name
+	}
+	return ex
+}
+
+// handle runs one exchange, t_in to finish.
+func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, route llm.Route, d llm.Dialect) {
+	g.open.Add(1)
+	defer g.open.Add(-1)
+	ex := g.newExchange(g.begin(), w, r, route, d, nil, requestIDFrom(r.Context()))
+	defer ex.gen.end()
+	ex.rec.TraceID = ex.startTrace()
+	inflight := g.metrics.Inflight(route)
+	inflight.Inc()
+	defer inflight.Dec()
+	defer ex.finish()
+	defer ex.abortOnPanic()
+	ex.serve()
+}
+
+// reject answers a request that matched no route, and records it like any
+// other so it leaves its access-log line and counts in requests_total.
+func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
+	ex := g.newExchange(g.begin(), w, r, llm.RouteOther, llm.DialectNone, nil, requestIDFrom(r.Context()))
+	defer ex.gen.end()
+	key, hasKey, _ := callerKey(r.Header)
+	sum, id := keyHash(key)
+	ex.rec.KeyID = id
+	if k := ex.gen.gov.lookup(sum, hasKey); k != nil {
+		ex.rec.KeyID = k.name
+	}
+	ex.fail(e, llm.OutcomeBadRequest)
+	ex.finish()
+}
+
+// errorDialect is the dialect a request's errors are written in: its
+// route's (d), or for a request outside the dialect routes (a forwarded
+// path, the admin API, a panic's 500) Anthropic's when its path or headers
+// say so, else OpenAI's.
+func errorDialect(r *http.Request, d llm.Dialect) llm.Dialect {
+	switch {
+	case d != llm.DialectNone:
+		return d
+	case r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != "" ||
+		strings.HasPrefix(r.URL.Path, "/v1/messages"):
+		return llm.DialectAnthropic
+	}
+	return llm.DialectOpenAI
+}
 
 // refusal is what a front-door check says when a request may not go on:
 // the error the caller gets in its dialect, the outcome, and for a
@@ -107,10 +177,27 @@ func (ex *exchange) checkIdentity() (hasKey bool, rf refusal) {
 	case !hasKey && ex.gen.cfg.Auth.RequireKey:
 		return false, badRequest(errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""))
 	}
-	if aerr := ex.identify(sum, hasKey); aerr != nil {
+	if aerr := ex.identify(sum, id, hasKey); aerr != nil {
 		return false, badRequest(aerr)
 	}
 	return hasKey, refusal{}
+}
+
+// identify names the caller from its key's SHA-256 and hash prefix id (see
+// keyHash): when the key is listed, the record's key id becomes its
+// [[keys]] name, with its team; and says whether the caller may go on
+// (governance.identify).
+func (ex *exchange) identify(sum [sha256.Size]byte, id string, hasKey bool) *apiError {
+	k, aerr := ex.gen.gov.identify(sum, id, hasKey)
+	ex.key = k
+	if k != nil {
+		// The name says more than the hash prefix.
+		ex.rec.KeyID = k.name
+		if k.team != nil {
+			ex.rec.Team = k.team.name
+		}
+	}
+	return aerr
 }
 
 // checkUpstream refuses a request no configured upstream serves.

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -302,21 +301,6 @@ func limitInFlight(h http.Handler, n int) http.Handler {
 	})
 }
 
-// reject answers a request that matched no route, and records it like any
-// other so it leaves its access-log line and counts in requests_total.
-func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
-	ex := g.newExchange(g.begin(), w, r, llm.RouteOther, llm.DialectNone, false, requestIDFrom(r.Context()))
-	defer ex.gen.end()
-	key, hasKey, _ := callerKey(r.Header)
-	sum, id := keyHash(key)
-	ex.rec.KeyID = id
-	if k := ex.gen.gov.lookup(sum, hasKey); k != nil {
-		ex.rec.KeyID = k.name
-	}
-	ex.fail(e, llm.OutcomeBadRequest)
-	ex.finish()
-}
-
 // Wait returns once every exchange has finished (settled, billed and
 // logged) and every stream's new stored response is recorded (a claim
 // may outlive its stream, see claimWait), or with ctx's error. http.Server.Shutdown waits for handlers,
@@ -349,14 +333,4 @@ func (g *Gateway) readyz(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))
-}
-
-// guessDialect picks the error dialect for a request outside the two dialect
-// routes: Anthropic when the path or headers say so, OpenAI otherwise.
-func guessDialect(r *http.Request) llm.Dialect {
-	if r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != "" ||
-		strings.HasPrefix(r.URL.Path, "/v1/messages") {
-		return llm.DialectAnthropic
-	}
-	return llm.DialectOpenAI
 }

@@ -144,31 +144,23 @@ func (t *teamEntry) modelAllowed(model string) bool {
 	return false
 }
 
-// identify names the caller from its key's SHA-256 (see keyHash):
-// the [[keys]] name and team when listed, and says whether the caller may go
-// on. In mode "keys" the key must be configured.
-func (ex *exchange) identify(sum [sha256.Size]byte, hasKey bool) *apiError {
-	gv := ex.gen.gov
-	ex.key = gv.lookup(sum, hasKey)
-	if ex.key != nil {
-		// The record's key id was the hash prefix; the name says more.
-		ex.rec.KeyID = ex.key.name
-		if ex.key.team != nil {
-			ex.rec.Team = ex.key.team.name
-		}
-	}
+// identify finds the caller's [[keys]] entry from its key's SHA-256 and
+// hash prefix id (see keyHash), nil when it is not listed, and says whether
+// the caller may go on: in mode "keys" the key must be configured.
+func (gv *governance) identify(sum [sha256.Size]byte, id string, hasKey bool) (*keyEntry, *apiError) {
+	k := gv.lookup(sum, hasKey)
 	if !gv.keysMode {
-		return nil
+		return k, nil
 	}
 	switch {
 	case !hasKey:
-		return errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\"")
-	case ex.key == nil:
+		return nil, errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\"")
+	case k == nil:
 		// The message names the key only by the hash prefix the operators
 		// can find in the access log.
-		return errUnauthorized("invalid API key (id " + ex.rec.KeyID + "): it is not one of this gateway's keys")
+		return nil, errUnauthorized("invalid API key (id " + id + "): it is not one of this gateway's keys")
 	}
-	return nil
+	return k, nil
 }
 
 // subjects returns the limited subjects of the caller: its key and its team.

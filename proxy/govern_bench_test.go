@@ -99,7 +99,7 @@ func governOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in
 	ex.info.MaxTokens = u.Output
 	sum, id := keyHash(keyAlpha)
 	ex.rec.KeyID = id
-	if aerr := ex.identify(sum, true); aerr != nil {
+	if aerr := ex.identify(sum, id, true); aerr != nil {
 		tb.Fatal(aerr)
 	}
 	if rf := ex.admit(); !rf.ok() {
@@ -110,5 +110,5 @@ func governOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in
 	}
 	ex.rec.Status, ex.rec.Timing.UpFirstByte = 200, in
 	ex.rec.Usage = u
-	ex.settle()
+	ex.settle(&ex.rec, ex.chargeFor(&ex.rec))
 }

@@ -819,7 +819,8 @@ func (rg *relayRig) run(body io.Reader) attemptResult {
 	}
 	rg.pt.init(rg.pt.cancel, rg.pt.idle, 0, nil) // no total timeout
 	res := rg.ex.relay(ctx, &rg.at, &rg.resp, rg.hold, &rg.pt)
-	rg.ex.last = rg.at // as tryUpstream keeps the attempt's state
+	rg.ex.last = &rg.at // as tryUpstream keeps the attempt's state
+	rg.ex.closeRecord() // as finish does
 	return res
 }
 

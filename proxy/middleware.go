@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"net/http"
 	"runtime/debug"
+
+	"github.com/tollgate-llm/tollgate/llm"
 )
 
 // contextKey is a pointer type so a key fits in an interface without
@@ -77,7 +79,7 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 			}
 			g.log.Error("panic serving request", "request_id", requestIDFrom(r.Context()),
 				"path", r.URL.Path, "panic", rec, "stack", string(debug.Stack()))
-			writeError(w, guessDialect(r), requestIDFrom(r.Context()), &apiError{
+			writeError(w, errorDialect(r, llm.DialectNone), requestIDFrom(r.Context()), &apiError{
 				Status: http.StatusInternalServerError, Kind: "server_error", AnthropicKind: "api_error",
 				Msg: "internal error in the gateway"})
 		}()

@@ -187,7 +187,7 @@ func (ex *exchange) errorAnswerEnding(at *attemptState, s stop, gone bool, c cut
 	}
 	typ, code := errorFields(s.body)
 	e := ending{outcome: llm.OutcomeUpstreamError, result: statusResult(s.status),
-		healthy: ex.answerHealthy(at.up, s.status, typ, code)}
+		healthy: ex.answerHealthy(at, s.status, typ, code)}
 	if s.stage == stageErrorAnswer {
 		e.retryable = s.complete && shouldRetry(at.up.policy, s.status, s.header, typ, code)
 		e.errType = sseparse.ErrorTypeFromBody(s.body)
@@ -217,7 +217,7 @@ func (ex *exchange) heldEnding(at *attemptState, s stop, gone bool, c cut) endin
 		e.interrupt, e.result, e.errType = llm.InterruptUpstreamErrorEvent, resultErrorEvent, s.errType
 		status := errorEventStatus(s.errType)
 		e.retryable = status != 0 && retryableStatus(at.up.policy, status, e.errType, "")
-		e.healthy = ex.errorEventHealthy(at.up, e.errType)
+		e.healthy = ex.errorEventHealthy(at, e.errType)
 	case s.tooLarge:
 		e.interrupt, e.errType = llm.InterruptProtocolError, "event_too_large"
 	case gone:
@@ -245,7 +245,7 @@ func (ex *exchange) streamEnding(at *attemptState, s stop, gone bool, c cut) end
 		return conflictEnding()
 	case s.errorEvent: // e.g. vLLM: an error event, then [DONE]
 		e.interrupt, e.result = llm.InterruptUpstreamErrorEvent, resultErrorEvent
-		e.healthy = ex.errorEventHealthy(at.up, e.errType)
+		e.healthy = ex.errorEventHealthy(at, e.errType)
 	case s.terminalOut:
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	case gone:
@@ -299,7 +299,7 @@ func (ex *exchange) bodyEnding(at *attemptState, s stop, gone bool, c cut) endin
 		// The answer's own error, as a stream's response.failed would
 		// carry it: judged by its code like an error event.
 		e.result, e.errType = resultErrorEvent, s.errType
-		e.healthy = ex.errorEventHealthy(at.up, e.errType)
+		e.healthy = ex.errorEventHealthy(at, e.errType)
 	default:
 		e.outcome, e.result, e.healthy = llm.OutcomeOK, resultOK, true
 	}
@@ -318,15 +318,6 @@ func conflictEnding() ending {
 // result is the attempt's result for the retry loop and the breaker.
 func (ex *exchange) result(e ending, status int, done bool) attemptResult {
 	return attemptResult{result: e.result, status: status, done: done, retryable: e.retryable, healthy: e.healthy}
-}
-
-// record writes how the attempt that answered the caller ended on the
-// exchange's record.
-func (ex *exchange) record(e ending) {
-	ex.rec.Outcome, ex.rec.Interruption = e.outcome, e.interrupt
-	if e.errType != "" {
-		ex.rec.ErrorType = e.errType
-	}
 }
 
 // ErrShutdown is the cause a server gives the requests' base context when it
@@ -348,13 +339,13 @@ func (ex *exchange) cancelledBy() (llm.Outcome, llm.Interruption) {
 // are about the account or the request. When the caller's own key went
 // upstream (passthrough) a 429 is that caller's account's limit, which must
 // not open the circuit for every other caller; likewise a probe's 429 on a
-// key no caller's request carries.
-func (ex *exchange) answerHealthy(up *upstream, st int, errType, errCode string) bool {
+// key no caller's request carries. at is the attempt that got the answer.
+func (ex *exchange) answerHealthy(at *attemptState, st int, errType, errCode string) bool {
 	switch {
 	case neverRetryable(errType) || neverRetryable(errCode):
 		return true
 	case st == http.StatusTooManyRequests:
-		return ex.callerKeyUp || ex.probeOwnKey(up)
+		return at.callerKeyUp || ex.probeOwnKey(at.up)
 	}
 	return st < 500 && st != http.StatusRequestTimeout
 }
@@ -367,12 +358,12 @@ func (ex *exchange) probeOwnKey(up *upstream) bool {
 }
 
 // errorEventHealthy judges an error event the same way, by its type.
-func (ex *exchange) errorEventHealthy(up *upstream, errType string) bool {
+func (ex *exchange) errorEventHealthy(at *attemptState, errType string) bool {
 	st := errorEventStatus(errType)
 	if st == 0 {
 		return neverRetryable(errType) // an unknown type is taken for an outage
 	}
-	return ex.answerHealthy(up, st, errType, "")
+	return ex.answerHealthy(at, st, errType, "")
 }
 
 // statusResult names an upstream error status.

@@ -66,9 +66,7 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 		r.Header.Set("Anthropic-Version", anthropicVersion)
 	}
 
-	ex := g.newExchange(gen, &probeWriter{h: http.Header{}}, r, route, d, true, newRequestID())
-	ex.rec.KeyID = keyID("")
-	ex.rec.Upstream = up.cfg.Name
+	ex := g.newExchange(gen, &probeWriter{h: http.Header{}}, r, route, d, up, newRequestID())
 	if rf := ex.inspect(body); !rf.ok() { // the gateway's own body: valid
 		return llm.ProbeResult{}, rf.err
 	}
@@ -84,8 +82,7 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 		ex.roundTrip(body, false, []target{{up: up}})
 		return false
 	}()
-	ex.finish()
-	return ex.probeResult(ctx, panicked), nil
+	return ex.probeResult(ctx, ex.finish(), panicked), nil
 }
 
 // probeBody builds a probe request body in dialect d, streamed, with the
@@ -128,9 +125,9 @@ func probeBody(d llm.Dialect, t llm.ProbeTarget) ([]byte, llm.Route, string) {
 }
 
 // probeResult reads the result of a finished probe exchange from its
-// record: its one attempt's result, or what ended it before an attempt.
-func (ex *exchange) probeResult(ctx context.Context, panicked bool) llm.ProbeResult {
-	rec := &ex.rec
+// record (rec): its one attempt's result, or what ended it before an
+// attempt.
+func (ex *exchange) probeResult(ctx context.Context, rec *llm.Record, panicked bool) llm.ProbeResult {
 	res := llm.ProbeResult{E2E: rec.E2E(), OutputTokens: rec.Usage.Output}
 	if n := min(rec.AttemptCount, llm.MaxRecordedAttempts); n > 0 {
 		a := rec.Attempts[n-1]

@@ -143,7 +143,7 @@ func spanFields(t *testing.T, g *Gateway, sr *tracetest.SpanRecorder, path strin
 		t.Fatal("no span started")
 	}
 	ex.rec = rec
-	ex.endTrace()
+	ex.endTrace(&ex.rec)
 	ended := sr.Ended()
 	if len(ended) != n+1 {
 		t.Fatalf("%d spans ended, want 1", len(ended)-n)

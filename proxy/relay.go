@@ -462,9 +462,9 @@ func (l *relayLoop) flush(readAt time.Time, events int, firstInBatch, wrote bool
 		l.st.itl.drain() // after the flush: off the token's path
 	}
 	if firstInBatch {
-		ex.rec.Timing.FirstTokenOut = done
+		l.at.learned.firstTokenOut = done
 	}
-	ex.rec.RelayOverhead += time.Duration(events) * done.Sub(readAt)
+	l.at.learned.relayOverhead += time.Duration(events) * done.Sub(readAt)
 	if !l.at.terminalOut && l.st.tap.TerminalSeen() {
 		l.at.terminalOut = true
 		l.pt.graceAt(done, terminalGrace)
@@ -505,7 +505,7 @@ func (l *relayLoop) endHeld(s stop, held []byte) attemptResult {
 		return ex.callerLeft(e, 0)
 	}
 	f := &failure{status: l.resp.StatusCode, header: l.resp.Header, body: append([]byte(nil), held...), stream: true,
-		outcome: e.outcome, interrupt: e.interrupt, errType: e.errType, upReqID: ex.rec.UpstreamRequestID}
+		outcome: e.outcome, interrupt: e.interrupt, errType: e.errType}
 	f.usage, _ = l.st.tap.Usage()
 	if s.conflict {
 		// Nothing of it may reach the caller: the gateway's own error.
@@ -525,20 +525,21 @@ func (l *relayLoop) endHeld(s stop, held []byte) attemptResult {
 // one; never a synthetic terminal marker.
 func (l *relayLoop) endStream(readErr, writeErr error) attemptResult {
 	ex := l.ex
-	l.st.tap.Fill(&ex.rec)
+	at := l.at
+	at.learned.tally, at.learned.tallied = l.st.tap.Summary(), true
 	s := stop{stage: stageStream, ctx: l.ctx, err: readErr, writeErr: writeErr,
 		tooLarge: errors.Is(readErr, errEventTooLarge), terminalOut: l.at.terminalOut, errorEvent: l.st.tap.ErrorSeen(),
 		conflict: errors.Is(readErr, errIDConflict)}
 	if s.errorEvent {
-		s.errType = ex.rec.ErrorType
+		s.errType = at.learned.tally.ErrorType
 	}
 	e := ex.classify(l.at, s)
 	if e.gone {
 		l.pt.abort() // stop the upstream now rather than when the handler returns
 	}
-	ex.record(e)
+	ex.ended(e)
 	if !l.at.terminalOut && !e.gone && !s.errorEvent && ex.gen.cfg.Server.StreamErrorEvents {
-		if ex.write(streamErrorEvent(ex.rec.Dialect, ex.rec.Interruption, &l.st.tap)) == nil {
+		if ex.write(streamErrorEvent(ex.rec.Dialect, e.interrupt, &l.st.tap)) == nil {
 			_ = l.rc.Flush()
 		}
 	}

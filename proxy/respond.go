@@ -10,6 +10,29 @@ import (
 	"github.com/tollgate-llm/tollgate/sseparse"
 )
 
+// reply is what the caller got, written only here, as it is sent: the
+// status, the bytes, and how the answer ended. finish folds it into the
+// record.
+type reply struct {
+	// status is the status sent, 0 before one: after it an error can no
+	// longer be reported as a status. A caller that got none is recorded
+	// with statusClientClosed.
+	status int
+	bytes  int64
+	// outcome, interrupt and errType: how the answer ended, as the last
+	// attempt judged it (ended) or the gateway answered instead (fail,
+	// clientGone, relayFailure).
+	outcome   llm.Outcome
+	interrupt llm.Interruption
+	errType   string
+	// usage is what a relayed failure reported (a held stream's opening
+	// events), when it reported any.
+	usage llm.Usage
+}
+
+// sent reports whether the status has been sent.
+func (p *reply) sent() bool { return p.status != 0 }
+
 // failure is an attempt that failed before anything was sent to the caller:
 // what the caller gets if no other attempt follows.
 type failure struct {
@@ -24,7 +47,6 @@ type failure struct {
 	outcome   llm.Outcome
 	interrupt llm.Interruption
 	errType   string
-	upReqID   string
 	// usage is what a held stream reported before it failed; errorEvent
 	// ends the held events sent, for a stream the upstream broke without
 	// an error event of its own (streamErrorEvent).
@@ -37,24 +59,16 @@ type failure struct {
 // of a stream the upstream broke (ended by an error event in the caller's
 // dialect), or the gateway's own error.
 func (ex *exchange) relayFailure(f *failure) {
-	rec := &ex.rec
+	out := &ex.out
+	out.interrupt = f.interrupt
+	if f.errType != "" {
+		out.errType = f.errType
+	}
 	if f.header == nil {
-		rec.Interruption = f.interrupt
-		if f.errType != "" {
-			rec.ErrorType = f.errType
-		}
 		ex.fail(f.apiErr, f.outcome)
 		return
 	}
-	rec.UpstreamRequestID = f.upReqID
-	rec.Status = f.status
-	rec.Outcome, rec.Interruption = f.outcome, f.interrupt
-	if f.usage.HasInput || f.usage.HasOutput {
-		rec.Usage = f.usage
-	}
-	if f.errType != "" {
-		rec.ErrorType = f.errType
-	}
+	out.outcome, out.usage = f.outcome, f.usage
 	ex.prepareHeaders(f.header)
 	if f.stream {
 		ex.sseHeaders()
@@ -72,7 +86,7 @@ func (ex *exchange) relayFailure(f *failure) {
 // writeHeader sends the answer's status: from here on an error can no
 // longer be reported as a status.
 func (ex *exchange) writeHeader(status int) {
-	ex.headersSent = true
+	ex.out.status = status
 	ex.w.WriteHeader(status)
 }
 
@@ -90,10 +104,16 @@ func gatewayError(o llm.Outcome) *apiError {
 
 // fail answers the caller with e and records the outcome.
 func (ex *exchange) fail(e *apiError, o llm.Outcome) {
-	ex.rec.Outcome = o
-	ex.rec.Status = e.Status
-	ex.headersSent = true
-	ex.rec.BytesOut += int64(writeError(ex.w, ex.answer, ex.rec.RequestID, e))
+	ex.out.outcome, ex.out.status = o, e.Status
+	ex.out.bytes += int64(writeError(ex.w, ex.answer, ex.rec.RequestID, e))
+}
+
+// ended records how the attempt that answered the caller ended.
+func (ex *exchange) ended(e ending) {
+	ex.out.outcome, ex.out.interrupt = e.outcome, e.interrupt
+	if e.errType != "" {
+		ex.out.errType = e.errType
+	}
 }
 
 // clientGone records that the caller left (or the gateway cancelled the
@@ -105,13 +125,12 @@ func (ex *exchange) fail(e *apiError, o llm.Outcome) {
 // (a request waiting to retry meets this more often than any other).
 func (ex *exchange) clientGone() {
 	o, _ := ex.cancelledBy()
-	if o == llm.OutcomeShutdown && !ex.headersSent {
+	if o == llm.OutcomeShutdown && !ex.out.sent() {
 		setRetryAfter(ex.w.Header(), time.Second)
 		ex.fail(errShuttingDown(), llm.OutcomeShutdown)
 		return
 	}
-	ex.rec.Outcome = o
-	ex.rec.Status = statusClientClosed
+	ex.out.outcome = o // and no status: recorded as statusClientClosed
 }
 
 // allUnavailable answers a request whose every upstream was skipped, a
@@ -222,6 +241,6 @@ func responsesErrorEvents(code, msg string, tap *sseparse.Tap) []byte {
 // write sends p to the client and counts it.
 func (ex *exchange) write(p []byte) error {
 	n, err := ex.w.Write(p)
-	ex.rec.BytesOut += int64(n)
+	ex.out.bytes += int64(n)
 	return err
 }

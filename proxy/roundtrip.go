@@ -37,12 +37,11 @@ func (ex *exchange) routeDialect() llm.Dialect {
 // (bypassTarget). callerKeyUp says whether the caller's key goes upstream;
 // when it does not, each upstream's own key (if any) is sent instead.
 func (ex *exchange) roundTrip(body []byte, callerKeyUp bool, targets []target) {
-	ex.callerKeyUp = callerKeyUp
 	if len(targets) == 0 {
 		ex.fail(errNoUpstream(ex.rec.Dialect), llm.OutcomeBadRequest)
 		return
 	}
-	rt := &route{targets: targets, body: body, retryOK: ex.kind.retried(ex.r.Method)}
+	rt := &route{targets: targets, body: body, retryOK: ex.kind.retried(ex.r.Method), callerKeyUp: callerKeyUp}
 	by := ex.bypassTarget(rt)
 	if by < 0 {
 		for ti := range targets {
@@ -73,11 +72,24 @@ func (ex *exchange) roundTrip(body []byte, callerKeyUp bool, targets []target) {
 	}
 }
 
+// trip is the record of a request's way through its upstreams, written only
+// here: its attempts and the upstreams it passed over, and the time spent
+// before the last attempt. finish folds it into the record.
+type trip struct {
+	llm.AttemptLog
+	// retrying runs from the first attempt's start to the last one's;
+	// retryWait is the time waited between attempts, queueWait in shaping
+	// queues.
+	retrying, retryWait, queueWait time.Duration
+}
+
 // route is one request's way through its targets.
 type route struct {
 	targets []target
 	body    []byte
 	retryOK bool
+	// callerKeyUp: the caller's own key goes upstream (passthrough).
+	callerKeyUp bool
 	// held is the last failed attempt's failure, relayed if nothing better
 	// follows.
 	held       *failure
@@ -99,14 +111,14 @@ type route struct {
 // eligible reports whether target t may get the request. A caller's own
 // key goes only where the route sends it first (or to upstreams that
 // accept it): a key for one provider must not reach another's endpoint.
-func (rt *route) eligible(t target, callerKeyUp bool) bool {
-	return !callerKeyUp || t.up.origin == rt.targets[0].up.origin || t.up.cfg.CallerKeysOnFallback
+func (rt *route) eligible(t target) bool {
+	return !rt.callerKeyUp || t.up.origin == rt.targets[0].up.origin || t.up.cfg.CallerKeysOnFallback
 }
 
 // hasNext reports whether an eligible target follows targets[ti].
-func (rt *route) hasNext(ti int, callerKeyUp bool) bool {
+func (rt *route) hasNext(ti int) bool {
 	for _, t := range rt.targets[ti+1:] {
-		if rt.eligible(t, callerKeyUp) {
+		if rt.eligible(t) {
 			return true
 		}
 	}
@@ -136,7 +148,7 @@ func (ex *exchange) bypassTarget(rt *route) int {
 	by := -1
 	var oldest time.Time
 	for i, t := range rt.targets {
-		if !rt.eligible(t, ex.callerKeyUp) {
+		if !rt.eligible(t) {
 			continue
 		}
 		if t.up.breaker == nil {
@@ -159,7 +171,7 @@ func (ex *exchange) bypassTarget(rt *route) int {
 func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 	g, t := ex.g, rt.targets[ti]
 	up := t.up
-	if !rt.eligible(t, ex.callerKeyUp) {
+	if !rt.eligible(t) {
 		ex.skip(up, skipKeyScope)
 		return false
 	}
@@ -178,14 +190,14 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 		}
 		// A request sent in bypass falls back nowhere: every other target
 		// refused it too.
-		mayRetry := rt.retryOK && (n+1 < up.policy.maxAttempts || !rt.bypass && rt.hasNext(ti, ex.callerKeyUp))
+		mayRetry := rt.retryOK && (n+1 < up.policy.maxAttempts || !rt.bypass && rt.hasNext(ti))
 		start := g.now()
-		ex.rec.Retrying = start.Sub(rt.firstStart)
+		ex.trip.retrying = start.Sub(rt.firstStart)
 		ex.startAttemptSpan(up, bypassed, rt.body)
-		res := ex.attemptWith(t, tk, rt.body, mayRetry)
+		res := ex.attemptWith(t, tk, rt.body, rt.callerKeyUp, mayRetry)
 		rt.sent = true
 		ex.last = res.at
-		ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Status: res.status, Result: res.result,
+		ex.trip.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Status: res.status, Result: res.result,
 			Duration: g.now().Sub(start), BreakerBypass: bypassed})
 		ex.endAttemptSpan(res.status, res.result)
 		g.metrics.UpstreamAttempt(up.cfg.Name, res.result)
@@ -212,7 +224,7 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 			return true
 		}
 		waited += wait
-		ex.rec.RetryWait += wait
+		ex.trip.retryWait += wait
 	}
 }
 
@@ -240,7 +252,7 @@ func (ex *exchange) takeSlot(rt *route, up *upstream, bypass bool) (tk ticket, o
 	}
 	qw, err := up.shaper.Acquire(r.Context())
 	if qw > 0 {
-		ex.rec.QueueWait += qw
+		ex.trip.queueWait += qw
 		g.metrics.QueueWait(up.cfg.Name, qw)
 	}
 	if err != nil {
@@ -283,11 +295,11 @@ func (ex *exchange) countMove(rt *route, up *upstream) {
 // close its breaker (nor, closed, reset its count of failures). A stream
 // reported healthy at its first token that failed later counts that
 // failure too.
-func (ex *exchange) attemptWith(t target, tk ticket, body []byte, mayRetry bool) (res attemptResult) {
+func (ex *exchange) attemptWith(t target, tk ticket, body []byte, callerKeyUp, mayRetry bool) (res attemptResult) {
 	up := t.up
 	// The ticket lives in the attempt's state: the relay may report it
 	// done at the first token, after which its verdict here is a no-op.
-	at := attemptState{up: up, tk: tk}
+	at := attemptState{up: up, tk: tk, callerKeyUp: callerKeyUp}
 	defer up.shaper.Release()
 	defer func() {
 		if res.result == resultClientGone {
@@ -298,22 +310,22 @@ func (ex *exchange) attemptWith(t target, tk ticket, body []byte, mayRetry bool)
 				up.breaker.observe(false)
 			}
 		}
-		res.at = at // its ticket settled
+		res.at = &at // its ticket settled
 	}()
-	return ex.attempt(&at, t, body, ex.callerKeyUp, mayRetry)
+	return ex.attempt(&at, t, body, mayRetry)
 }
 
 // reportRetryWait reports the request's retry waits, once, under the
 // upstream that answered it.
 func (ex *exchange) reportRetryWait(up *upstream) {
-	if ex.rec.RetryWait > 0 {
-		ex.g.metrics.RetryWait(up.cfg.Name, ex.rec.RetryWait)
+	if ex.trip.retryWait > 0 {
+		ex.g.metrics.RetryWait(up.cfg.Name, ex.trip.retryWait)
 	}
 }
 
 // skip records an upstream passed over without an attempt.
 func (ex *exchange) skip(up *upstream, why string) {
-	ex.rec.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Result: why})
+	ex.trip.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Result: why})
 	ex.g.metrics.UpstreamRetrySkipped(up.cfg.Name, why)
 	ex.traceSkip(up.cfg.Name, why)
 }

@@ -46,12 +46,12 @@ type exchangeTrace struct {
 }
 
 // startTrace starts the request's span, continuing the caller's W3C trace
-// context if it sent one, and puts the trace id on the record (the access
-// log's trace_id).
-func (ex *exchange) startTrace() {
+// context if it sent one, and returns its trace id for the record (the
+// access log's trace_id), "" when it is not sampled or tracing is off.
+func (ex *exchange) startTrace() string {
 	tr := ex.g.tracer
 	if tr == nil {
-		return
+		return ""
 	}
 	parent := tracing.Propagator.Extract(ex.r.Context(), propagation.HeaderCarrier(ex.r.Header))
 	// The name wants the model, read later from the body: SetName at the end.
@@ -59,8 +59,9 @@ func (ex *exchange) startTrace() {
 		trace.WithTimestamp(ex.rec.Timing.In))
 	ex.tr = &exchangeTrace{ctx: ctx, span: span}
 	if sc := span.SpanContext(); sc.IsSampled() {
-		ex.rec.TraceID = sc.TraceID().String()
+		return sc.TraceID().String()
 	}
+	return ""
 }
 
 // startAttemptSpan starts the span of an attempt on up; body is the
@@ -143,8 +144,8 @@ func (ex *exchange) traceSkip(upstream, why string) {
 }
 
 // endTrace ends the request's span at t_end with the finished record's
-// figures. An attempt span a panic left open ends with it.
-func (ex *exchange) endTrace() {
+// (rec) figures. An attempt span a panic left open ends with it.
+func (ex *exchange) endTrace(rec *llm.Record) {
 	t := ex.tr
 	if t == nil {
 		return
@@ -152,7 +153,6 @@ func (ex *exchange) endTrace() {
 	if t.attempt != nil {
 		ex.endAttemptSpan(0, "panic")
 	}
-	rec := &ex.rec
 	op := operationName(rec.Route, ex.r.URL.Path)
 	name := op
 	if rec.Model != "" {
@@ -160,7 +160,7 @@ func (ex *exchange) endTrace() {
 	}
 	t.span.SetName(strings.ToValidUTF8(name, "\uFFFD"))
 	if t.span.IsRecording() {
-		t.span.SetAttributes(validUTF8(ex.spanAttributes(op))...)
+		t.span.SetAttributes(validUTF8(ex.spanAttributes(rec, op))...)
 	}
 	if rec.Outcome != llm.OutcomeOK {
 		t.span.SetStatus(codes.Error, rec.Outcome.String())
@@ -194,8 +194,7 @@ func validUTF8(attrs []attribute.KeyValue) []attribute.KeyValue {
 // conventions' that are not the record's (spanOnly), then the record's
 // fields that recordFields gives a span attribute, under the same
 // conditions and with the same values as the access log writes them.
-func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
-	rec := &ex.rec
+func (ex *exchange) spanAttributes(rec *llm.Record, op string) []attribute.KeyValue {
 	a := make([]attribute.KeyValue, 0, 48)
 	a = append(a, tracing.OperationName.String(op))
 	if p := ex.providerName(); p != "" {
@@ -218,9 +217,9 @@ func (ex *exchange) spanAttributes(op string) []attribute.KeyValue {
 		}
 		a = append(a, spanAttribute(f.span, v))
 	}
-	a = ex.responseAttributes(a)
+	a = ex.responseAttributes(rec, a)
 	if ex.g.traceContent {
-		a = ex.contentAttributes(a)
+		a = ex.contentAttributes(rec, a)
 	}
 	return a
 }
@@ -309,18 +308,18 @@ func (ex *exchange) traceEvent(ev *sseparse.Event) {
 // a stream's, read from its events as they were relayed (traceEvent), or
 // read from a non-streamed success's body, the bounded copy the gateway
 // keeps for its usage.
-func (ex *exchange) responseAttributes(a []attribute.KeyValue) []attribute.KeyValue {
+func (ex *exchange) responseAttributes(rec *llm.Record, a []attribute.KeyValue) []attribute.KeyValue {
 	var id, model string
 	var reasons []string
-	if rec := &ex.rec; rec.Stream {
+	if rec.Stream {
 		id, model = ex.tr.respID, ex.tr.respModel
 		for _, r := range ex.tr.reasons {
 			if r != "" {
 				reasons = append(reasons, r)
 			}
 		}
-	} else if rec.Status/100 == 2 && rec.Dialect != llm.DialectNone && len(ex.last.captured) > 0 {
-		id, model, reasons = answerResponse(rec.Dialect, ex.last.captured)
+	} else if captured := ex.lastAttempt().captured; rec.Status/100 == 2 && rec.Dialect != llm.DialectNone && len(captured) > 0 {
+		id, model, reasons = answerResponse(rec.Dialect, captured)
 	}
 	if id != "" {
 		a = append(a, tracing.ResponseID.String(id))
@@ -374,14 +373,13 @@ func answerResponse(d llm.Dialect, body []byte) (id, model string, reasons []str
 
 // contentAttributes adds the captured request messages and a non-streamed
 // answer's body (capture_content), each bounded.
-func (ex *exchange) contentAttributes(a []attribute.KeyValue) []attribute.KeyValue {
+func (ex *exchange) contentAttributes(rec *llm.Record, a []attribute.KeyValue) []attribute.KeyValue {
 	t := ex.tr
 	cut := t.cut
 	if t.content != "" {
 		a = append(a, tracing.RequestContent.String(t.content))
 	}
-	if !ex.rec.Stream && len(ex.last.captured) > 0 {
-		body := ex.last.captured
+	if body := ex.lastAttempt().captured; !rec.Stream && len(body) > 0 {
 		if len(body) > tracing.ContentLimit {
 			body, cut = body[:tracing.ContentLimit], true
 		}
@@ -441,8 +439,8 @@ func operationName(route llm.Route, path string) string {
 // a forwarded request the first one its upstream serves.
 func (ex *exchange) providerName() string {
 	d := ex.rec.Dialect
-	if d == llm.DialectNone && ex.last.up != nil && len(ex.last.up.cfg.Dialects) > 0 {
-		d, _ = llm.ParseDialect(ex.last.up.cfg.Dialects[0])
+	if up := ex.lastAttempt().up; d == llm.DialectNone && up != nil && len(up.cfg.Dialects) > 0 {
+		d, _ = llm.ParseDialect(up.cfg.Dialects[0])
 	}
 	switch d {
 	case llm.DialectOpenAI, llm.DialectResponses:

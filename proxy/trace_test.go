@@ -565,7 +565,7 @@ func TestTracingOffAllocatesNothing(t *testing.T) {
 		ex.traceEvent(&sseparse.Event{Data: []byte(`{"id":"x","model":"m","choices":[{"finish_reason":"stop"}]}`)})
 		ex.traceSkip("mock", "breaker_open")
 		ex.endAttemptSpan(200, "ok")
-		ex.endTrace()
+		ex.endTrace(&ex.rec)
 	})
 	if allocs != 0 || ex.tr != nil || len(h) != 0 {
 		t.Errorf("tracing off: %v allocations a request, state %v, header %v", allocs, ex.tr, h)

@@ -203,7 +203,7 @@ func TestExchangeTargetsForwarded(t *testing.T) {
 			for k, v := range tc.hdr {
 				r.Header.Set(k, v)
 			}
-			ex := &exchange{gen: gen, r: r, answer: guessDialect(r)} // as newExchange makes it
+			ex := &exchange{gen: gen, r: r, answer: errorDialect(r, llm.DialectNone)} // as newExchange makes it
 			ex.rec.Dialect = llm.DialectNone
 			if got := routeTargetNames(ex.targets(tc.model)); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("targets = %v, want %v", got, tc.want)
