@@ -1219,3 +1219,31 @@ func TestBypassOnlyWhereTheKeyMayGo(t *testing.T) {
 		t.Error("the keyless request's attempt on other is not marked breaker_bypass")
 	}
 }
+
+// TestRecordTakesUpstreamFactsFromTheLastAttemptOnly: the record's
+// upstream, upstream request id and stream form are the last attempt's. An
+// attempt that got no answer, after attempts that got one with an id, leaves
+// the id empty: the earlier upstream's id beside the later upstream's name
+// would send an operator to the wrong provider log.
+func TestRecordTakesUpstreamFactsFromTheLastAttemptOnly(t *testing.T) {
+	for _, k := range []sdkKind{kindOpenAI, kindAnthropicStream} {
+		t.Run(k.name, func(t *testing.T) {
+			w := newResWorld(t, resSetup{upstreams: []string{"primary", "dead"}, dead: "dead"})
+			w.inject(t, "primary", "status=500", 100)
+			if a := w.call(t, k, nil); a.err == nil {
+				t.Fatal("the call succeeded; want the dead upstream's 502")
+			}
+			rec := w.tg.record(t)
+			if rec.AttemptCount < 2 || rec.Attempts[0].Upstream != "primary" || rec.Attempts[0].Status != 500 {
+				t.Fatalf("attempts %v: want primary's 500s first", attemptList(rec))
+			}
+			if rec.Upstream != "dead" || rec.UpstreamRequestID != "" || rec.Status != http.StatusBadGateway {
+				t.Errorf("record upstream %q, upstream request id %q, status %d; want dead, none, 502",
+					rec.Upstream, rec.UpstreamRequestID, rec.Status)
+			}
+			if rec.Stream != k.stream {
+				t.Errorf("record stream %v for a request that asked %v", rec.Stream, k.stream)
+			}
+		})
+	}
+}
