@@ -26,7 +26,7 @@ type reply struct {
 	interrupt llm.Interruption
 	errType   string
 	// usage is what a relayed failure reported (a held stream's opening
-	// events), when it reported any.
+	// events); the record takes it when it has a count.
 	usage llm.Usage
 }
 

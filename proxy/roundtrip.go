@@ -196,9 +196,7 @@ func (ex *exchange) tryUpstream(rt *route, ti int) (done bool) {
 		ex.startAttemptSpan(up, bypassed, rt.body)
 		res := ex.attemptWith(t, tk, rt.body, rt.callerKeyUp, mayRetry)
 		rt.sent = true
-		ex.last = res.at
-		ex.trip.AddAttempt(llm.Attempt{Upstream: up.cfg.Name, Status: res.status, Result: res.result,
-			Duration: g.now().Sub(start), BreakerBypass: bypassed})
+		ex.attempted(res.at, start, res.status, res.result, bypassed)
 		ex.endAttemptSpan(res.status, res.result)
 		g.metrics.UpstreamAttempt(up.cfg.Name, res.result)
 		if res.done {
@@ -311,6 +309,9 @@ func (ex *exchange) attemptWith(t target, tk ticket, body []byte, callerKeyUp, m
 			}
 		}
 		res.at = &at // its ticket settled
+		// The exchange's last attempt, even one a panic ends: finish
+		// records what it learned.
+		ex.last = &at
 	}()
 	return ex.attempt(&at, t, body, mayRetry)
 }
@@ -321,6 +322,15 @@ func (ex *exchange) reportRetryWait(up *upstream) {
 	if ex.trip.retryWait > 0 {
 		ex.g.metrics.RetryWait(up.cfg.Name, ex.trip.retryWait)
 	}
+}
+
+// attempted keeps the state of an attempt that ended (at) as the
+// exchange's last, and lists it on the trip: started at start, the
+// upstream's status, its result, whether it went in bypass of its breaker.
+func (ex *exchange) attempted(at *attemptState, start time.Time, status int, result string, bypassed bool) {
+	ex.last = at
+	ex.trip.AddAttempt(llm.Attempt{Upstream: at.up.cfg.Name, Status: status, Result: result,
+		Duration: ex.g.now().Sub(start), BreakerBypass: bypassed})
 }
 
 // skip records an upstream passed over without an attempt.

@@ -1247,3 +1247,46 @@ func TestRecordTakesUpstreamFactsFromTheLastAttemptOnly(t *testing.T) {
 		})
 	}
 }
+
+// panicBody panics at its first Read: a bug in the gateway's reading of an
+// upstream answer, after the attempt has its response.
+type panicBody struct{ io.ReadCloser }
+
+func (panicBody) Read([]byte) (int, error) { panic("a bug while reading the upstream answer") }
+
+// panicTransport gives every answer a panicBody.
+type panicTransport struct{ http.RoundTripper }
+
+func (t panicTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.RoundTripper.RoundTrip(r)
+	if err == nil {
+		resp.Body = panicBody{resp.Body}
+	}
+	return resp, err
+}
+
+// TestAttemptEndedByAPanicIsTheRecordsLast: an attempt a panic ends is
+// still the exchange's last: the record names its upstream and its
+// request id, not an earlier attempt's.
+func TestAttemptEndedByAPanicIsTheRecordsLast(t *testing.T) {
+	w := newResWorld(t, resSetup{upstreams: []string{"primary", "secondary"}, ledger: true, edit: func(c *config.Config) {
+		c.Upstreams[0].Retry.MaxAttempts, c.Upstreams[1].Retry.MaxAttempts = 1, 1
+	}})
+	w.inject(t, "primary", "status=500", 100)
+	for _, u := range w.tg.gw.gen.Load().upstreams {
+		if u.cfg.Name == "secondary" {
+			u.transport = panicTransport{u.transport}
+		}
+	}
+	resp, err := http.Post(w.tg.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"gpt-test","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	rec := w.tg.record(t)
+	if rec.Upstream != "secondary" || rec.UpstreamRequestID == "" || rec.Timing.UpFirstByte.IsZero() {
+		t.Errorf("record upstream %q, upstream request id %q, first byte %v; want the panicking attempt's (secondary)",
+			rec.Upstream, rec.UpstreamRequestID, rec.Timing.UpFirstByte)
+	}
+}
