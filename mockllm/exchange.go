@@ -104,6 +104,9 @@ type exchange struct {
 	// the Responses event being written.
 	evStart int
 	evSeq   int64
+	// socket: the turn came as a response.create on a WebSocket, which
+	// implies a stream (socket.go).
+	socket bool
 }
 
 // serve validates the request and answers it.
@@ -117,6 +120,9 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 	if e, ok := x.parseBody(body); !ok {
 		writeError(x.w, x.dialect, x.reqID, e)
 		return outcomeBadRequest
+	}
+	if x.socket {
+		x.req.Stream = true
 	}
 	// Only now, with the request accepted, may it use up an injected fault.
 	if inj, ok := s.takeInjected(); ok {

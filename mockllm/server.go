@@ -274,6 +274,15 @@ const (
 
 // ServeHTTP routes a request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/responses" && isSocketUpgrade(r) {
+		// Not a request itself: each turn on it is one (socket.go).
+		if !s.keyOK(r) {
+			s.reject(w, llm.DialectResponses, "req_mock"+pad(s.seq.Add(1)), http.StatusUnauthorized, "")
+			return
+		}
+		s.serveSocket(w, r)
+		return
+	}
 	arrival := time.Now()
 	s.update(func(st *Stats) { st.Requests++ })
 	// Until a handler decides otherwise, a panic (the disconnect fault)
