@@ -136,6 +136,13 @@ type Upstream struct {
 	// does not matter in mode "keys", where each upstream gets its own key.
 	// Default false.
 	CallerKeysOnFallback bool `toml:"caller_keys_on_fallback"`
+	// ResponsesWebSocket says the upstream speaks the Responses API's
+	// WebSocket mode (GET /v1/responses with Upgrade: websocket; OpenAI's
+	// API does): the gateway then joins a caller's socket to one of its
+	// own to this upstream and meters each turn. Without an upstream that
+	// does, the gateway answers the upgrade 426, which makes clients such
+	// as Codex fall back to HTTP at once. Default false.
+	ResponsesWebSocket bool `toml:"responses_websocket"`
 	// MaxIdleConns sizes the pool of idle connections kept to the upstream.
 	// Default 256.
 	MaxIdleConns int `toml:"max_idle_conns"`

@@ -82,6 +82,26 @@ func (r Route) String() string {
 	}
 }
 
+// Transport is how an exchange reached the gateway.
+type Transport uint8
+
+const (
+	// TransportHTTP is one HTTP request and its answer (an SSE stream or a
+	// body).
+	TransportHTTP Transport = iota
+	// TransportWebSocket is one response.create of the Responses API's
+	// WebSocket mode: a turn on a socket that carries many.
+	TransportWebSocket
+)
+
+// String returns the transport's label value.
+func (t Transport) String() string {
+	if t == TransportWebSocket {
+		return "websocket"
+	}
+	return "http"
+}
+
 // Usage is the token usage of one exchange, normalised across dialects.
 //
 // Input is the whole prompt, cached tokens included (OpenAI prompt_tokens;
@@ -318,6 +338,7 @@ type Record struct {
 	Dialect           Dialect
 	Model             string // requested model
 	Upstream          string // upstream name from config
+	Transport         Transport
 	Stream            bool
 	Status            int // status sent to the client
 

@@ -88,6 +88,10 @@ type Metrics struct {
 	// claimsDeferred counts streams the relay did not hold for the record
 	// of their new stored response.
 	claimsDeferred prometheus.Counter
+	// sockets counts Responses WebSocket upgrades by result; socketsOpen
+	// is the sockets open now.
+	sockets     *prometheus.CounterVec
+	socketsOpen prometheus.Gauge
 
 	// Configuration reloads.
 	reloads          *prometheus.CounterVec
@@ -208,6 +212,12 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		claimsDeferred: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "stored_claims_deferred_total",
 			Help: "Streams whose new stored response's owner or conversation link the store had not recorded within the relay's few-millisecond wait: the relay went on without it rather than hold a token (a slow or stalled ownership or conversation store)."}),
 
+		sockets: counter("websocket_connections_total",
+			"WebSocket upgrades on GET /v1/responses (the Responses API's WebSocket mode), by result: accepted, unauthorized, unsupported (no upstream speaks it: 426), upstream_refused (the upstream answered the upgrade with an error, relayed), upstream_unreachable. Each turn on an accepted socket is a request of route responses, transport websocket.",
+			"result"),
+		socketsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "websocket_connections_open",
+			Help: "Responses API WebSockets open now, each joined to one of the gateway's own to its upstream."}),
+
 		attempts: counter("upstream_attempts_total",
 			"Attempts sent to an upstream, by result (ok, client_error, rate_limited, overloaded, server_error, connect_error, connection_error, header_timeout, first_token_timeout, idle_timeout, error_event, stream_broken, timeout, client_gone).",
 			"upstream", "result"),
@@ -290,7 +300,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
 		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded, m.replicas,
-		m.claimsDeferred, m.reloads, m.reloadOK, m.reloadSuccessful,
+		m.claimsDeferred, m.sockets, m.socketsOpen, m.reloads, m.reloadOK, m.reloadSuccessful,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
 		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval,
@@ -520,6 +530,12 @@ func (m *Metrics) SetDegraded(component string, degraded bool) {
 // StoredClaimDeferred counts a stream the relay did not hold for the record
 // of its new stored response (the store answered too slowly).
 func (m *Metrics) StoredClaimDeferred() { m.claimsDeferred.Inc() }
+
+// Socket counts a WebSocket upgrade by result (see websocket_connections_total).
+func (m *Metrics) Socket(result string) { m.sockets.WithLabelValues(result).Inc() }
+
+// SocketsOpen returns the gauge of open WebSockets.
+func (m *Metrics) SocketsOpen() prometheus.Gauge { return m.socketsOpen }
 
 // SetReplicas sets the replicas sharing Redis, as the fleet's heartbeat
 // last read them.

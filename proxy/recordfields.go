@@ -50,6 +50,8 @@ var recordFields = [...]recordField{
 		value: func(r *llm.Record) slog.Value { return slog.StringValue(r.Model) }},
 	{log: "upstream", span: tracing.Upstream, present: func(r *llm.Record) bool { return r.Upstream != "" },
 		value: func(r *llm.Record) slog.Value { return slog.StringValue(r.Upstream) }},
+	{log: "transport", span: tracing.Transport, present: func(r *llm.Record) bool { return r.Transport != llm.TransportHTTP },
+		value: func(r *llm.Record) slog.Value { return slog.StringValue(r.Transport.String()) }},
 	{log: "stream", span: tracing.RequestStream, spanTrueOnly: true,
 		value: func(r *llm.Record) slog.Value { return slog.BoolValue(r.Stream) }},
 	{log: "status", span: tracing.HTTPResponseStatusCode,

@@ -72,6 +72,7 @@ const (
 	Team         = attribute.Key("tollgate.team")
 	Route        = attribute.Key("tollgate.route")
 	Upstream     = attribute.Key("tollgate.upstream")
+	Transport    = attribute.Key("tollgate.transport")
 	Outcome      = attribute.Key("tollgate.outcome")
 	Interruption = attribute.Key("tollgate.interruption")
 	Rejection    = attribute.Key("tollgate.rejection")
