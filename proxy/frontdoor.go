@@ -164,6 +164,31 @@ func (ex *exchange) refuse(rf refusal) {
 	ex.fail(rf.err, rf.outcome)
 }
 
+// checkTurn takes a response.create of a socket (frame; socketturn.go)
+// through the checks a POST /v1/responses meets after its body is read
+// (the socket's key, k, was checked when it opened, and is identified
+// again under the turn's configuration): inspection, stored-object
+// ownership, conversation, admission. A turn is a stream by the transport.
+func (ex *exchange) checkTurn(frame []byte, k socketKey) refusal {
+	ex.rec.Transport, ex.rec.KeyID = llm.TransportWebSocket, k.id
+	if aerr := ex.identify(k.sum, k.id, k.hasKey); aerr != nil {
+		return badRequest(aerr)
+	}
+	rf := ex.inspect(frame)
+	ex.info.Stream, ex.rec.Stream = true, true
+	if rf.ok() {
+		rf = ex.checkStored()
+	}
+	if rf.ok() {
+		rf = ex.identifyConversation()
+	}
+	if rf.ok() {
+		rf = ex.admit()
+	}
+	ex.modelLabel = ex.g.metrics.Model(ex.rec.Model)
+	return rf
+}
+
 // checkIdentity reads the caller's key (Authorization or x-api-key) and
 // identifies it (identify): the record's key id is its hash prefix, or its
 // [[keys]] name. hasKey says a key was sent.

@@ -267,6 +267,7 @@ func (g *Gateway) Handler() http.Handler {
 	r.Post("/v1/chat/completions", g.dialectHandler(llm.RouteChatCompletions, llm.DialectOpenAI))
 	r.Post("/v1/messages", g.dialectHandler(llm.RouteMessages, llm.DialectAnthropic))
 	r.Post("/v1/responses", g.dialectHandler(llm.RouteResponses, llm.DialectResponses))
+	r.Get("/v1/responses", g.responsesGet)
 	r.HandleFunc("/v1/*", g.forwardHandler)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, r, errNotFound(r.URL.Path))

@@ -1,0 +1,394 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
+)
+
+// The Responses API's WebSocket mode (GET /v1/responses with Upgrade:
+// websocket; wire.md §10): one socket carries many turns, each a
+// response.create client event answered by the events a POST /v1/responses
+// stream carries, one JSON object per text message. The gateway joins the
+// caller's socket to one of its own to an upstream that speaks it
+// (responses_websocket) and relays every message the moment it is read,
+// either way; each response.create is one exchange (socketturn.go), with its
+// own record, admission and bill. The socket itself is not a request: its
+// upgrade is counted in websocket_connections_total, and refused (before the
+// 101) with an ordinary HTTP error in the Responses API's shape.
+//
+// The library is github.com/coder/websocket: context-aware, it answers pings
+// on both legs while the pumps read, reassembles fragmented messages, bounds
+// message sizes, and is what the official Go SDK's Responses WebSocket
+// client is built on.
+
+// responsesGet serves GET /v1/responses: a WebSocket upgrade, or else a
+// forwarded GET.
+func (g *Gateway) responsesGet(w http.ResponseWriter, r *http.Request) {
+	if isSocketUpgrade(r) {
+		g.serveSocket(w, r)
+		return
+	}
+	g.forwardHandler(w, r)
+}
+
+// isSocketUpgrade reports whether r asks to open a WebSocket.
+func isSocketUpgrade(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+// socketKey is the key a socket was opened with, identified once.
+type socketKey struct {
+	sum    [32]byte
+	id     string
+	hasKey bool
+}
+
+// socket is one caller's WebSocket joined to the gateway's own to an
+// upstream. The caller's messages are read by serveSocket's goroutine
+// (clientPump), the upstream's by another (upstreamPump); writes on either
+// leg may come from both, which the library allows.
+type socket struct {
+	g      *Gateway
+	gen    *generation
+	r      *http.Request // the upgrade, its context the socket's
+	key    socketKey
+	up     *upstream
+	client *websocket.Conn
+	conn   *websocket.Conn // to the upstream
+	// callerKeyUp: the caller's key went upstream on the upgrade.
+	callerKeyUp bool
+	// lanes holds the turns in flight per stream_id ("" the default lane),
+	// oldest first: the upstream answers each lane's turns in order.
+	// turnsEnded is set once upstreamPump, the only goroutine that touches
+	// a turn in flight, has ended them: no turn is queued after.
+	mu         sync.Mutex
+	lanes      map[string][]*turn
+	turnsEnded bool
+	// named is set once a turn names a lane (stream_id): until then every
+	// event is the default lane's, and not searched for one.
+	named atomic.Bool
+	// upgradeHeaders are the headers of the upstream's 101.
+	upgradeHeaders http.Header
+	// ended is set by the first pump to see the socket end. cancel ends
+	// the pumps' context; cancelTurns the turns' (s.r's, a parent of the
+	// pumps'), only when the caller left, so that a turn the upstream
+	// broke is not taken for one its caller gave up on.
+	ended       atomic.Bool
+	cancel      context.CancelCauseFunc
+	cancelTurns context.CancelCauseFunc
+}
+
+// Why a socket ended, as the cause of its context.
+var (
+	errClientClosed   = errors.New("proxy: the caller closed the socket")
+	errUpstreamClosed = errors.New("proxy: the upstream closed the socket")
+)
+
+// serveSocket opens the socket's two legs and relays between them until
+// either ends. Refusals before the 101 are HTTP errors in the Responses
+// API's shape: a missing or unknown key (401), no upstream that speaks the
+// WebSocket mode (426, on which Codex and the SDKs use HTTP at once), the
+// upstream's own refusal (relayed), an unreachable upstream (502).
+func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
+	g.open.Add(1)
+	defer g.open.Add(-1)
+	gen := g.begin()
+	defer gen.end()
+	s := &socket{g: g, gen: gen, lanes: map[string][]*turn{}}
+	if e, result := s.identify(r); e != nil {
+		g.metrics.Socket(result)
+		writeError(w, llm.DialectResponses, requestIDFrom(r.Context()), e)
+		return
+	}
+	turnCtx, cancelTurns := context.WithCancelCause(r.Context())
+	defer cancelTurns(nil)
+	ctx, cancel := context.WithCancelCause(turnCtx)
+	defer cancel(nil)
+	s.cancel, s.cancelTurns, s.r = cancel, cancelTurns, r.WithContext(turnCtx)
+	resp, e, result := s.dial(ctx, r)
+	if e != nil || resp != nil {
+		g.metrics.Socket(result)
+		if resp != nil { // the upstream's own refusal, as it came
+			relayRefusal(w, resp)
+			return
+		}
+		writeError(w, llm.DialectResponses, requestIDFrom(r.Context()), e)
+		return
+	}
+	defer s.conn.CloseNow()
+	copyUpgradeHeaders(w.Header(), s.upgradeHeaders, gen.gov.keysMode)
+	client, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		g.metrics.Socket("bad_request") // Accept answered it
+		return
+	}
+	g.metrics.Socket("accepted")
+	open := g.metrics.SocketsOpen()
+	open.Inc()
+	defer open.Dec()
+	s.client = client
+	defer client.CloseNow()
+	client.SetReadLimit(int64(gen.cfg.Server.MaxBodyBytes))
+	s.conn.SetReadLimit(int64(gen.cfg.Server.MaxEventBytes))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.upstreamPump(ctx)
+	}()
+	s.clientPump(ctx)
+	<-done
+}
+
+// identify checks the key the upgrade carries as a POST's is checked: in
+// mode "keys" it must be one of the gateway's; with require_key, present.
+func (s *socket) identify(r *http.Request) (*apiError, string) {
+	key, hasKey, malformed := callerKey(r.Header)
+	sum, id := keyHash(key)
+	s.key = socketKey{sum: sum, id: id, hasKey: hasKey}
+	switch {
+	case malformed:
+		return errUnauthorized("malformed Authorization header: expected \"Bearer <key>\""), "unauthorized"
+	case !hasKey && s.gen.cfg.Auth.RequireKey:
+		return errUnauthorized("missing API key: send \"Authorization: Bearer <key>\""), "unauthorized"
+	}
+	if _, aerr := s.gen.gov.identify(sum, id, hasKey); aerr != nil {
+		return aerr, "unauthorized"
+	}
+	return nil, ""
+}
+
+// errSocketUnsupported answers an upgrade no upstream of the gateway can
+// take.
+func errSocketUnsupported() *apiError {
+	return &apiError{Status: http.StatusUpgradeRequired, Kind: "invalid_request_error", Code: "websocket_not_supported",
+		Msg: "no upstream of this gateway speaks the Responses API's WebSocket mode; use HTTP: POST /v1/responses"}
+}
+
+// dial opens the gateway's socket to the first upstream of the Responses
+// API's route that speaks the WebSocket mode and accepts the upgrade,
+// passing over one whose breaker refuses requests while another does not.
+// It returns the upstream's response when it refused the upgrade (relayed
+// as it came), or the gateway's error, or neither once s.conn is open.
+func (s *socket) dial(ctx context.Context, r *http.Request) (*http.Response, *apiError, string) {
+	targets := s.gen.routing.targets(llm.DialectOpenAI, "")
+	s.callerKeyUp = s.key.hasKey && !s.gen.gov.keysMode
+	var tried bool
+	for pass := 0; pass < 2; pass++ { // the second pass takes breakers that refuse
+		for i, t := range targets {
+			up := t.up
+			switch {
+			case !up.cfg.ResponsesWebSocket:
+				continue
+			case s.callerKeyUp && i > 0 && up.origin != targets[0].up.origin && !up.cfg.CallerKeysOnFallback:
+				continue // a caller's key goes only where its route starts
+			case pass == 0 && up.breaker != nil:
+				if _, refused := up.breaker.refusing(); refused {
+					continue
+				}
+			case pass == 1 && (up.breaker == nil || !tried):
+				continue // tried on the first pass already
+			}
+			tried = true
+			resp, err := s.dialUpstream(ctx, r, up)
+			switch {
+			case err == nil:
+				s.up = up
+				return nil, nil, ""
+			case resp != nil:
+				return resp, nil, "upstream_refused"
+			case ctx.Err() != nil:
+				return nil, errUpstreamUnreachable(), "upstream_unreachable"
+			}
+			s.g.log.Warn("upstream WebSocket unreachable", "request_id", requestIDFrom(r.Context()),
+				"upstream", up.cfg.Name, "err", err)
+		}
+		if !tried {
+			return nil, errSocketUnsupported(), "unsupported"
+		}
+	}
+	return nil, errUpstreamUnreachable(), "upstream_unreachable"
+}
+
+// dialUpstream opens the socket to up with the caller's headers (less
+// hop-by-hop and WebSocket handshake headers, which each leg negotiates on
+// its own) and, unless the caller's key goes upstream, up's own key. On a
+// refused upgrade the response is returned with its body (at most 1 KiB,
+// all the library keeps).
+func (s *socket) dialUpstream(ctx context.Context, r *http.Request, up *upstream) (*http.Response, error) {
+	h := upstreamRequestHeaders(r.Header)
+	for k := range h {
+		if strings.HasPrefix(k, "Sec-Websocket-") {
+			delete(h, k)
+		}
+	}
+	h.Set(requestIDHeader, requestIDFrom(r.Context()))
+	if !s.callerKeyUp {
+		h.Del("Authorization")
+		h.Del("X-Api-Key")
+		if s.gen.gov.keysMode {
+			h.Del("Openai-Organization")
+			h.Del("Openai-Project")
+		}
+		if k := up.cfg.APIKey.Reveal(); k != "" {
+			setUpstreamKey(h, llm.DialectResponses, k)
+		}
+	}
+	u := up.cfg.URL(r.URL.EscapedPath())
+	if r.URL.RawQuery != "" {
+		u += "?" + r.URL.RawQuery
+	}
+	dctx, cancel := context.WithTimeout(ctx, socketDialWait(up))
+	defer cancel()
+	conn, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: socketClient(up), HTTPHeader: h})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return resp, err
+		}
+		return nil, err
+	}
+	s.conn = conn
+	s.upgradeHeaders = resp.Header
+	return nil, nil
+}
+
+// socketDialWait bounds opening the socket to up: its connect timeout, and
+// its header timeout for the 101 (or, that one off, its attempt timeout).
+func socketDialWait(up *upstream) time.Duration {
+	wait := up.headerTimeout
+	if wait <= 0 {
+		wait = up.timeout
+	}
+	if wait <= 0 {
+		wait = time.Minute
+	}
+	return connectTimeout(up) + wait
+}
+
+// connectTimeout is up's bound on dialling and the TLS handshake.
+func connectTimeout(up *upstream) time.Duration { return config.Seconds(up.cfg.ConnectTimeoutSeconds) }
+
+// socketClient is the HTTP/1.1 client a socket to up is dialled with (an
+// upgrade cannot ride an HTTP/2 connection): one connection per socket,
+// dialled within up's connect timeout.
+func socketClient(up *upstream) *http.Client {
+	d := &net.Dialer{Timeout: connectTimeout(up), KeepAlive: 30 * time.Second}
+	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, DialContext: d.DialContext,
+		TLSHandshakeTimeout: connectTimeout(up), DisableCompression: true, MaxIdleConns: -1}}
+}
+
+// relayRefusal sends the caller the upstream's refusal of the upgrade: its
+// status, headers and the part of its body the library kept.
+func relayRefusal(w http.ResponseWriter, resp *http.Response) {
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	if resp.Body != nil {
+		_, _ = io.Copy(w, io.LimitReader(resp.Body, 1<<10))
+	}
+}
+
+// copyUpgradeHeaders puts the headers of the upstream's 101 (Codex reads
+// x-codex-turn-state, x-models-etag, openai-model, x-reasoning-included
+// there) on the caller's, less hop-by-hop and handshake headers; in mode
+// "keys", less the upstream account's rate-limit headers too.
+func copyUpgradeHeaders(dst, src http.Header, keysMode bool) {
+	copyResponseHeaders(dst, src)
+	for k := range dst {
+		if strings.HasPrefix(k, "Sec-Websocket-") {
+			delete(dst, k)
+		}
+	}
+	if keysMode {
+		deleteUpstreamAccountHeaders(dst, true)
+	}
+}
+
+// clientPump reads the caller's messages until the socket ends: each
+// response.create starts a turn (socketturn.go), every other message goes
+// upstream untouched. When the caller closes, the upstream leg is closed
+// with the caller's status.
+func (s *socket) clientPump(ctx context.Context) {
+	for {
+		typ, msg, err := s.client.Read(ctx)
+		if err != nil {
+			s.end(errClientClosed, s.conn, err)
+			return
+		}
+		if typ == websocket.MessageText && clientEventType(msg) == "response.create" {
+			s.create(ctx, msg)
+			continue
+		}
+		if err := s.conn.Write(ctx, typ, msg); err != nil {
+			s.end(errUpstreamClosed, s.client, err)
+			return
+		}
+	}
+}
+
+// upstreamPump reads the upstream's messages until the socket ends, each
+// relayed at once, through the turn it belongs to when there is one.
+// The turns in flight end here too, on this goroutine: those the
+// upstream left unfinished before the caller's leg is closed (each gets an
+// error event), those of a caller that left after its leg ended.
+func (s *socket) upstreamPump(ctx context.Context) {
+	for {
+		typ, msg, err := s.conn.Read(ctx)
+		if err != nil {
+			if s.ended.Load() { // the caller left, or the gateway shuts down
+				s.endTurns(errClientClosed, nil)
+				return
+			}
+			s.endTurns(errUpstreamClosed, err)
+			s.end(errUpstreamClosed, s.client, err)
+			return
+		}
+		readAt := s.g.now()
+		ok := true
+		if typ == websocket.MessageText {
+			ok = s.relay(ctx, msg, readAt)
+		} else {
+			ok = s.client.Write(ctx, typ, msg) == nil
+		}
+		if !ok {
+			s.end(errClientClosed, s.conn, nil)
+			s.endTurns(errClientClosed, nil)
+			return
+		}
+	}
+}
+
+// end ends the socket once, with why: the other leg (other) is closed with
+// the status the ending leg gave (err), or 1011 when it gave none (1000
+// for a caller that left, 1001 when the gateway shuts down), which ends
+// the pump reading it.
+func (s *socket) end(why error, other *websocket.Conn, err error) {
+	if !s.ended.CompareAndSwap(false, true) {
+		return
+	}
+	if why == errClientClosed {
+		s.cancelTurns(why)
+	}
+	code, reason := websocket.StatusInternalError, "the other side of the gateway's socket ended"
+	var ce websocket.CloseError
+	switch {
+	case errors.Is(context.Cause(s.r.Context()), ErrShutdown):
+		code, reason = websocket.StatusGoingAway, "the gateway is shutting down"
+	case errors.As(err, &ce) && ce.Code != websocket.StatusNoStatusRcvd && ce.Code != websocket.StatusAbnormalClosure:
+		code, reason = ce.Code, ce.Reason
+	case why == errClientClosed:
+		code, reason = websocket.StatusNormalClosure, ""
+	}
+	_ = other.Close(code, reason) // bounded by the library: 5 s to write, 5 s for the peer's
+	s.cancel(why)
+}
