@@ -41,7 +41,7 @@ func TestResponsesSDK(t *testing.T) {
 			text: words(" tok", 1, 4), status: "completed", out: 7, reason: 3},
 		{name: "incomplete", maxTokens: 16, hdr: []string{"X-Mock-Output-Tokens", "20"},
 			text: words(" tok", 1, 16), status: "incomplete", out: 16},
-		{name: "function call", tools: true, status: "completed", out: 16},
+		{name: "function call", tools: true, hdr: []string{"X-Mock-Tool-Call", "get_weather"}, status: "completed", out: 16},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -172,7 +172,7 @@ func TestResponsesStreamDecodes(t *testing.T) {
 		{"reasoning", `{"model":"m","input":"hi","stream":true}`,
 			[]string{"X-Mock-Output-Tokens", "3", "X-Mock-Reasoning-Tokens", "4"}, 7, 7, 4},
 		{"function call", `{"model":"m","input":"hi","stream":true,"tools":[{"type":"function","name":"f","parameters":{}}]}`,
-			[]string{"X-Mock-Output-Tokens", "6"}, 6, 6, 0},
+			[]string{"X-Mock-Output-Tokens", "6", "X-Mock-Tool-Call", "f"}, 6, 6, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, ts := start(t, mockllm.Options{})

@@ -52,7 +52,7 @@ func TestOpenAISDK(t *testing.T) {
 		{name: "reasoning", hdr: []string{"X-Mock-Output-Tokens", "4", "X-Mock-Reasoning-Tokens", "3"},
 			content: words(" tok", 1, 4), finish: "stop", out: 7, reason: 3},
 		{name: "length", maxTokens: 5, content: words(" tok", 1, 5), finish: "length", out: 5},
-		{name: "tool call", tools: true, finish: "tool_calls", out: 16},
+		{name: "tool call", tools: true, hdr: []string{"X-Mock-Tool-Call", "1"}, finish: "tool_calls", out: 16},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -178,7 +178,8 @@ func TestAnthropicSDK(t *testing.T) {
 			hdr:    []string{"X-Mock-Output-Tokens", "10", "X-Mock-Tokens-Per-Chunk", "4", "X-Mock-Cached-Tokens", "2048"},
 			blocks: []string{"text"}, text: words(" tok", 1, 10), stop: "end_turn", out: 10, cached: 2048},
 		{name: "max tokens", maxTokens: 3, blocks: []string{"text"}, text: words(" tok", 1, 3), stop: "max_tokens", out: 3},
-		{name: "thinking then tool", tools: true, maxTokens: 1024, hdr: []string{"X-Mock-Reasoning-Tokens", "5"},
+		{name: "thinking then tool", tools: true, maxTokens: 1024,
+			hdr:    []string{"X-Mock-Reasoning-Tokens", "5", "X-Mock-Tool-Call", "get_weather"},
 			blocks: []string{"thinking", "tool_use"}, think: words(" think", 1, 5), stop: "tool_use", out: 21, toolArg: true},
 	}
 	for _, tc := range tests {

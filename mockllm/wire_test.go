@@ -157,7 +157,7 @@ func TestOpenAIReasoningAndToolWire(t *testing.T) {
 	_, ts := start(t, mockllm.Options{OutputTokens: 6})
 	resp := post(t, ts, "/v1/chat/completions",
 		`{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"get_weather"}}]}`,
-		"X-Mock-Reasoning-Tokens", "3")
+		"X-Mock-Reasoning-Tokens", "3", "X-Mock-Tool-Call", "1")
 	evs := readAllEvents(t, resp)
 	var tokens []event
 	for _, ev := range evs {
@@ -303,7 +303,8 @@ func TestAnthropicStreamWire(t *testing.T) {
 
 func TestAnthropicToolWire(t *testing.T) {
 	_, ts := start(t, mockllm.Options{OutputTokens: 4})
-	resp := post(t, ts, "/v1/messages", `{"model":"c","max_tokens":100,"stream":true,"tools":[{"name":"get_weather","input_schema":{"type":"object"}}]}`)
+	resp := post(t, ts, "/v1/messages", `{"model":"c","max_tokens":100,"stream":true,"tools":[{"name":"get_weather","input_schema":{"type":"object"}}]}`,
+		"X-Mock-Tool-Call", "get_weather")
 	evs := readAllEvents(t, resp)
 	cb := obj(t, evs[1].data)
 	if path(cb, "content_block", "type") != "tool_use" || path(cb, "content_block", "name") != "get_weather" ||

@@ -24,6 +24,15 @@ import (
 	"github.com/tollgate-llm/tollgate/mockllm"
 )
 
+// weatherQuestion is the prompt of these tests; with tools it names the
+// tool, which is how the mock is asked for a call to it.
+func weatherQuestion(tools bool) string {
+	if tools {
+		return "What is the weather in Bergen? Use get_weather."
+	}
+	return "What is the weather in Bergen?"
+}
+
 // openAIResult is the comparable part of an OpenAI answer.
 type openAIResult struct {
 	Content      string
@@ -37,7 +46,7 @@ type openAIResult struct {
 func openAIParams(tools bool) openai.ChatCompletionNewParams {
 	p := openai.ChatCompletionNewParams{
 		Model:    "gpt-test",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("What is the weather in Bergen?")},
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(weatherQuestion(tools))},
 	}
 	if tools {
 		p.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
@@ -186,7 +195,7 @@ func anthropicRun(t *testing.T, base string, tools bool) (plain, streamed anthro
 	p := anthropic.MessageNewParams{
 		Model:     "claude-test",
 		MaxTokens: 1024,
-		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("What is the weather in Bergen?"))},
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(weatherQuestion(tools)))},
 	}
 	if tools {
 		p.Tools = []anthropic.ToolUnionParam{anthropic.ToolUnionParamOfTool(anthropic.ToolInputSchemaParam{
@@ -232,6 +241,9 @@ func TestAnthropicSDKThroughGateway(t *testing.T) {
 			if len(gwStream.Blocks) == 0 {
 				t.Fatal("no content")
 			}
+			if tools && gwStream.Blocks[0] != `tool_use:get_weather:{"city":"Bergen"}` {
+				t.Errorf("tool call lost: %+v", gwStream)
+			}
 			for _, want := range []anthropicResult{gwPlain, gwStream} {
 				rec := tg.record(t)
 				if rec.Outcome != llm.OutcomeOK || rec.Usage.Output != want.Output || rec.Estimated ||
@@ -276,7 +288,7 @@ func responsesRun(t *testing.T, base string, tools bool) (plain, streamed respon
 		option.WithMaxRetries(0), option.WithHeader("X-Mock-Reasoning-Tokens", "4"),
 		option.WithHeader("X-Mock-Cached-Tokens", "32"))
 	p := responses.ResponseNewParams{Model: "gpt-test",
-		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("What is the weather in Bergen?")}}
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(weatherQuestion(tools))}}
 	if tools {
 		p.Tools = []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "get_weather",
 			Parameters: map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}}}}}
