@@ -92,8 +92,33 @@
 // thinking_delta events, then a signature_delta), then ceil(N'/T) answer
 // events.
 //
-// When the request has a non-empty tools array the answer is one call to the
-// first tool with the arguments {"city": "Bergen"} (ToolArguments), cut into
+// # Tool calls
+//
+// Offering tools does not make the mock call one: coding agents (Claude
+// Code, Codex, opencode) offer tools on every request and run every call
+// they get back, so a mock that called a tool whenever one was offered
+// kept them looping. A request that offers tools gets a tool call only when
+// it asks for one:
+//
+//   - X-Mock-Tool-Call: 1 calls the first offered tool, and
+//     X-Mock-Tool-Call: <name> the offered tool of that name (a name no
+//     offered tool has is a 400); or
+//   - the text of the last user message (a Responses string input is one)
+//     names an offered tool: its whole
+//     name, case-sensitive, not inside a longer name (no ASCII letter,
+//     digit, '_' or '-' next to it), so "Use get_weather." names
+//     get_weather and "get_weather_v2" does not. When it names several,
+//     the first in the tools array is called.
+//
+// Anything else is a text answer, and so is every request whose last input
+// item is a tool result, the header notwithstanding: a Chat Completions
+// message with role "tool" (or "function"), a Messages user message holding
+// a tool_result block (whatever text blocks come with it), a Responses item
+// whose type ends in "_call_output" (function_call_output, ...). An agent's
+// loop thus ends after one round of calls. A request without tools gets text
+// whatever it asks.
+//
+// The call passes the arguments {"city": "Bergen"} (ToolArguments), cut into
 // fragments, one per token event: OpenAI sends the tool call's id, type and
 // name (arguments "") as the first token event and the fragments after it;
 // Anthropic opens a tool_use block and sends the fragments as input_json_delta
@@ -121,7 +146,8 @@
 // X-Mock-TTFT-Ms, X-Mock-ITL-Ms, X-Mock-Jitter-Ms (non-negative decimals),
 // X-Mock-Output-Tokens, X-Mock-Tokens-Per-Chunk (positive integers),
 // X-Mock-Cached-Tokens, X-Mock-Reasoning-Tokens (non-negative integers),
-// X-Mock-No-Usage (1/true), and X-Mock-Fault, a ';'-separated list of:
+// X-Mock-No-Usage (1/true), X-Mock-Tool-Call (1 or a tool's name; see Tool
+// calls), and X-Mock-Fault, a ';'-separated list of:
 //
 //	status=<400..599>   answer with that status and a dialect error body
 //	retry-after=<s>     with status: the Retry-After header

@@ -41,7 +41,8 @@ type request struct {
 // true.
 func (r *request) stores() bool { return r.Store == nil || *r.Store }
 
-// toolName returns the name of the first tool, or "" without tools.
+// toolName returns the name of the first tool ("tool" when it has none),
+// or "" without tools.
 func (r *request) toolName() string {
 	if len(r.Tools) == 0 {
 		return ""
@@ -81,6 +82,8 @@ type exchange struct {
 	model     []byte // the model as a JSON string
 	id        string
 	toolID    string
+	// tool is the tool the answer calls, "" for text (pickTool).
+	tool string
 	// ended is set when a fault ended the body early (error event).
 	ended bool
 	// respSeq is the next sequence_number of a Responses stream;
@@ -123,6 +126,9 @@ func (x *exchange) serve(r *http.Request, body []byte) outcome {
 	}
 	if x.socket {
 		x.req.Stream = true
+	}
+	if x.tool, err = x.pickTool(body); err != nil {
+		return s.badRequest(x.w, x.dialect, x.reqID, err.Error())
 	}
 	// Only now, with the request accepted, may it use up an injected fault.
 	if inj, ok := s.takeInjected(); ok {
@@ -193,13 +199,12 @@ func (x *exchange) prepare(t0 time.Time) {
 	x.created = t0.Unix()
 	x.model = jsonscan.AppendString(nil, x.req.Model)
 	n := pad(x.seq)
-	tool := x.req.toolName()
 	if x.dialect == llm.DialectAnthropic {
 		x.id, x.toolID = "msg_mock"+n, "toolu_mock"+n
-		x.plan = newPlan(x.p, x.maxTokens, tool, false)
+		x.plan = newPlan(x.p, x.maxTokens, x.tool, false)
 	} else {
 		x.id, x.toolID = "chatcmpl-mock"+n, "call_mock"+n
-		x.plan = newPlan(x.p, x.maxTokens, tool, true)
+		x.plan = newPlan(x.p, x.maxTokens, x.tool, true)
 	}
 }
 

@@ -19,7 +19,9 @@ type params struct {
 	cachedTokens      int
 	reasoningTokens   int
 	noUsage           bool
-	fault             fault
+	// toolCall is the X-Mock-Tool-Call header, trimmed: "" when absent.
+	toolCall string
+	fault    fault
 }
 
 // fault is a parsed fault spec (the X-Mock-Fault header or an Inject
@@ -84,6 +86,7 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 			return p, fmt.Errorf("mockllm: header X-Mock-No-Usage %q: %w", v, err)
 		}
 	}
+	p.toolCall = strings.TrimSpace(h.Get(toolCallHeader))
 	if v := h.Get("X-Mock-Fault"); v != "" {
 		if p.fault, err = parseFault(v, "header X-Mock-Fault"); err != nil {
 			return p, err

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// ToolArguments is the JSON the mock passes to the first tool of a request
-// that offers tools.
+// ToolArguments is the JSON the mock passes to the tool it calls, when a
+// request asks for a call (see the package doc, Tool calls).
 const ToolArguments = `{"city": "Bergen"}`
 
 // signature is the opaque signature of a mock thinking block.

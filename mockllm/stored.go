@@ -527,6 +527,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, reqID string, ar
 		writeError(w, llm.DialectOpenAI, reqID, e)
 		return outcomeBadRequest
 	}
+	x.tool, _ = x.pickTool(sr.body) // the same answer: sr.p holds its X-Mock-Tool-Call
 	defer func() {
 		if x.timer != nil {
 			x.timer.Stop()
