@@ -61,7 +61,9 @@ func runMock(args []string, stdout, stderr io.Writer) error {
 			"POST /v1/messages, /v1/messages/count_tokens, /v1/models, /v1/embeddings, with the\n"+
 			"schedule below. Requests may override it with X-Mock-* headers (X-Mock-TTFT-Ms,\n"+
 			"X-Mock-ITL-Ms, X-Mock-Output-Tokens, X-Mock-Fault: status=429;retry-after=2, ...;\n"+
-			"see the mockllm package doc). No key is needed unless -require-key-env is set.", stderr)
+			"see the mockllm package doc). Offered tools are called only when asked (X-Mock-Tool-Call:\n"+
+			"1 or a tool's name, or the last user message naming the tool), never right after a tool\n"+
+			"result, so an agent's loop ends. No key is needed unless -require-key-env is set.", stderr)
 	var mf mockFlags
 	mf.register(fs, 200*time.Millisecond, 20*time.Millisecond, 0, 32)
 	listen := fs.String("listen", "127.0.0.1:9000", "address to serve on")
