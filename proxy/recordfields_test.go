@@ -99,6 +99,11 @@ func fieldCases() []fieldCase {
 	badPath := llm.Record{RequestID: "tg_400", Status: 400, Timing: ended(0), Outcome: llm.OutcomeRejected,
 		Rejection: llm.RejectNonCanonicalPath, InputBucket: "unknown", Goodput: llm.SLOFailed, BytesOut: 251}
 
+	// A turn on a Responses WebSocket: the record says its transport.
+	socketTurn := *streamedRecord()
+	socketTurn.RequestID, socketTurn.Transport = "tg_ws", llm.TransportWebSocket
+	socketTurn.Route, socketTurn.Dialect = llm.RouteResponses, llm.DialectResponses
+
 	return []fieldCase{
 		{name: "ok stream", path: "/v1/chat/completions", rec: okStream},
 		{name: "estimated tokens", path: "/v1/messages", rec: estimated},
@@ -108,6 +113,7 @@ func fieldCases() []fieldCase {
 		{name: "stream cancelled", path: "/v1/chat/completions", rec: cancelled},
 		{name: "stream broken by an error event", path: "/v1/responses", rec: broken},
 		{name: "incomplete answer", path: "/v1/responses", rec: incomplete},
+		{name: "a WebSocket turn", path: "/v1/responses", rec: socketTurn},
 		{name: "probe", path: "/v1/chat/completions", probe: true, rec: probe},
 		{name: "bad path", path: "/v1/models%2F..%2Ffiles", rec: badPath},
 	}

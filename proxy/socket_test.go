@@ -261,13 +261,17 @@ func TestSocketSessionRelaysEveryMessageByteForByte(t *testing.T) {
 			}
 		}
 	}
-	for i, want := range []llm.Usage{{Input: 5120, Output: 24, CacheRead: 4096}, {Input: 5160, Output: 9, CacheRead: 5120}} {
+	// Each turn's record is finished off the socket: they may come in
+	// either order.
+	want := map[int64]llm.Usage{5120: {Input: 5120, Output: 24, CacheRead: 4096}, 5160: {Input: 5160, Output: 9, CacheRead: 5120}}
+	for range 2 {
 		rec := tg.record(t)
-		u := rec.Usage
-		if u.Input != want.Input || u.Output != want.Output || u.CacheRead != want.CacheRead || rec.Outcome != llm.OutcomeOK ||
+		u, w := rec.Usage, want[rec.Usage.Input]
+		if u.Input != w.Input || u.Output != w.Output || u.CacheRead != w.CacheRead || rec.Outcome != llm.OutcomeOK ||
 			rec.Transport != llm.TransportWebSocket || rec.Model != "gpt-5.5" {
-			t.Errorf("turn %d: usage %+v outcome %s transport %s model %q", i, u, rec.Outcome, rec.Transport, rec.Model)
+			t.Errorf("turn record: usage %+v outcome %s transport %s model %q", u, rec.Outcome, rec.Transport, rec.Model)
 		}
+		delete(want, u.Input)
 	}
 	select {
 	case rec := <-tg.recCh:
