@@ -37,15 +37,44 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // Accept answered the failed handshake
 	}
-	defer c.CloseNow()
 	c.SetReadLimit(maxBody)
-	ctx := r.Context()
-	for {
-		typ, msg, err := c.Read(ctx)
-		if err != nil || !s.serveSocketMessage(ctx, c, r, typ, msg) {
+	// Messages are read on their own goroutine, so that a socket closed
+	// mid-turn cancels the turn (ctx) as a closed connection cancels a
+	// POST's.
+	ctx, cancel := context.WithCancel(r.Context())
+	msgs := make(chan socketMessage, 16)
+	go func() {
+		defer close(msgs)
+		defer cancel()
+		for {
+			typ, msg, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			select {
+			case msgs <- socketMessage{typ, msg}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		c.CloseNow()
+		for range msgs { // the reader has ended
+		}
+	}()
+	for m := range msgs {
+		if !s.serveSocketMessage(ctx, c, r, m.typ, m.msg) {
 			return
 		}
 	}
+}
+
+// socketMessage is a message read from a socket.
+type socketMessage struct {
+	typ websocket.MessageType
+	msg []byte
 }
 
 // serveSocketMessage answers one client message; false when the socket

@@ -134,9 +134,12 @@ type Gateway struct {
 	reload     func(check []byte, name string) ([]string, error)
 	draining   atomic.Bool
 	open       atomic.Int64 // exchanges whose finish has not run yet
-	streamBufs sync.Pool    // *[]byte of streamBufSize: a stream's first relay buffer
-	bufPool    sync.Pool    // *[]byte of relayBufSize: larger relay buffers, copies, the chunks of request bodies read
-	states     sync.Pool    // *streamState
+	// sockets are the open Responses WebSockets (socket.go), which the
+	// HTTP server does not track once upgraded: CloseSockets closes them.
+	sockets    socketSet
+	streamBufs sync.Pool // *[]byte of streamBufSize: a stream's first relay buffer
+	bufPool    sync.Pool // *[]byte of relayBufSize: larger relay buffers, copies, the chunks of request bodies read
+	states     sync.Pool // *streamState
 }
 
 // New builds a Gateway from opts.

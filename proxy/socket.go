@@ -81,6 +81,14 @@ type socket struct {
 	named atomic.Bool
 	// upgradeHeaders are the headers of the upstream's 101.
 	upgradeHeaders http.Header
+	// watchdog fires at the earliest deadline of the turns in flight (see
+	// watch); cutCtx is cancelled, with the timeout's error, when one is
+	// missed. closing: the gateway shuts down, and the socket closes once
+	// no turn is in flight.
+	watchdog *time.Timer
+	cutCtx   context.Context
+	cut      context.CancelCauseFunc
+	closing  bool
 	// ended is set by the first pump to see the socket end. cancel ends
 	// the pumps' context; cancelTurns the turns' (s.r's, a parent of the
 	// pumps'), only when the caller left, so that a turn the upstream
@@ -117,6 +125,8 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancelCause(turnCtx)
 	defer cancel(nil)
 	s.cancel, s.cancelTurns, s.r = cancel, cancelTurns, r.WithContext(turnCtx)
+	s.cutCtx, s.cut = context.WithCancelCause(context.Background())
+	defer s.cut(nil)
 	resp, e, result := s.dial(ctx, r)
 	if e != nil || resp != nil {
 		g.metrics.Socket(result)
@@ -134,12 +144,18 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 		g.metrics.Socket("bad_request") // Accept answered it
 		return
 	}
+	s.client = client
+	defer client.CloseNow()
+	if !g.sockets.add(s) { // the gateway closed its sockets meanwhile
+		g.metrics.Socket("shutting_down")
+		s.goAway()
+		return
+	}
+	defer g.sockets.remove(s)
 	g.metrics.Socket("accepted")
 	open := g.metrics.SocketsOpen()
 	open.Inc()
 	defer open.Dec()
-	s.client = client
-	defer client.CloseNow()
 	client.SetReadLimit(int64(gen.cfg.Server.MaxBodyBytes))
 	s.conn.SetReadLimit(int64(gen.cfg.Server.MaxEventBytes))
 	done := make(chan struct{})
@@ -147,6 +163,8 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 		defer close(done)
 		s.upstreamPump(ctx)
 	}()
+	stopWatch := context.AfterFunc(ctx, s.stopWatchdog)
+	defer stopWatch()
 	s.clientPump(ctx)
 	<-done
 }
@@ -391,4 +409,155 @@ func (s *socket) end(why error, other *websocket.Conn, err error) {
 	}
 	_ = other.Close(code, reason) // bounded by the library: 5 s to write, 5 s for the peer's
 	s.cancel(why)
+}
+
+// watch arms the watchdog for the turns in flight at the earliest of their
+// deadlines (turn.deadline). The socket has no way to stop one turn
+// upstream, so a missed deadline cuts the socket, as a stuck stream cuts
+// its connection: the turns in flight end as timed out, with an error
+// event, and the caller's socket closes 1011. Called with mu held.
+func (s *socket) watch(now time.Time) {
+	var next time.Time
+	for _, q := range s.lanes {
+		if len(q) > 0 {
+			if d := q[0].deadline(s.up); !d.IsZero() && (next.IsZero() || d.Before(next)) {
+				next = d
+			}
+		}
+	}
+	if next.IsZero() {
+		return
+	}
+	wait := max(next.Sub(now), time.Millisecond)
+	if s.watchdog == nil {
+		s.watchdog = time.AfterFunc(wait, s.check)
+		return
+	}
+	s.watchdog.Reset(wait)
+}
+
+// check runs when the watchdog fires: it cuts the socket when a turn in
+// flight is past a deadline, and otherwise arms the watchdog again.
+func (s *socket) check() {
+	now := s.g.now()
+	s.mu.Lock()
+	var cause error
+	for _, q := range s.lanes {
+		if len(q) > 0 {
+			if d := q[0].deadline(s.up); !d.IsZero() && !now.Before(d) {
+				cause = q[0].missed(s.up)
+			}
+		}
+	}
+	if cause == nil {
+		s.watch(now)
+	}
+	s.mu.Unlock()
+	if cause != nil {
+		s.cut(cause)
+		_ = s.conn.CloseNow() // upstreamPump ends the turns, then the socket
+	}
+}
+
+// stopWatchdog stops the watchdog once the socket has ended.
+func (s *socket) stopWatchdog() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.watchdog != nil {
+		s.watchdog.Stop()
+	}
+}
+
+// errSocketsClosed ends the sockets the gateway closes for a shutdown.
+var errSocketsClosed = errors.New("proxy: the gateway is closing its sockets")
+
+// socketSet is the gateway's open sockets.
+type socketSet struct {
+	mu      sync.Mutex
+	open    map[*socket]struct{}
+	closing bool
+	empty   chan struct{} // closed when closing and none is open
+}
+
+// add registers s; false once the set is closing.
+func (ss *socketSet) add(s *socket) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closing {
+		return false
+	}
+	if ss.open == nil {
+		ss.open = map[*socket]struct{}{}
+	}
+	ss.open[s] = struct{}{}
+	return true
+}
+
+// remove forgets s once it has ended.
+func (ss *socketSet) remove(s *socket) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.open, s)
+	if ss.closing && len(ss.open) == 0 && ss.empty != nil {
+		close(ss.empty)
+		ss.empty = nil
+	}
+}
+
+// CloseSockets closes the gateway's Responses WebSockets, which the HTTP
+// server no longer tracks once upgraded, for a shutdown: each closes with
+// 1001 (going away; the SDKs and Codex reconnect, to another replica) as
+// soon as no turn is in flight on it, and a new upgrade is refused 503. It
+// returns once every socket has closed, or with ctx's error; cancelling
+// the requests' base context with ErrShutdown then cuts those left.
+func (g *Gateway) CloseSockets(ctx context.Context) error {
+	ss := &g.sockets
+	ss.mu.Lock()
+	ss.closing = true
+	if len(ss.open) == 0 {
+		ss.mu.Unlock()
+		return nil
+	}
+	if ss.empty == nil {
+		ss.empty = make(chan struct{})
+	}
+	empty := ss.empty
+	open := make([]*socket, 0, len(ss.open))
+	for s := range ss.open {
+		open = append(open, s)
+	}
+	ss.mu.Unlock()
+	for _, s := range open {
+		s.closeWhenIdle()
+	}
+	select {
+	case <-empty:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// closeWhenIdle closes the socket now if no turn is in flight, or else
+// marks it to close when its last turn ends (relay).
+func (s *socket) closeWhenIdle() {
+	s.mu.Lock()
+	s.closing = true
+	idle := len(s.lanes) == 0
+	s.mu.Unlock()
+	if idle {
+		s.goAway()
+	}
+}
+
+// goAway closes a socket with no turn in flight for a shutdown: the caller
+// with 1001, the upstream with 1000.
+func (s *socket) goAway() {
+	if !s.ended.CompareAndSwap(false, true) {
+		return
+	}
+	s.cancelTurns(errSocketsClosed)
+	_ = s.client.Close(websocket.StatusGoingAway, "the gateway is shutting down; reconnect")
+	_ = s.conn.Close(websocket.StatusNormalClosure, "")
+	s.cancel(errSocketsClosed)
 }

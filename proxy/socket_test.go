@@ -527,3 +527,94 @@ func TestSocketStoredResponsesAreTheTeams(t *testing.T) {
 		t.Errorf("own chain ended %+v", last)
 	}
 }
+
+// TestSocketTurnPastATimeoutIsCut: a turn whose first token does not come
+// within first_token_timeout, or whose events stop for idle_timeout after
+// it, is cut as an SSE stream is: the caller gets an error event
+// (upstream_timeout) and its socket closes 1011 (the socket cannot stop
+// one turn upstream), and the record says which timeout.
+func TestSocketTurnPastATimeoutIsCut(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		mock   mockllm.Options
+		edit   func(*config.Upstream)
+		result string
+		why    llm.Interruption
+	}{
+		{"first token", mockllm.Options{TTFT: 10 * time.Second},
+			func(u *config.Upstream) { u.FirstTokenTimeoutSeconds = 0.1 }, resultFirstTokenTimeout, llm.InterruptTimeout},
+		{"idle", mockllm.Options{OutputTokens: 3, ITL: 10 * time.Second},
+			func(u *config.Upstream) { u.IdleTimeoutSeconds = 0.1 }, resultIdleTimeout, llm.InterruptIdleTimeout},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tg := socketGateway(t, mockllm.New(c.mock), func(cfg *config.Config) { c.edit(&cfg.Upstreams[0]) })
+			ctx, cancel := context.WithTimeout(context.Background(), testWait)
+			defer cancel()
+			conn, err := connectSocket(t, ctx, tg, "sk-caller")
+			if err != nil {
+				t.Fatal(err)
+			}
+			events := sendTurn(t, ctx, conn, socketCreate)
+			if last := events[len(events)-1]; last.Type != "error" || last.Error.Code != "upstream_timeout" || last.Status != 504 {
+				t.Fatalf("the turn ended %+v; want an upstream_timeout error event", last)
+			}
+			if _, err := conn.RecvRaw(ctx); websocket.CloseStatus(err) != websocket.StatusInternalError {
+				t.Errorf("after the error event: %v; want 1011", err)
+			}
+			rec := tg.record(t)
+			if rec.Outcome != llm.OutcomeUpstreamTimeout || rec.Interruption != c.why || rec.AttemptCount != 1 ||
+				rec.Attempts[0].Result != c.result {
+				t.Errorf("record: outcome %s interruption %s attempts %v", rec.Outcome, rec.Interruption, attemptList(rec))
+			}
+		})
+	}
+}
+
+// TestSocketsCloseGoingAwayOnShutdown: CloseSockets closes an idle socket
+// at once with 1001 (going away, on which clients reconnect), lets a turn
+// in flight finish first, and refuses nothing it has not started.
+func TestSocketsCloseGoingAwayOnShutdown(t *testing.T) {
+	m := mockllm.New(mockllm.Options{OutputTokens: 3, ITL: 50 * time.Millisecond})
+	tg := socketGateway(t, m, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	idle, err := connectSocket(t, ctx, tg, "sk-caller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := connectSocket(t, ctx, tg, "sk-caller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := busy.SendRaw(ctx, json.RawMessage(socketCreate)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := busy.RecvRaw(ctx); err != nil { // the turn is in flight
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- tg.gw.CloseSockets(ctx) }()
+	if _, err := idle.RecvRaw(ctx); websocket.CloseStatus(err) != websocket.StatusGoingAway {
+		t.Errorf("the idle socket: %v; want 1001", err)
+	}
+	var last socketEvent
+	for {
+		raw, err := busy.RecvRaw(ctx)
+		if err != nil {
+			if websocket.CloseStatus(err) != websocket.StatusGoingAway {
+				t.Errorf("the busy socket after its turn: %v; want 1001", err)
+			}
+			break
+		}
+		_ = json.Unmarshal(raw, &last)
+	}
+	if last.Type != "response.completed" {
+		t.Errorf("the turn in flight ended %q before its socket closed; want response.completed", last.Type)
+	}
+	if err := await(t, closed, "CloseSockets"); err != nil {
+		t.Errorf("CloseSockets: %v", err)
+	}
+	if rec := tg.record(t); rec.Outcome != llm.OutcomeOK {
+		t.Errorf("the turn in flight: %s", rec.Outcome)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -29,14 +30,19 @@ import (
 
 // turn is a response.create in flight on a socket.
 type turn struct {
+	s    *socket
 	ex   *exchange
 	at   attemptState
 	st   *streamState
 	ev   sseparse.Event // the tap's view of the event in hand
 	lane string
 	// start is when the turn went upstream; events counts those relayed.
-	start  time.Time
-	events int
+	// lastEvent (unix nanoseconds) and tokenSeen are read by the
+	// watchdog (socket.check) too.
+	start     time.Time
+	events    int
+	lastEvent atomic.Int64
+	tokenSeen atomic.Bool
 	// claim records the new stored response as the caller's (mode
 	// "keys"); claimSeen: its answer is in. withheld: the response is
 	// another team's, and the rest of its events are dropped.
@@ -59,7 +65,7 @@ func (s *socket) create(ctx context.Context, msg []byte) {
 		s.finish(ex, gen, inflight)
 		return
 	}
-	t := &turn{ex: ex, lane: string(streamID(msg))}
+	t := &turn{s: s, ex: ex, lane: string(streamID(msg))}
 	t.at = attemptState{up: s.up, callerKeyUp: s.callerKeyUp}
 	t.at.claim, t.at.link = ex.claims(), ex.linksResponse()
 	frame := ex.bodyFor(&t.at, socketTarget(ex.targets(ex.rec.Model), s.up), msg)
@@ -82,6 +88,7 @@ func (s *socket) create(ctx context.Context, msg []byte) {
 		return
 	}
 	s.lanes[t.lane] = append(s.lanes[t.lane], t)
+	s.watch(t.start)
 	s.mu.Unlock()
 	if err := s.conn.Write(ctx, websocket.MessageText, frame); err != nil {
 		s.end(errUpstreamClosed, s.client, err)
@@ -120,8 +127,49 @@ func (s *socket) relay(ctx context.Context, msg []byte, readAt time.Time) bool {
 	if done || !ok {
 		s.pop(t)
 		t.end(s, nil, !ok)
+		s.mu.Lock()
+		idle := s.closing && len(s.lanes) == 0
+		s.mu.Unlock()
+		if idle {
+			s.goAway()
+		}
 	}
 	return ok
+}
+
+// deadline is when the turn is late: its first token first_token_timeout
+// after it went upstream, then each event idle_timeout after the last,
+// the whole turn timeout_seconds after its start; zero when up sets none.
+func (t *turn) deadline(up *upstream) time.Time {
+	d, _ := t.due(up)
+	return d
+}
+
+// missed names the deadline the turn missed (see deadline).
+func (t *turn) missed(up *upstream) error {
+	_, why := t.due(up)
+	return why
+}
+
+// due is the turn's earliest deadline and the timeout it stands for.
+func (t *turn) due(up *upstream) (time.Time, error) {
+	var at time.Time
+	var why error
+	take := func(d time.Time, e error) {
+		if at.IsZero() || d.Before(at) {
+			at, why = d, e
+		}
+	}
+	if up.timeout > 0 {
+		take(t.start.Add(up.timeout), errAttemptTimeout)
+	}
+	switch {
+	case !t.tokenSeen.Load() && up.firstToken > 0:
+		take(t.start.Add(up.firstToken), errFirstTokenTimeout)
+	case t.tokenSeen.Load() && up.idle > 0:
+		take(time.Unix(0, t.lastEvent.Load()).Add(up.idle), errIdleTimeout)
+	}
+	return at, why
 }
 
 // pop takes t, ended, off its lane.
@@ -154,8 +202,17 @@ func (t *turn) event(msg []byte, readAt time.Time) (ok, done bool) {
 		}
 	}
 	t.events++
+	t.lastEvent.Store(readAt.UnixNano())
 	t.ev.Data = msg
 	obs := t.st.tap.Observe(&t.ev, readAt)
+	if obs.TokenBearing && !t.tokenSeen.Load() {
+		// From here the idle timeout applies, which may be sooner than
+		// the deadline the watchdog is armed for.
+		t.tokenSeen.Store(true)
+		t.s.mu.Lock()
+		t.s.watch(readAt)
+		t.s.mu.Unlock()
+	}
 	done = t.st.tap.TerminalSeen() || obs.Error
 	if t.conflict(obs) {
 		t.withheld = true
@@ -235,7 +292,7 @@ func eventStatus(msg []byte, isError bool) int {
 // the trip and the record is finished off the socket's goroutines.
 func (t *turn) end(s *socket, readErr error, gone bool) {
 	ex := t.ex
-	st := stop{stage: stageStream, ctx: s.r.Context(), err: readErr, terminalOut: t.at.terminalOut,
+	st := stop{stage: stageStream, ctx: s.cutCtx, err: readErr, terminalOut: t.at.terminalOut,
 		errorEvent: t.st.tap.ErrorSeen(), conflict: t.withheld}
 	if gone {
 		st.writeErr = errClientClosed
@@ -268,8 +325,11 @@ func (s *socket) endTurns(why, err error) {
 	for _, q := range lanes {
 		for _, t := range q {
 			if why == errUpstreamClosed {
-				if t.events > 0 && !t.withheld {
-					_ = t.ex.write(socketBrokenEvent)
+				if ev := socketBrokenEvent; t.events > 0 && !t.withheld {
+					if cutOf(s.cutCtx) != cutNone {
+						ev = socketTimeoutEvent
+					}
+					_ = t.ex.write(ev)
 				}
 				t.end(s, err, false)
 				continue
@@ -283,6 +343,10 @@ func (s *socket) endTurns(why, err error) {
 // terminal event, as an SSE stream cut there ends (streamErrorEvent).
 var socketBrokenEvent = []byte(`{"type":"error","status":502,"error":{"type":"server_error","code":"upstream_stream_broken",` +
 	`"message":"` + msgBroken + `","param":null}}`)
+
+// socketTimeoutEvent ends a turn the watchdog cut (see socket.watch).
+var socketTimeoutEvent = []byte(`{"type":"error","status":504,"error":{"type":"server_error","code":"upstream_timeout",` +
+	`"message":"` + msgTimedOut + `","param":null}}`)
 
 // finish finishes a turn's exchange off the socket's goroutines (settling
 // its lease may wait on Redis), counted open so that Gateway.Wait waits

@@ -314,7 +314,14 @@ func (rg *runningGateway) shutdown(delay, drain time.Duration) error {
 	rg.log.Info("shutting down: draining open requests", "drain_timeout", drain.String())
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
+	// Upgraded Responses WebSockets are no longer the server's to drain:
+	// the gateway closes each once its turns in flight end, meanwhile.
+	sockets := make(chan error, 1)
+	go func() { sockets <- rg.gw.CloseSockets(ctx) }()
 	err := rg.srv.Shutdown(ctx)
+	if serr := <-sockets; err == nil {
+		err = serr
+	}
 	if err != nil {
 		rg.log.Warn("drain timeout reached: cancelling open streams")
 		rg.cancel()
