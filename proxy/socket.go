@@ -158,14 +158,23 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	defer open.Dec()
 	client.SetReadLimit(int64(gen.cfg.Server.MaxBodyBytes))
 	s.conn.SetReadLimit(int64(gen.cfg.Server.MaxEventBytes))
+	// The pumps read and write without a deadline context: the library
+	// arms one per frame for a context that can end (an allocation each).
+	// The socket's end is theirs instead: when its context ends (the
+	// gateway cut it, or it ended), both legs close, which ends the pumps.
+	stop := context.AfterFunc(ctx, func() {
+		s.stopWatchdog()
+		_ = s.client.CloseNow()
+		_ = s.conn.CloseNow()
+	})
+	defer stop()
+	frames := context.WithoutCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.upstreamPump(ctx)
+		s.upstreamPump(frames)
 	}()
-	stopWatch := context.AfterFunc(ctx, s.stopWatchdog)
-	defer stopWatch()
-	s.clientPump(ctx)
+	s.clientPump(frames)
 	<-done
 }
 
@@ -361,8 +370,15 @@ func (s *socket) clientPump(ctx context.Context) {
 // error event), those of a caller that left after its leg ended.
 func (s *socket) upstreamPump(ctx context.Context) {
 	for {
-		typ, msg, err := s.conn.Read(ctx)
+		var bp *[]byte
+		typ, msg, err := readMessage(ctx, s.conn, func() []byte {
+			bp = s.g.bufPool.Get().(*[]byte) // only once a message comes: an idle socket holds none
+			return (*bp)[:0]
+		})
 		if err != nil {
+			if bp != nil {
+				s.g.bufPool.Put(bp)
+			}
 			if s.ended.Load() { // the caller left, or the gateway shuts down
 				s.endTurns(errClientClosed, nil)
 				return
@@ -378,10 +394,35 @@ func (s *socket) upstreamPump(ctx context.Context) {
 		} else {
 			ok = s.client.Write(ctx, typ, msg) == nil
 		}
+		s.g.bufPool.Put(bp) // a message that outgrew it grew a copy, dropped
 		if !ok {
 			s.end(errClientClosed, s.conn, nil)
 			s.endTurns(errClientClosed, nil)
 			return
+		}
+	}
+}
+
+// readMessage reads c's next message into the buffer buf returns once it
+// begins, growing it (a copy) for a message larger than its capacity, up
+// to the connection's read limit.
+func readMessage(ctx context.Context, c *websocket.Conn, buffer func() []byte) (websocket.MessageType, []byte, error) {
+	typ, r, err := c.Reader(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	buf := buffer()
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		switch {
+		case err == io.EOF:
+			return typ, buf, nil
+		case err != nil:
+			return 0, nil, err
 		}
 	}
 }
