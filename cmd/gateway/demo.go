@@ -479,6 +479,9 @@ func demoUpstreams(cfg *config.Config, backupURL string) {
 	for i := range cfg.Upstreams {
 		cfg.Upstreams[i].Retry.BaseDelayMs = 20
 		cfg.Upstreams[i].Retry.MaxDelayMs = 200
+		// The fake upstream speaks the Responses API's WebSocket mode,
+		// Codex's default transport.
+		cfg.Upstreams[i].ResponsesWebSocket = true
 	}
 }
 
