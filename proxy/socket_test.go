@@ -618,3 +618,71 @@ func TestSocketsCloseGoingAwayOnShutdown(t *testing.T) {
 		t.Errorf("the turn in flight: %s", rec.Outcome)
 	}
 }
+
+// TestSocketMeasurementAccuracy holds a WebSocket turn's figures to the
+// mock's schedule with TestMeasurementAccuracy's bounds and reasons: TTFT
+// between the configured TTFT and the moment the client reads the second
+// token, TPOT and the mean ITL within 5 ms of the ITL over 20 gaps, the
+// upstream's token count exactly.
+func TestSocketMeasurementAccuracy(t *testing.T) {
+	const (
+		ttft   = 150 * time.Millisecond
+		itl    = 25 * time.Millisecond
+		tokens = 21
+	)
+	tg := socketGateway(t, mockllm.New(mockllm.Options{TTFT: ttft, ITL: itl, OutputTokens: tokens}), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, tg.URL+"/v1/responses", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	start := time.Now()
+	create := `{"type":"response.create","model":"m","max_output_tokens":1000,"input":"hello there","store":false}`
+	if err := c.Write(ctx, websocket.MessageText, []byte(create)); err != nil {
+		t.Fatal(err)
+	}
+	var clientTTFT, clientSecond time.Duration
+	for {
+		_, msg, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case clientTTFT == 0 && bytes.Contains(msg, []byte(`"delta":" tok1"`)):
+			clientTTFT = time.Since(start)
+		case clientSecond == 0 && bytes.Contains(msg, []byte(`"delta":" tok2"`)):
+			clientSecond = time.Since(start)
+		}
+		if bytes.Contains(msg, []byte(`"type":"response.completed"`)) {
+			break
+		}
+	}
+	rec := tg.record(t)
+	if clientTTFT == 0 || clientSecond == 0 {
+		t.Fatal("client never saw the first two tokens")
+	}
+	if got := rec.TTFT(); got < ttft || got > clientSecond {
+		t.Errorf("TTFT %v outside [%v configured, %v client saw the second token] (client saw the first at %v)",
+			got, ttft, clientSecond, clientTTFT)
+	}
+	if up := rec.UpstreamTTFT(); up > rec.TTFT() || up <= 0 {
+		t.Errorf("upstream TTFT %v not within (0, TTFT %v]", up, rec.TTFT())
+	}
+	if tpot, ok := rec.TPOT(); !ok || absDur(tpot-itl) > 5*time.Millisecond {
+		t.Errorf("TPOT %v (ok=%v), schedule %v ±5ms", tpot, ok, itl)
+	}
+	if rec.ITLCount != tokens-1 {
+		t.Fatalf("ITL count %d, want %d", rec.ITLCount, tokens-1)
+	}
+	if mean := rec.ITLSum / time.Duration(rec.ITLCount); absDur(mean-itl) > 5*time.Millisecond {
+		t.Errorf("mean ITL %v, schedule %v ±5ms", mean, itl)
+	}
+	if rec.Usage.Output != tokens || rec.Estimated || !rec.Usage.HasInput {
+		t.Errorf("usage %+v estimated %v; want %d output tokens from the upstream", rec.Usage, rec.Estimated, tokens)
+	}
+	if rec.Overhead() <= 0 || rec.Overhead() > rec.E2E() {
+		t.Errorf("overhead %v not within (0, E2E %v]", rec.Overhead(), rec.E2E())
+	}
+}
