@@ -39,8 +39,12 @@ type turn struct {
 	// start is when the turn went upstream; events counts those relayed.
 	// lastEvent (unix nanoseconds) and tokenSeen are read by the
 	// watchdog (socket.check) too.
-	start     time.Time
-	events    int
+	start  time.Time
+	events int
+	// headAt is when the turn became the first of its lane, which the
+	// upstream answers first: its timeouts run from there (under
+	// socket.mu).
+	headAt    time.Time
 	lastEvent atomic.Int64
 	tokenSeen atomic.Bool
 	// claim records the new stored response as the caller's (mode
@@ -86,6 +90,9 @@ func (s *socket) create(ctx context.Context, msg []byte) {
 		ex.clientGone()
 		s.finish(ex, gen, inflight)
 		return
+	}
+	if len(s.lanes[t.lane]) == 0 {
+		t.headAt = t.start
 	}
 	s.lanes[t.lane] = append(s.lanes[t.lane], t)
 	s.watch(t.start)
@@ -138,8 +145,9 @@ func (s *socket) relay(ctx context.Context, msg []byte, readAt time.Time) bool {
 }
 
 // deadline is when the turn is late: its first token first_token_timeout
-// after it went upstream, then each event idle_timeout after the last,
-// the whole turn timeout_seconds after its start; zero when up sets none.
+// after it became its lane's first, then each event idle_timeout after the
+// last, the whole turn timeout_seconds after it became first; zero when up
+// sets none. Called with socket.mu held.
 func (t *turn) deadline(up *upstream) time.Time {
 	d, _ := t.due(up)
 	return d
@@ -161,11 +169,11 @@ func (t *turn) due(up *upstream) (time.Time, error) {
 		}
 	}
 	if up.timeout > 0 {
-		take(t.start.Add(up.timeout), errAttemptTimeout)
+		take(t.headAt.Add(up.timeout), errAttemptTimeout)
 	}
 	switch {
 	case !t.tokenSeen.Load() && up.firstToken > 0:
-		take(t.start.Add(up.firstToken), errFirstTokenTimeout)
+		take(t.headAt.Add(up.firstToken), errFirstTokenTimeout)
 	case t.tokenSeen.Load() && up.idle > 0:
 		take(time.Unix(0, t.lastEvent.Load()).Add(up.idle), errIdleTimeout)
 	}
@@ -183,8 +191,11 @@ func (s *socket) pop(t *turn) {
 			break
 		}
 	}
-	if len(s.lanes[t.lane]) == 0 {
+	if next := s.lanes[t.lane]; len(next) == 0 {
 		delete(s.lanes, t.lane)
+	} else if next[0].headAt.IsZero() {
+		next[0].headAt = s.g.now()
+		s.watch(next[0].headAt)
 	}
 }
 
