@@ -43,11 +43,23 @@ func readBody(r *http.Request, limit int64, chunks *sync.Pool) ([]byte, *apiErro
 		}
 		return body, nil
 	}
-	return readUnsized(r.Body, limit, chunks)
+	body, err := readUnsized(r.Body, limit, chunks)
+	switch {
+	case errors.Is(err, errOverLimit):
+		return nil, errTooLarge(limit)
+	case err != nil:
+		return nil, errBadRequest("could not read the request body", "")
+	}
+	return body, nil
 }
 
-// readUnsized reads a body of unknown length (chunked) as readBody says.
-func readUnsized(body io.Reader, limit int64, chunks *sync.Pool) ([]byte, *apiError) {
+// errOverLimit is readUnsized's error for a body past its limit.
+var errOverLimit = errors.New("proxy: body over its limit")
+
+// readUnsized reads a body of unknown length (chunked) as readBody says:
+// the error is errOverLimit once it passes limit, else body's own (never
+// io.EOF), so that a caller reading a decoder can tell the two apart.
+func readUnsized(body io.Reader, limit int64, chunks *sync.Pool) ([]byte, error) {
 	var first [16]*[]byte // enough for most bodies without a heap-allocated list
 	held := first[:0]
 	release := func() {
@@ -64,14 +76,14 @@ func readUnsized(body io.Reader, limit int64, chunks *sync.Pool) ([]byte, *apiEr
 		n += int64(k)
 		if n > limit {
 			release()
-			return nil, errTooLarge(limit)
+			return nil, errOverLimit
 		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			release()
-			return nil, errBadRequest("could not read the request body", "")
+			return nil, err
 		}
 	}
 	if n == 0 {
