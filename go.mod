@@ -3,9 +3,11 @@ module github.com/tollgate-llm/tollgate
 go 1.26.8
 
 require (
+	github.com/andybalholm/brotli v1.3.0
 	github.com/anthropics/anthropic-sdk-go/v2 v2.15.0
 	github.com/coder/websocket v1.8.15
 	github.com/go-chi/chi/v5 v5.5.0
+	github.com/klauspost/compress v1.20.5
 	github.com/openai/openai-go/v3 v3.98.0
 	github.com/pelletier/go-toml/v2 v2.4.3
 	github.com/prometheus/client_golang v1.25.0

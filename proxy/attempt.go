@@ -223,6 +223,10 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 		req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
 	}
 	req.Header = upstreamRequestHeaders(r.Header)
+	if ex.decoded {
+		// The body is the decoded one, its Content-Length set from it.
+		req.Header.Del("Content-Encoding")
+	}
 	req.Header.Set(requestIDHeader, ex.rec.RequestID)
 	ex.injectTrace(req.Header)
 	if ex.kind == kindProbe {

@@ -290,3 +290,35 @@ func errHeadersTooLarge(limit int) *apiError {
 		Code: "headers_too_large", AnthropicKind: "invalid_request_error",
 		Msg: "the request headers are larger than this gateway accepts (" + strconv.Itoa(limit) + " bytes)"}
 }
+
+// quoteHeader quotes a header value for an error message, bounded.
+func quoteHeader(v string) string {
+	if len(v) > 128 {
+		v = v[:128] + "..."
+	}
+	return strconv.Quote(v)
+}
+
+// errUnsupportedEncoding refuses a body whose Content-Encoding (enc, as
+// sent) the gateway cannot undo, and so cannot read (RFC 9110 §15.5.16).
+func errUnsupportedEncoding(enc, why string) *apiError {
+	return &apiError{Status: http.StatusUnsupportedMediaType, Kind: "invalid_request_error",
+		Code: "unsupported_content_encoding", AnthropicKind: "invalid_request_error",
+		Msg: "Content-Encoding " + quoteHeader(enc) + " is not supported (" + why + "): send the body uncompressed, " +
+			"or compressed with one of " + supportedCodings}
+}
+
+// errTooLargeDecoded refuses a body that decodes past the limit.
+func errTooLargeDecoded(limit int64, enc string) *apiError {
+	e := errTooLarge(limit)
+	e.Msg += " once decoded (Content-Encoding " + quoteHeader(enc) + ")"
+	return e
+}
+
+// errUndecodable refuses a body that is not valid data of its coding c;
+// why is the decoder's error, which names no byte of the body.
+func errUndecodable(c, enc, why string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "invalid_content_encoding",
+		AnthropicKind: "invalid_request_error",
+		Msg:           "the request body is not valid " + c + " data (Content-Encoding " + quoteHeader(enc) + "): " + why}
+}

@@ -127,7 +127,7 @@ func (ex *exchange) serve() {
 		body, rf = ex.readRequestBody()
 	}
 	if rf.ok() {
-		rf = ex.inspect(body)
+		body, rf = ex.inspect(body)
 	}
 	if rf.ok() {
 		rf = ex.checkStored()
@@ -253,29 +253,39 @@ func (ex *exchange) readRequestBody() ([]byte, refusal) {
 // refused: its usage could be neither reserved nor billed; the probe's is
 // the gateway's own body); whether a forward is metered; a replay is a
 // stream by definition. It is the one place these are written.
-func (ex *exchange) inspect(body []byte) refusal {
+//
+// It returns the body that goes upstream. A model call's body is read
+// decoded from its Content-Encoding (decodedBody), and goes upstream
+// decoded: the gateway may rewrite it (bodyFor), and every upstream reads
+// plain JSON. Any other body goes upstream as the caller sent it.
+func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 	ex.stored = storedPath(ex.r.Method, ex.r.URL)
 	switch ex.kind {
 	case kindReplay:
 		ex.rec.Stream, ex.info.Stream = true, true // asked for by its query or its body's stream
 	case kindModelCall, kindProbe:
+		body, decoded, aerr := ex.decodedBody(raw)
+		if aerr != nil {
+			return nil, ex.undecodable(aerr)
+		}
 		ex.promptEstimate = int64(len(body)+3) / 4
 		info, aerr := inspectRequest(ex.rec.Dialect, body)
 		if aerr != nil {
-			return badRequest(aerr)
+			return nil, badRequest(aerr)
 		}
 		if key, field, bad := caseVariantField(body); bad {
-			return badRequest(errCaseVariant(key, field))
+			return nil, badRequest(errCaseVariant(key, field))
 		}
-		ex.info = info
+		ex.info, ex.decoded = info, decoded
 		ex.rec.Model, ex.rec.Stream = info.Model, info.Stream
 		if aerr := ex.meterBackground(); aerr != nil {
-			return rejected(aerr, llm.RejectNotMeterable)
+			return nil, rejected(aerr, llm.RejectNotMeterable)
 		}
+		return body, refusal{}
 	case kindForward:
-		info, metered, aerr := ex.meterForwarded(body)
+		info, metered, aerr := ex.meterForwarded(raw)
 		if aerr != nil {
-			return rejected(aerr, llm.RejectNotMeterable)
+			return nil, rejected(aerr, llm.RejectNotMeterable)
 		}
 		if metered {
 			// previous_response_id and conversation are checked whatever
@@ -283,8 +293,34 @@ func (ex *exchange) inspect(body []byte) refusal {
 			// another spelling of it.
 			ex.info, ex.kind = info, kindMetered
 			ex.rec.Model = info.Model
-			ex.promptEstimate = int64(len(body)+3) / 4
+			ex.promptEstimate = int64(len(raw)+3) / 4
 		}
 	}
-	return refusal{}
+	return raw, refusal{}
+}
+
+// decodedBody is raw with the request's content codings undone
+// (decodeBody), at most server.max_body_bytes once decoded; raw itself when
+// it has none, or nothing to decode. decoded reports that the request came
+// with a Content-Encoding, which must not go upstream with this body.
+func (ex *exchange) decodedBody(raw []byte) (body []byte, decoded bool, aerr *apiError) {
+	codings, n, aerr := requestCodings(ex.r.Header)
+	switch {
+	case aerr != nil:
+		return nil, false, aerr
+	case n == 0 || len(raw) == 0:
+		return raw, len(ex.r.Header["Content-Encoding"]) > 0, nil
+	}
+	body, aerr = decodeBody(raw, codings[:n], contentEncoding(ex.r.Header), ex.gen.cfg.Server.MaxBodyBytes, &ex.g.bufPool)
+	return body, aerr == nil, aerr
+}
+
+// undecodable refuses a body the gateway must read and cannot decode; a
+// coding it does not know gets the ones it does in Accept-Encoding, as RFC
+// 9110 §12.5.3 asks of a 415.
+func (ex *exchange) undecodable(aerr *apiError) refusal {
+	if aerr.Status == http.StatusUnsupportedMediaType {
+		ex.w.Header().Set("Accept-Encoding", supportedCodings)
+	}
+	return badRequest(aerr)
 }

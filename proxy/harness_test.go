@@ -244,13 +244,24 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // post sends a JSON body and returns the response with its whole body read.
 func post(t *testing.T, url, body string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, strings.NewReader(body))
+	h := http.Header{}
+	for k, v := range hdr {
+		h.Set(k, v)
+	}
+	return postHeader(t, url, []byte(body), h)
+}
+
+// postHeader is post with the request's headers given as they are sent:
+// a header with several values goes as several lines.
+func postHeader(t *testing.T, url string, body []byte, h http.Header) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
+	for k, vv := range h {
+		req.Header[k] = vv
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -67,7 +67,7 @@ func (g *Gateway) Probe(ctx context.Context, t llm.ProbeTarget) (llm.ProbeResult
 	}
 
 	ex := g.newExchange(gen, &probeWriter{h: http.Header{}}, r, route, d, up, newRequestID())
-	if rf := ex.inspect(body); !rf.ok() { // the gateway's own body: valid
+	if _, rf := ex.inspect(body); !rf.ok() { // the gateway's own body: valid
 		return llm.ProbeResult{}, rf.err
 	}
 
