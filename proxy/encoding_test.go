@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -454,6 +455,91 @@ func TestUndecodableBodiesAreRefusedInTheCallersDialect(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// On another /v1/* path, a body the gateway meters (a POST naming a model)
+// goes upstream decoded, as on the dialect routes; a body it does not read
+// goes upstream as the caller sent it, Content-Encoding and all; and one it
+// cannot decode goes as sent too, unmetered, unless the caller is governed,
+// who must be metered and so gets the error.
+func TestForwardedBodiesGoUpstreamAsSentUnlessMetered(t *testing.T) {
+	embed := []byte(`{"model":"text-embedding-test","input":"` + strings.Repeat("to embed ", 50) + `"}`)
+	notJSON := []byte(strings.Repeat("plain upload bytes\n", 40))
+	cases := []struct {
+		name, path string
+		keys       bool // mode "keys": the caller is governed
+		body       []byte
+		enc        string // Content-Encoding as sent
+		status     int
+		metered    bool // the upstream gets the body decoded, the record its model
+	}{
+		{"metered embeddings", "/v1/embeddings", false, encodeBody(t, embed, "zstd"), "zstd", 200, true},
+		{"metered embeddings, governed", "/v1/embeddings", true, encodeBody(t, embed, "gzip", "br"), "gzip, br", 200, true},
+		{"a body that is no model request", "/v1/uploads", false, encodeBody(t, notJSON, "gzip"), "gzip", 200, false},
+		{"unknown coding, not governed", "/v1/embeddings", false, embed, "deflate", 200, false},
+		{"corrupt, not governed", "/v1/embeddings", false, embed, "zstd", 200, false},
+		{"unknown coding, governed", "/v1/embeddings", true, embed, "deflate", 415, false},
+		{"corrupt, governed", "/v1/embeddings", true, embed, "br", 400, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// An encoded body is answered here: mockllm would refuse it.
+			tap := &tapUpstream{next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Content-Encoding") != "" {
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = io.WriteString(w, `{"object":"list","data":[]}`)
+					return
+				}
+				mockllm.New(mockllm.Options{}).ServeHTTP(w, r)
+			})}
+			srv := httptest.NewServer(tap)
+			defer srv.Close()
+			tg := newTestGateway(t, srv.URL, func(c *config.Config) {
+				if tc.keys {
+					c.Auth.Mode = "keys"
+					c.Teams = []config.Team{{Name: "search"}}
+					c.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
+				}
+			})
+			resp, b := sendEncoded(t, tg.URL+tc.path, tc.body, []string{tc.enc}, map[string]string{"Authorization": "Bearer " + keyAlpha})
+			rec := tg.record(t)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
+			}
+			got := tap.requests()
+			if tc.status != http.StatusOK {
+				if len(got) != 0 {
+					t.Errorf("the upstream got %d requests", len(got))
+				}
+				var e errorShape
+				if json.Unmarshal(b, &e) != nil || !strings.Contains(e.Error.Message, strconv.Quote(tc.enc)) {
+					t.Errorf("the error does not name %q: %s", tc.enc, b)
+				}
+				return
+			}
+			if len(got) != 1 {
+				t.Fatalf("the upstream got %d requests, want 1", len(got))
+			}
+			up := got[0]
+			if tc.metered {
+				if !bytes.Equal(up.body, embed) || up.header.Get("Content-Encoding") != "" || up.length != int64(len(embed)) {
+					t.Errorf("the upstream got %q (%d bytes, Content-Encoding %q), want the decoded body",
+						up.body, up.length, up.header.Get("Content-Encoding"))
+				}
+				if rec.Model != "text-embedding-test" || !rec.Usage.HasInput {
+					t.Errorf("record: model %q, usage %+v; want the metered embedding's", rec.Model, rec.Usage)
+				}
+				return
+			}
+			if !bytes.Equal(up.body, tc.body) || up.header.Get("Content-Encoding") != tc.enc || up.length != int64(len(tc.body)) {
+				t.Errorf("the upstream got %d bytes with Content-Encoding %q, want the %d sent with %q",
+					len(up.body), up.header.Get("Content-Encoding"), len(tc.body), tc.enc)
+			}
+			if rec.Model != "" {
+				t.Errorf("record model %q for a body the gateway did not read", rec.Model)
+			}
+		})
 	}
 }
 

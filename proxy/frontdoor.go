@@ -254,10 +254,11 @@ func (ex *exchange) readRequestBody() ([]byte, refusal) {
 // the gateway's own body); whether a forward is metered; a replay is a
 // stream by definition. It is the one place these are written.
 //
-// It returns the body that goes upstream. A model call's body is read
-// decoded from its Content-Encoding (decodedBody), and goes upstream
-// decoded: the gateway may rewrite it (bodyFor), and every upstream reads
-// plain JSON. Any other body goes upstream as the caller sent it.
+// It returns the body that goes upstream. A body the gateway reads (a
+// model call's, a metered forward's) is read decoded from its
+// Content-Encoding (decodedBody), and goes upstream decoded: the gateway
+// may rewrite it (bodyFor), and every upstream reads plain JSON. Any
+// other body goes upstream as the caller sent it, encoding and all.
 func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 	ex.stored = storedPath(ex.r.Method, ex.r.URL)
 	switch ex.kind {
@@ -283,17 +284,25 @@ func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 		}
 		return body, refusal{}
 	case kindForward:
-		info, metered, aerr := ex.meterForwarded(raw)
-		if aerr != nil {
+		body, decoded, derr := raw, false, (*apiError)(nil)
+		if ex.r.Method == http.MethodPost { // meterForwarded reads no other body
+			body, decoded, derr = ex.decodedBody(raw)
+		}
+		info, metered, aerr := ex.meterForwarded(body, derr)
+		switch {
+		case aerr != nil && aerr == derr: // a body it must meter and cannot read
+			return nil, ex.undecodable(aerr)
+		case aerr != nil:
 			return nil, rejected(aerr, llm.RejectNotMeterable)
 		}
 		if metered {
 			// previous_response_id and conversation are checked whatever
 			// the path: an upstream may serve the Responses API under
 			// another spelling of it.
-			ex.info, ex.kind = info, kindMetered
+			ex.info, ex.kind, ex.decoded = info, kindMetered, decoded
 			ex.rec.Model = info.Model
-			ex.promptEstimate = int64(len(raw)+3) / 4
+			ex.promptEstimate = int64(len(body)+3) / 4
+			return body, refusal{}
 		}
 	}
 	return raw, refusal{}

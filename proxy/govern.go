@@ -310,7 +310,11 @@ func (ex *exchange) meterBackground() *apiError {
 // account's files, batches and the rest are shared by every gateway key).
 // Other callers' unmeterable requests go upstream as they are. metered
 // says the request is metered, and info is what its body asks for.
-func (ex *exchange) meterForwarded(body []byte) (requestInfo, bool, *apiError) {
+//
+// body is the request's body decoded from its Content-Encoding, unless
+// undecodable says why it could not be: a governed caller then gets that
+// error, and another caller's body goes upstream unread, as sent.
+func (ex *exchange) meterForwarded(body []byte, undecodable *apiError) (requestInfo, bool, *apiError) {
 	r, gv := ex.r, ex.gen.gov
 	path := r.URL.Path
 	exact := r.URL.RawPath == "" // no escaped characters in the path
@@ -335,6 +339,12 @@ func (ex *exchange) meterForwarded(body []byte) (requestInfo, bool, *apiError) {
 			return requestInfo{}, false, nil
 		}
 		return requestInfo{}, false, errNotWithGatewayKeys(r.Method, path)
+	}
+	if undecodable != nil {
+		if strict {
+			return requestInfo{}, false, undecodable
+		}
+		return requestInfo{}, false, nil
 	}
 	if key, field, bad := caseVariantField(body); bad {
 		return requestInfo{}, false, errCaseVariant(key, field)
