@@ -43,7 +43,8 @@ type Config struct {
 type Server struct {
 	// Listen is the address to serve on. Default ":8080".
 	Listen string `toml:"listen"`
-	// MaxBodyBytes caps a request body. Default 33554432 (32 MiB, Anthropic's
+	// MaxBodyBytes caps a request body, as sent and, for one sent with a
+	// Content-Encoding, once decoded. Default 33554432 (32 MiB, Anthropic's
 	// own limit for Messages).
 	MaxBodyBytes int64 `toml:"max_body_bytes"`
 	// MaxEventBytes caps one SSE event from the upstream (raw bytes, all its
