@@ -223,7 +223,7 @@ func (ex *exchange) upstreamRequest(ctx context.Context, up *upstream, body []by
 		req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
 	}
 	req.Header = upstreamRequestHeaders(r.Header)
-	if ex.decoded {
+	if ex.info.decoded {
 		// The body is the decoded one, its Content-Length set from it.
 		req.Header.Del("Content-Encoding")
 	}

@@ -30,10 +30,6 @@ type exchange struct {
 	// a forward's body may make it metered (inspect).
 	kind   exchangeKind
 	answer llm.Dialect
-	// decoded is set when the body going upstream is the one the caller
-	// sent with a Content-Encoding, decoded (inspect): the header is not
-	// sent with it.
-	decoded bool
 	// promptEstimate is the prompt size in tokens guessed from the body
 	// (about 4 bytes a token), -1 when unknown. It only places a request
 	// whose upstream reported no usage in an input-size bucket.

@@ -169,12 +169,13 @@ func (ex *exchange) refuse(rf refusal) {
 // (the socket's key, k, was checked when it opened, and is identified
 // again under the turn's configuration): inspection, stored-object
 // ownership, conversation, admission. A turn is a stream by the transport.
-func (ex *exchange) checkTurn(frame []byte, k socketKey) refusal {
+// It returns the message that goes upstream.
+func (ex *exchange) checkTurn(frame []byte, k socketKey) ([]byte, refusal) {
 	ex.rec.Transport, ex.rec.KeyID = llm.TransportWebSocket, k.id
 	if aerr := ex.identify(k.sum, k.id, k.hasKey); aerr != nil {
-		return badRequest(aerr)
+		return nil, badRequest(aerr)
 	}
-	rf := ex.inspect(frame)
+	frame, rf := ex.inspect(frame)
 	ex.info.Stream, ex.rec.Stream = true, true
 	if rf.ok() {
 		rf = ex.checkStored()
@@ -186,7 +187,7 @@ func (ex *exchange) checkTurn(frame []byte, k socketKey) refusal {
 		rf = ex.admit()
 	}
 	ex.modelLabel = ex.g.metrics.Model(ex.rec.Model)
-	return rf
+	return frame, rf
 }
 
 // checkIdentity reads the caller's key (Authorization or x-api-key) and
@@ -277,7 +278,8 @@ func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 		if key, field, bad := caseVariantField(body); bad {
 			return nil, badRequest(errCaseVariant(key, field))
 		}
-		ex.info, ex.decoded = info, decoded
+		info.decoded = decoded
+		ex.info = info
 		ex.rec.Model, ex.rec.Stream = info.Model, info.Stream
 		if aerr := ex.meterBackground(); aerr != nil {
 			return nil, rejected(aerr, llm.RejectNotMeterable)
@@ -299,7 +301,8 @@ func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 			// previous_response_id and conversation are checked whatever
 			// the path: an upstream may serve the Responses API under
 			// another spelling of it.
-			ex.info, ex.kind, ex.decoded = info, kindMetered, decoded
+			info.decoded = decoded
+			ex.info, ex.kind = info, kindMetered
 			ex.rec.Model = info.Model
 			ex.promptEstimate = int64(len(body)+3) / 4
 			return body, refusal{}
@@ -313,6 +316,9 @@ func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 // it has none, or nothing to decode. decoded reports that the request came
 // with a Content-Encoding, which must not go upstream with this body.
 func (ex *exchange) decodedBody(raw []byte) (body []byte, decoded bool, aerr *apiError) {
+	if ex.rec.Transport == llm.TransportWebSocket { // a socket's messages carry no Content-Encoding
+		return raw, false, nil
+	}
 	codings, n, aerr := requestCodings(ex.r.Header)
 	switch {
 	case aerr != nil:

@@ -112,8 +112,12 @@ func fill(r io.Reader, p []byte) (n int, err error) {
 
 // requestInfo is what the gateway reads from a dialect request body.
 type requestInfo struct {
-	Model  string
-	Stream bool
+	// decoded is set when the body going upstream is the one the caller
+	// sent with a Content-Encoding, decoded (inspect): the header is not
+	// sent with it.
+	decoded bool
+	Model   string
+	Stream  bool
 	// MaxTokens is max_completion_tokens (preferred) or max_tokens, on the
 	// Responses API max_output_tokens; -1 when the request sets none.
 	MaxTokens int64

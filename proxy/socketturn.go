@@ -64,7 +64,8 @@ func (s *socket) create(ctx context.Context, msg []byte) {
 		llm.DialectResponses, nil, newRequestID())
 	inflight := g.metrics.Inflight(llm.RouteResponses)
 	inflight.Inc()
-	if rf := ex.checkTurn(msg, s.key); !rf.ok() {
+	msg, rf := ex.checkTurn(msg, s.key)
+	if !rf.ok() {
 		ex.refuse(rf)
 		s.finish(ex, gen, inflight)
 		return
