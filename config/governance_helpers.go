@@ -8,7 +8,7 @@ import (
 // IsZero reports whether no limit is set.
 func (l Limits) IsZero() bool {
 	return l.RPM == nil && l.TPM == nil && l.Concurrency == nil && l.TokensPerDay == nil &&
-		l.CostPerDayUSD == nil && l.CostPerMonthUSD == nil
+		l.CostPerDayUSD == nil && l.CostPerMonthUSD == nil && l.CountTokensRPM == nil
 }
 
 // USDToMicros converts US dollars to whole micro-dollars, the unit of the

@@ -169,6 +169,7 @@ func (l *Limits) validate(v *validator, key string, priced bool) {
 	v.limit(key+".tokens_per_day", l.TokensPerDay)
 	v.costLimit(key+".cost_per_day_usd", l.CostPerDayUSD, priced)
 	v.costLimit(key+".cost_per_month_usd", l.CostPerMonthUSD, priced)
+	v.limit(key+".count_tokens_rpm", l.CountTokensRPM)
 }
 
 func (v *validator) limit(key string, n *int64) {

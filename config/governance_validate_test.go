@@ -265,6 +265,7 @@ func TestLimitsIsZero(t *testing.T) {
 		"tokens_per_day":     {TokensPerDay: i64(1)},
 		"cost_per_day_usd":   {CostPerDayUSD: f64(0)},
 		"cost_per_month_usd": {CostPerMonthUSD: f64(1)},
+		"count_tokens_rpm":   {CountTokensRPM: i64(1)},
 	} {
 		if l.IsZero() {
 			t.Errorf("Limits{%s}.IsZero() = true", name)
@@ -273,7 +274,7 @@ func TestLimitsIsZero(t *testing.T) {
 	// IsZero must look at every field: a limit added to Limits and left out
 	// of IsZero would read as "no limit".
 	n := reflect.TypeFor[Limits]().NumField()
-	if n != 6 {
+	if n != 7 {
 		t.Errorf("Limits has %d fields; update IsZero and this test", n)
 	}
 }

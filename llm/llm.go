@@ -64,6 +64,9 @@ const (
 	// background response's stored events replayed, then followed live. It
 	// is measured as a stream but never billed (its usage is its creation's).
 	RouteResponsesRetrieve
+	// RouteCountTokens is POST /v1/messages/count_tokens: forwarded in
+	// every mode, limited by its own optional rate, never billed.
+	RouteCountTokens
 )
 
 // String returns the route's metric label value.
@@ -77,6 +80,8 @@ func (r Route) String() string {
 		return "responses"
 	case RouteResponsesRetrieve:
 		return "responses_retrieve"
+	case RouteCountTokens:
+		return "count_tokens"
 	default:
 		return "other"
 	}

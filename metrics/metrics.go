@@ -309,7 +309,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 			return nil, err
 		}
 	}
-	for _, r := range []llm.Route{llm.RouteChatCompletions, llm.RouteMessages, llm.RouteResponses, llm.RouteResponsesRetrieve, llm.RouteOther} {
+	for _, r := range []llm.Route{llm.RouteChatCompletions, llm.RouteMessages, llm.RouteResponses, llm.RouteResponsesRetrieve, llm.RouteCountTokens, llm.RouteOther} {
 		m.inflight.WithLabelValues(r.String())
 	}
 	for _, c := range []string{"ratelimit", "spend", "redis_data"} {

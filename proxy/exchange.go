@@ -78,6 +78,10 @@ func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
 		g.handle(w, r, llm.RouteResponsesRetrieve, llm.DialectResponses)
 		return
 	}
+	if r.Method == http.MethodPost && r.URL.RawPath == "" && r.URL.Path == "/v1/messages/count_tokens" {
+		g.handle(w, r, llm.RouteCountTokens, llm.DialectNone)
+		return
+	}
 	g.handle(w, r, llm.RouteOther, llm.DialectNone)
 }
 

@@ -135,7 +135,7 @@ func (ex *exchange) serve() {
 	if rf.ok() && ex.kind.admitted() {
 		rf = ex.identifyConversation()
 	}
-	if rf.ok() && ex.kind.admitted() {
+	if rf.ok() && ex.kind.limited() {
 		rf = ex.admit()
 	}
 	if !rf.ok() {

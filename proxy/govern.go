@@ -36,6 +36,10 @@ type keyEntry struct {
 	owner   string
 	subject ratelimit.Subject
 	limited bool
+	// counts is the key's bucket for token counts (count_tokens_rpm);
+	// counted says it has one.
+	counts  ratelimit.Subject
+	counted bool
 }
 
 // teamEntry is one [[teams]] table.
@@ -44,6 +48,8 @@ type teamEntry struct {
 	patterns []string // empty: any model
 	subject  ratelimit.Subject
 	limited  bool
+	counts   ratelimit.Subject // see keyEntry
+	counted  bool
 	// maxConvMicros is max_cost_per_conversation_usd, 0 for none.
 	maxConvMicros int64
 }
@@ -69,6 +75,7 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 			subject:  ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: t.Name, Limits: lim},
 			limited:  lim != (ratelimit.Limits{}),
 		}
+		gv.teams[t.Name].counts, gv.teams[t.Name].counted = countsSubject(ratelimit.ScopeTeam, t.Name, t.CountTokensRPM)
 		if p := t.MaxCostPerConversationUSD; p != nil {
 			gv.teams[t.Name].maxConvMicros = config.USDToMicros(*p)
 		}
@@ -85,6 +92,7 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 			subject: ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim},
 			limited: lim != (ratelimit.Limits{}),
 		}
+		e.counts, e.counted = countsSubject(ratelimit.ScopeKey, k.Name, k.CountTokensRPM)
 		e.owner = ownerName(k.Name, k.Team)
 		if k.Team != "" {
 			e.team = gv.teams[k.Team]
@@ -95,6 +103,17 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 		gv.keys[sum] = e
 	}
 	return gv, nil
+}
+
+// countsSubject is the bucket of a key's or team's token counts (POST
+// /v1/messages/count_tokens), rpm a minute; ok is false without one. Its
+// id, "<name>/count_tokens", is no key's or team's name (names have no
+// slash), so the bucket is its own.
+func countsSubject(scope ratelimit.Scope, name string, rpm *int64) (ratelimit.Subject, bool) {
+	if rpm == nil {
+		return ratelimit.Subject{}, false
+	}
+	return ratelimit.Subject{Scope: scope, ID: name + "/count_tokens", Limits: ratelimit.Limits{RPM: *rpm}}, true
 }
 
 // ownerName names the principal a key's stored responses and
@@ -110,12 +129,12 @@ func ownerName(key, team string) string {
 // gateway needs a limiter at all.
 func (gv *governance) hasLimits() bool {
 	for _, k := range gv.keys {
-		if k.limited {
+		if k.limited || k.counted {
 			return true
 		}
 	}
 	for _, t := range gv.teams {
-		if t.limited {
+		if t.limited || t.counted {
 			return true
 		}
 	}
@@ -170,6 +189,15 @@ func (ex *exchange) subjects() []ratelimit.Subject {
 		return nil
 	}
 	var out []ratelimit.Subject
+	if ex.kind == kindCountTokens { // its own buckets only
+		if k.counted {
+			out = append(out, k.counts)
+		}
+		if k.team != nil && k.team.counted {
+			out = append(out, k.team.counts)
+		}
+		return out
+	}
 	if k.limited {
 		out = append(out, k.subject)
 	}
@@ -183,7 +211,7 @@ func (ex *exchange) subjects() []ratelimit.Subject {
 // request: the model, the cost estimate, the conversation's budget, then
 // the limiter, which leases what the request reserves.
 func (ex *exchange) admit() refusal {
-	if k := ex.key; k != nil && k.team != nil && !k.team.modelAllowed(ex.rec.Model) {
+	if k := ex.key; k != nil && k.team != nil && ex.kind != kindCountTokens && !k.team.modelAllowed(ex.rec.Model) {
 		return rejected(errModelNotAllowed(k.team.name, ex.rec.Model), llm.RejectModelNotAllowed)
 	}
 	subjects := ex.subjects()

@@ -1047,3 +1047,50 @@ func TestResponsesStreamGoverned(t *testing.T) {
 	}
 	w.tg.record(t)
 }
+
+// TestTokenCountsHaveTheirOwnBucket: POST /v1/messages/count_tokens is its
+// own request class. In mode "keys" it goes upstream with the gateway's
+// key, under its own rate (count_tokens_rpm) and nothing else: a burst of
+// counts takes nothing from the key's RPM or its budgets, a count past its
+// own rate is refused 429 with Retry-After, and a count is never billed
+// nor counted as tokens used.
+func TestTokenCountsHaveTheirOwnBucket(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, true, func(c *config.Config) {
+		c.Keys[0].RPM = i64(1)
+		c.Keys[0].TokensPerDay = i64(1000)
+		c.Keys[0].CountTokensRPM = i64(2)
+	})
+	ctx := testCtx(t)
+	ac := w.anthropic(keyAlpha)
+	count := anthropic.MessageCountTokensParams{Model: "claude-test",
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("How many moons has Saturn?"))}}
+	for i := range 2 {
+		got, err := ac.Messages.CountTokens(ctx, count)
+		if err != nil || got.InputTokens <= 0 {
+			t.Fatalf("count %d: %v (%+v)", i, err, got)
+		}
+		rec := w.tg.record(t)
+		if rec.Route != llm.RouteCountTokens || rec.Status != http.StatusOK || rec.CostMicros != 0 || rec.Usage.HasInput {
+			t.Errorf("count %d: route %s status %d cost %d usage %+v", i, rec.Route, rec.Status, rec.CostMicros, rec.Usage)
+		}
+	}
+	_, err := ac.Messages.CountTokens(ctx, count)
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || ae.Response.Header.Get("Retry-After") != "30" {
+		t.Fatalf("the third count: %v; want 429 after its own bucket of 2 a minute, Retry-After 30", err)
+	}
+	if rec := w.tg.record(t); rec.Rejection != llm.RejectRPM || rec.Route != llm.RouteCountTokens {
+		t.Errorf("refused count: rejection %s route %s", rec.Rejection, rec.Route)
+	}
+	// The key's own RPM of 1 is whole: the counts took nothing from it.
+	if _, err := ac.Messages.New(ctx, messageParams(16)); err != nil {
+		t.Fatalf("a message after the counts: %v", err)
+	}
+	rows, err := w.ledger.Query(ctx, spend.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Requests != 1 {
+		t.Errorf("ledger %+v; want the one message only", rows)
+	}
+}

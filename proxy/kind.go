@@ -27,6 +27,10 @@ const (
 	// kindProbe is the gateway's own synthetic probe (Gateway.Probe): one
 	// attempt, no retry, no fallback, kept out of every user figure.
 	kindProbe
+	// kindCountTokens is POST /v1/messages/count_tokens: forwarded in every
+	// mode, limited by its own optional rate (count_tokens_rpm), never
+	// billed, its answer's input_tokens no usage.
+	kindCountTokens
 )
 
 // kindOf is an exchange's kind at construction; reading a forward's body
@@ -37,6 +41,8 @@ func kindOf(route llm.Route, d llm.Dialect, probe bool) exchangeKind {
 		return kindProbe
 	case route == llm.RouteResponsesRetrieve:
 		return kindReplay
+	case route == llm.RouteCountTokens:
+		return kindCountTokens
 	case d != llm.DialectNone:
 		return kindModelCall
 	}
@@ -47,12 +53,16 @@ func kindOf(route llm.Route, d llm.Dialect, probe bool) exchangeKind {
 // models, limits, budgets) and is a conversation's turn.
 func (k exchangeKind) admitted() bool { return k == kindModelCall || k == kindMetered }
 
+// limited reports whether the exchange passes the limiter: an admitted
+// one under its caller's limits, a token count under its own rate.
+func (k exchangeKind) limited() bool { return k.admitted() || k == kindCountTokens }
+
 // billed reports whether the exchange's usage is settled and billed.
 func (k exchangeKind) billed() bool { return k.admitted() }
 
 // readsUsage reports whether the usage of a non-streamed answer is read
 // from its body: every exchange but a plain forward.
-func (k exchangeKind) readsUsage() bool { return k != kindForward }
+func (k exchangeKind) readsUsage() bool { return k != kindForward && k != kindCountTokens }
 
 // caller reports whether the exchange is a caller's request, counted in the
 // user figures (metrics, /stats, traces, conversations), not the probe.
@@ -72,7 +82,7 @@ func (k exchangeKind) retried(method string) bool {
 // stored objects), so they are sent again only when the upstream surely
 // did not act on them (repeatable).
 func (k exchangeKind) repeatsAnyFailure(method string) bool {
-	return k == kindModelCall || k == kindReplay || k == kindProbe || safeMethod(method)
+	return k == kindModelCall || k == kindReplay || k == kindProbe || k == kindCountTokens || safeMethod(method)
 }
 
 // safeMethod reports whether method is GET or HEAD.
