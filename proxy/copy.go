@@ -20,6 +20,9 @@ const errorCaptureLimit = 64 << 10
 // non-streamed answer's usage is read from a bounded copy of its body.
 func (ex *exchange) copyAnswer(ctx context.Context, at *attemptState, resp *http.Response) attemptResult {
 	g := ex.g
+	if ex.filtersModelList(resp) {
+		return ex.copyModelList(ctx, at, resp)
+	}
 	s := stop{stage: stageBody, ctx: ctx}
 	if isEventStream(resp.Header.Get("Content-Type")) { // a stream on a forwarded path
 		ex.sseHeaders()

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1092,5 +1094,64 @@ func TestTokenCountsHaveTheirOwnBucket(t *testing.T) {
 	}
 	if len(rows) != 1 || rows[0].Requests != 1 {
 		t.Errorf("ledger %+v; want the one message only", rows)
+	}
+}
+
+// TestModelListIsTheTeams: in mode "keys" GET /v1/models lists only the
+// models the caller's team may use, in the shape the upstream answered in
+// (OpenAI's list, Anthropic's with its first_id and last_id), so a client's
+// model picker offers nothing admission would refuse; a team held to no
+// patterns sees the whole list.
+func TestModelListIsTheTeams(t *testing.T) {
+	const list = `{"data":[{"type":"model","id":"claude-test-1","display_name":"C"},` +
+		`{"type":"model","id":"gpt-test-1","display_name":"G"},{"type":"model","id":"gpt-test-2","display_name":"G2"}],` +
+		`"has_more":false,"first_id":"claude-test-1","last_id":"gpt-test-2"}`
+	w := newGovWorldWith(t, mockllm.Options{}, false, func(c *config.Config) {
+		c.Teams[0].Models = []string{"gpt-test*"}
+	}, govSetup{upstream: func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/models" {
+				rw.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(rw, list)
+				return
+			}
+			h.ServeHTTP(rw, r)
+		})
+	}})
+	ctx := testCtx(t)
+	page, err := w.openai(keyAlpha).Models.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range page.Data {
+		ids = append(ids, m.ID)
+	}
+	if !slices.Equal(ids, []string{"gpt-test-1", "gpt-test-2"}) {
+		t.Errorf("team search (gpt-test*) listed %v", ids)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, w.tg.URL+"/v1/models", nil)
+	req.Header.Set("X-Api-Key", keyAlpha)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var ant struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+		FirstID string `json:"first_id"`
+		LastID  string `json:"last_id"`
+	}
+	if err := json.Unmarshal(body, &ant); err != nil || resp.StatusCode != http.StatusOK || len(ant.Data) != 2 ||
+		ant.FirstID != "gpt-test-1" || ant.LastID != "gpt-test-2" {
+		t.Errorf("Anthropic-shaped list for team search: %d %s", resp.StatusCode, body)
+	}
+	page, err = w.openai(keyBeta).Models.List(ctx)
+	if err != nil || len(page.Data) != 3 {
+		t.Errorf("team ads (any model) listed %d models (%v), want 3", len(page.Data), err)
 	}
 }
