@@ -220,8 +220,7 @@ func TestBillCarriesTheAdmissionTime(t *testing.T) {
 		ledger := &admittedLedger{Ledger: newLocalLedger(t)}
 		g := governedGateway(t, keyLimits, config.Limits{}, lim, ledger)
 		arrived := admittedAt.Add(-time.Second)
-		governOnce(t, g, &discardWriter{h: http.Header{}}, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil),
-			arrived, llm.Usage{Input: 10, Output: 5, HasInput: true, HasOutput: true})
+		governOnce(t, g, &discardWriter{h: http.Header{}}, alphaChat(), arrived, llm.Usage{Input: 10, Output: 5, HasInput: true, HasOutput: true})
 		want := arrived
 		if limited {
 			want = admittedAt

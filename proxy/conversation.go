@@ -449,23 +449,19 @@ func (g *Gateway) outcomeOwner(r *http.Request) (string, *apiError) {
 	if g.isAdmin(r) {
 		return conversationOwner(g.Config(), r.URL.Query())
 	}
-	key, hasKey, malformed := callerKey(r.Header)
-	switch {
-	case malformed:
-		return "", errUnauthorized("malformed Authorization header: expected \"Bearer <key>\"")
-	case !hasKey:
-		return "", errUnauthorized("missing API key: send the gateway key the conversation's turns were sent with " +
-			"(\"Authorization: Bearer <key>\" or \"x-api-key: <key>\"), or the admin token")
-	}
 	gen := g.begin()
 	defer gen.end()
-	sum, kid := keyHash(key)
-	k := gen.gov.lookup(sum, true)
+	c, k, aerr := gen.gov.pick(readKeys(r.Header))
 	switch {
+	case aerr != nil:
+		return "", aerr
+	case !c.present:
+		return "", errUnauthorized("missing API key: send the gateway key the conversation's turns were sent with " +
+			"(\"Authorization: Bearer <key>\" or \"x-api-key: <key>\"), or the admin token")
 	case k != nil:
 		return k.owner, nil
 	case gen.gov.keysMode:
-		return "", errUnauthorized("invalid API key (id " + kid + "): it is not one of this gateway's keys")
+		return "", errUnknownKey(c.id())
 	}
 	return "", nil
 }

@@ -108,9 +108,7 @@ func trackOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in 
 	ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
 	ex.rec.Timing.In = in
 	ex.info.MaxTokens = 150
-	sum, id := keyHash(keyAlpha)
-	ex.rec.KeyID = id
-	if aerr := ex.identify(sum, id, true); aerr != nil {
+	if _, aerr := ex.identify(presented{bearer: keyHash(keyAlpha)}); aerr != nil {
 		tb.Fatal(aerr)
 	}
 	if rf := ex.identifyConversation(); !rf.ok() {

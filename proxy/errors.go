@@ -40,6 +40,24 @@ func errUnauthorized(msg string) *apiError {
 		AnthropicKind: "authentication_error", Msg: msg}
 }
 
+// errMissingKey refuses a request that presented no key where one is
+// required.
+func errMissingKey() *apiError {
+	return errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\"")
+}
+
+// errMalformedAuth refuses an Authorization header that is not a bearer
+// credential.
+func errMalformedAuth() *apiError {
+	return errUnauthorized("malformed Authorization header: expected \"Bearer <key>\"")
+}
+
+// errUnknownKey refuses a key that is not one of [[keys]], named by its
+// id (credential.id), which the operators find in the access log.
+func errUnknownKey(id string) *apiError {
+	return errUnauthorized("invalid API key (id " + id + "): it is not one of this gateway's keys")
+}
+
 func errTooLarge(limit int64) *apiError {
 	return &apiError{Status: http.StatusRequestEntityTooLarge, Kind: "invalid_request_error", Code: "request_too_large",
 		AnthropicKind: "request_too_large",

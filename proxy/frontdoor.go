@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"crypto/sha256"
 	"net/http"
 	"strings"
 
@@ -47,12 +46,8 @@ func (g *Gateway) handle(w http.ResponseWriter, r *http.Request, route llm.Route
 func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, e *apiError) {
 	ex := g.newExchange(g.begin(), w, r, llm.RouteOther, llm.DialectNone, nil, requestIDFrom(r.Context()))
 	defer ex.gen.end()
-	key, hasKey, _ := callerKey(r.Header)
-	sum, id := keyHash(key)
-	ex.rec.KeyID = id
-	if k := ex.gen.gov.lookup(sum, hasKey); k != nil {
-		ex.rec.KeyID = k.name
-	}
+	c, k, _ := ex.gen.gov.pick(readKeys(r.Header))
+	ex.rec.KeyID = keyName(c, k)
 	ex.fail(e, llm.OutcomeBadRequest)
 	ex.finish()
 }
@@ -166,13 +161,13 @@ func (ex *exchange) refuse(rf refusal) {
 
 // checkTurn takes a response.create of a socket (frame; socketturn.go)
 // through the checks a POST /v1/responses meets after its body is read
-// (the socket's key, k, was checked when it opened, and is identified
+// (the socket's keys were checked when it opened, and identify the caller
 // again under the turn's configuration): inspection, stored-object
 // ownership, conversation, admission. A turn is a stream by the transport.
 // It returns the message that goes upstream.
-func (ex *exchange) checkTurn(frame []byte, k socketKey) ([]byte, refusal) {
-	ex.rec.Transport, ex.rec.KeyID = llm.TransportWebSocket, k.id
-	if aerr := ex.identify(k.sum, k.id, k.hasKey); aerr != nil {
+func (ex *exchange) checkTurn(frame []byte, keys presented) ([]byte, refusal) {
+	ex.rec.Transport = llm.TransportWebSocket
+	if _, aerr := ex.identify(keys); aerr != nil {
 		return nil, badRequest(aerr)
 	}
 	frame, rf := ex.inspect(frame)
@@ -190,40 +185,38 @@ func (ex *exchange) checkTurn(frame []byte, k socketKey) ([]byte, refusal) {
 	return frame, rf
 }
 
-// checkIdentity reads the caller's key (Authorization or x-api-key) and
-// identifies it (identify): the record's key id is its hash prefix, or its
-// [[keys]] name. hasKey says a key was sent.
+// checkIdentity reads the caller's keys (Authorization and x-api-key) and
+// identifies the caller by them (identify). hasKey says a key identifies
+// it.
 func (ex *exchange) checkIdentity() (hasKey bool, rf refusal) {
-	key, hasKey, malformed := callerKey(ex.r.Header)
-	sum, id := keyHash(key)
-	ex.rec.KeyID = id
-	switch {
-	case malformed:
-		return false, badRequest(errUnauthorized("malformed Authorization header: expected \"Bearer <key>\""))
-	case !hasKey && ex.gen.cfg.Auth.RequireKey:
-		return false, badRequest(errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\""))
-	}
-	if aerr := ex.identify(sum, id, hasKey); aerr != nil {
+	hasKey, aerr := ex.identify(readKeys(ex.r.Header))
+	if aerr != nil {
 		return false, badRequest(aerr)
 	}
 	return hasKey, refusal{}
 }
 
-// identify names the caller from its key's SHA-256 and hash prefix id (see
-// keyHash): when the key is listed, the record's key id becomes its
-// [[keys]] name, with its team; and says whether the caller may go on
-// (governance.identify).
-func (ex *exchange) identify(sum [sha256.Size]byte, id string, hasKey bool) *apiError {
-	k, aerr := ex.gen.gov.identify(sum, id, hasKey)
+// identify names the caller from the keys it presented
+// (governance.identify): the record's key id is its key's [[keys]] name,
+// with its team, or else the key's hash prefix; and says whether a key
+// identifies it and whether it may go on.
+func (ex *exchange) identify(p presented) (hasKey bool, aerr *apiError) {
+	c, k, aerr := ex.gen.gov.identify(p)
 	ex.key = k
-	if k != nil {
-		// The name says more than the hash prefix.
-		ex.rec.KeyID = k.name
-		if k.team != nil {
-			ex.rec.Team = k.team.name
-		}
+	ex.rec.KeyID = keyName(c, k)
+	if k != nil && k.team != nil {
+		ex.rec.Team = k.team.name
 	}
-	return aerr
+	return c.present, aerr
+}
+
+// keyName is how records name a caller's key c: its [[keys]] name when k,
+// its entry, is known (it says more than the hash prefix), else its id.
+func keyName(c credential, k *keyEntry) string {
+	if k != nil {
+		return k.name
+	}
+	return c.id()
 }
 
 // checkUpstream refuses a request no configured upstream serves.

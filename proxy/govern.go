@@ -18,7 +18,10 @@ import (
 // governance is the gateway's view of [[keys]], [[teams]] and [[models]]:
 // who a caller is, what it may use, and what it may spend.
 type governance struct {
-	keysMode         bool
+	keysMode bool
+	// requireKey: a caller without a key is refused (mode "keys", or
+	// [auth] require_key).
+	requireKey       bool
 	keys             map[[sha256.Size]byte]*keyEntry
 	teams            map[string]*teamEntry
 	limiter          ratelimit.Limiter // nil: no limits configured
@@ -59,6 +62,7 @@ type teamEntry struct {
 func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.Ledger) (*governance, error) {
 	gv := &governance{
 		keysMode:         cfg.Auth.Mode == "keys",
+		requireKey:       cfg.Auth.Mode == "keys" || cfg.Auth.RequireKey,
 		keys:             make(map[[sha256.Size]byte]*keyEntry, len(cfg.Keys)),
 		teams:            make(map[string]*teamEntry, len(cfg.Teams)),
 		limiter:          limiter,
@@ -141,13 +145,28 @@ func (gv *governance) hasLimits() bool {
 	return false
 }
 
-// lookup finds the [[keys]] table of a caller's key by its SHA-256 (see
-// keyHash), or nil; hasKey is false when the caller sent no key.
-func (gv *governance) lookup(sum [sha256.Size]byte, hasKey bool) *keyEntry {
-	if !hasKey || len(gv.keys) == 0 {
+// lookup finds the [[keys]] table of a caller's key, or nil (for no key
+// too).
+func (gv *governance) lookup(c credential) *keyEntry {
+	if !c.present || len(gv.keys) == 0 {
 		return nil
 	}
-	return gv.keys[sum]
+	return gv.keys[c.sum]
+}
+
+// pick chooses, among the keys a caller presented, the one that identifies
+// it, with its [[keys]] entry (nil when it is not listed): Authorization's,
+// else x-api-key's. A malformed Authorization header is refused. The key is
+// zero when none was presented.
+func (gv *governance) pick(p presented) (credential, *keyEntry, *apiError) {
+	if p.malformed {
+		return credential{}, nil, errMalformedAuth()
+	}
+	c := p.bearer
+	if !c.present {
+		c = p.apiKey
+	}
+	return c, gv.lookup(c), nil
 }
 
 // modelAllowed reports whether a team may use model.
@@ -163,23 +182,21 @@ func (t *teamEntry) modelAllowed(model string) bool {
 	return false
 }
 
-// identify finds the caller's [[keys]] entry from its key's SHA-256 and
-// hash prefix id (see keyHash), nil when it is not listed, and says whether
-// the caller may go on: in mode "keys" the key must be configured.
-func (gv *governance) identify(sum [sha256.Size]byte, id string, hasKey bool) (*keyEntry, *apiError) {
-	k := gv.lookup(sum, hasKey)
-	if !gv.keysMode {
-		return k, nil
-	}
+// identify finds who the caller is from the keys it presented (pick) and
+// says whether it may go on: a key is required in mode "keys" or with
+// require_key, and in mode "keys" it must be configured.
+func (gv *governance) identify(p presented) (credential, *keyEntry, *apiError) {
+	c, k, aerr := gv.pick(p)
 	switch {
-	case !hasKey:
-		return nil, errUnauthorized("missing API key: send \"Authorization: Bearer <key>\" or \"x-api-key: <key>\"")
-	case k == nil:
+	case aerr != nil:
+	case !c.present && gv.requireKey:
+		aerr = errMissingKey()
+	case k == nil && gv.keysMode:
 		// The message names the key only by the hash prefix the operators
 		// can find in the access log.
-		return nil, errUnauthorized("invalid API key (id " + id + "): it is not one of this gateway's keys")
+		aerr = errUnknownKey(c.id())
 	}
-	return k, nil
+	return c, k, aerr
 }
 
 // subjects returns the limited subjects of the caller: its key and its team.

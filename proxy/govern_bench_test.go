@@ -52,7 +52,7 @@ func BenchmarkGovernance(b *testing.B) {
 			}
 			defer ledger.Close()
 			g := governedGateway(b, keyLimits, teamLimits, lim, ledger)
-			r, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions", nil)
+			r := alphaChat()
 			w := &discardWriter{h: http.Header{}}
 			now := time.Now()
 			b.ReportAllocs()
@@ -89,17 +89,24 @@ func governedGateway(tb testing.TB, keyLimits, teamLimits config.Limits, lim rat
 	return g
 }
 
-// governOnce takes one chat completion of key alpha, arrived at in, through
-// governance: identified, admitted (its prompt estimate and max_tokens
-// being u's), the rate-limit headers set, answered and settled with u.
+// alphaChat is a chat completion request carrying key alpha, as
+// governOnce takes it.
+func alphaChat() *http.Request {
+	r, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/chat/completions", nil)
+	r.Header.Set("Authorization", "Bearer "+keyAlpha)
+	return r
+}
+
+// governOnce takes one chat completion of key alpha (r, see alphaChat),
+// arrived at in, through governance: identified from its headers, admitted
+// (its prompt estimate and max_tokens being u's), the rate-limit headers
+// set, answered and settled with u.
 func governOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in time.Time, u llm.Usage) {
 	ex := exchange{g: g, gen: g.gen.Load(), w: w, r: r, promptEstimate: u.Input, kind: kindModelCall, answer: llm.DialectOpenAI}
 	ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
 	ex.rec.Timing.In = in
 	ex.info.MaxTokens = u.Output
-	sum, id := keyHash(keyAlpha)
-	ex.rec.KeyID = id
-	if aerr := ex.identify(sum, id, true); aerr != nil {
+	if _, aerr := ex.identify(readKeys(r.Header)); aerr != nil {
 		tb.Fatal(aerr)
 	}
 	if rf := ex.admit(); !rf.ok() {

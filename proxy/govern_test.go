@@ -1155,3 +1155,24 @@ func TestModelListIsTheTeams(t *testing.T) {
 		t.Errorf("team ads (any model) listed %d models (%v), want 3", len(page.Data), err)
 	}
 }
+
+// TestIdentifyingAGatewayKeyAllocatesNothing: reading, hashing and naming
+// a gateway key allocates nothing; the hash-prefix id is made only for a
+// key without a name.
+func TestIdentifyingAGatewayKeyAllocatesNothing(t *testing.T) {
+	lim := ratelimit.NewLocal(ratelimit.LocalOptions{})
+	t.Cleanup(func() { _ = lim.Close() })
+	g := governedGateway(t, config.Limits{}, config.Limits{}, lim, nil)
+	for name, h := range map[string]http.Header{
+		"Authorization": {"Authorization": {"Bearer " + keyAlpha}}, "x-api-key": {"X-Api-Key": {keyAlpha}},
+	} {
+		ex := exchange{g: g, gen: g.gen.Load()}
+		if n := testing.AllocsPerRun(50, func() {
+			if _, aerr := ex.identify(readKeys(h)); aerr != nil {
+				t.Fatal(aerr)
+			}
+		}); n != 0 || ex.rec.KeyID != "alpha" {
+			t.Errorf("%s: %v allocations, named %q; want 0, alpha", name, n, ex.rec.KeyID)
+		}
+	}
+}

@@ -111,41 +111,68 @@ func isHopHeader(k string) bool {
 	return false
 }
 
-// callerKey returns the credential the caller presented: the bearer token of
-// Authorization, else x-api-key. ok is false when neither is present.
-// malformed is true when an Authorization header is present but is not a
-// well-formed bearer credential.
-func callerKey(h http.Header) (key string, ok, malformed bool) {
+// presented is what a caller sent in the two headers a key may come in,
+// each key hashed: the bearer token of Authorization and x-api-key (zero
+// where absent). The keys themselves go no further than readKeys.
+type presented struct {
+	bearer, apiKey credential
+	// malformed: an Authorization header is present but is not a
+	// well-formed bearer credential (bearer is then zero).
+	malformed bool
+}
+
+// readKeys reads the keys a caller presented and hashes each once (the
+// same key in both headers once in all). It allocates nothing.
+func readKeys(h http.Header) presented {
+	var p presented
+	var bearer string
 	if a := h.Get("Authorization"); a != "" {
 		scheme, tok, found := strings.Cut(a, " ")
 		tok = strings.TrimSpace(tok)
-		if !found || !strings.EqualFold(scheme, "Bearer") || tok == "" || !printableASCII(tok) {
-			return "", false, true
+		if found && strings.EqualFold(scheme, "Bearer") && tok != "" && printableASCII(tok) {
+			bearer, p.bearer = tok, keyHash(tok)
+		} else {
+			p.malformed = true
 		}
-		return tok, true, false
 	}
-	if k := strings.TrimSpace(h.Get("X-Api-Key")); k != "" {
-		return k, true, false
+	switch k := strings.TrimSpace(h.Get("X-Api-Key")); k {
+	case "":
+	case bearer:
+		p.apiKey = p.bearer
+	default:
+		p.apiKey = keyHash(k)
 	}
-	return "", false, false
+	return p
 }
 
-// keyID identifies a key in logs and metrics without revealing it: the first
-// 12 hex digits of its SHA-256. It is "anonymous" for no key.
-func keyID(key string) string {
-	_, id := keyHash(key)
-	return id
+// credential is one key a caller presented, hashed once: its SHA-256 serves
+// the [[keys]] lookup and, only when it is needed, its id.
+type credential struct {
+	sum     [sha256.Size]byte
+	present bool
 }
 
-// keyHash returns a key's SHA-256 (zero for no key) and its keyID, hashing
-// once for both the [[keys]] lookup and the logs.
-func keyHash(key string) ([sha256.Size]byte, string) {
+// keyHash hashes a key ("" for none: the zero credential).
+func keyHash(key string) credential {
 	if key == "" {
-		return [sha256.Size]byte{}, "anonymous"
+		return credential{}
 	}
-	sum := sha256.Sum256([]byte(key))
-	return sum, hex.EncodeToString(sum[:6])
+	return credential{sum: sha256.Sum256([]byte(key)), present: true}
 }
+
+// id identifies the key in logs, metrics and errors without revealing it:
+// the first 12 hex digits of its SHA-256, "anonymous" for no key. It is
+// computed on demand, since a listed key is named by its [[keys]] name
+// instead.
+func (c credential) id() string {
+	if !c.present {
+		return "anonymous"
+	}
+	return hex.EncodeToString(c.sum[:6])
+}
+
+// keyID is the id of a key (see credential.id).
+func keyID(key string) string { return keyHash(key).id() }
 
 func printableASCII(s string) bool {
 	for i := 0; i < len(s); i++ {

@@ -133,25 +133,33 @@ func TestInspectRequest(t *testing.T) {
 	}
 }
 
-func TestCallerKey(t *testing.T) {
+// TestKeysReadFromBothHeaders: the bearer token and x-api-key are each
+// read and hashed whatever the other holds, so governance.pick can choose
+// between them; a malformed Authorization still leaves x-api-key readable.
+func TestKeysReadFromBothHeaders(t *testing.T) {
+	sk1, ant := keyHash("sk-1"), keyHash("sk-ant")
 	tests := []struct {
-		h             http.Header
-		key           string
-		ok, malformed bool
-		name          string
+		h    http.Header
+		want presented
+		name string
 	}{
-		{http.Header{"Authorization": {"Bearer sk-1"}}, "sk-1", true, false, "bearer"},
-		{http.Header{"Authorization": {"bearer  sk-1 "}}, "sk-1", true, false, "case and spaces"},
-		{http.Header{"X-Api-Key": {"sk-ant"}}, "sk-ant", true, false, "x-api-key"},
-		{http.Header{"Authorization": {"Basic abc"}}, "", false, true, "basic"},
-		{http.Header{"Authorization": {"Bearer"}}, "", false, true, "no token"},
-		{http.Header{"Authorization": {"Bearer a b"}}, "", false, true, "space in token"},
-		{http.Header{}, "", false, false, "none"},
+		{http.Header{"Authorization": {"Bearer sk-1"}}, presented{bearer: sk1}, "bearer"},
+		{http.Header{"Authorization": {"bearer  sk-1 "}}, presented{bearer: sk1}, "case and spaces"},
+		{http.Header{"X-Api-Key": {" sk-ant"}}, presented{apiKey: ant}, "x-api-key"},
+		{http.Header{"Authorization": {"Bearer sk-1"}, "X-Api-Key": {"sk-ant"}},
+			presented{bearer: sk1, apiKey: ant}, "both"},
+		{http.Header{"Authorization": {"Bearer sk-1"}, "X-Api-Key": {"sk-1"}},
+			presented{bearer: sk1, apiKey: sk1}, "the same key in both"},
+		{http.Header{"Authorization": {"Basic abc"}}, presented{malformed: true}, "basic"},
+		{http.Header{"Authorization": {"Bearer"}}, presented{malformed: true}, "no token"},
+		{http.Header{"Authorization": {"Bearer a b"}}, presented{malformed: true}, "space in token"},
+		{http.Header{"Authorization": {"Basic abc"}, "X-Api-Key": {"sk-ant"}},
+			presented{apiKey: ant, malformed: true}, "malformed beside x-api-key"},
+		{http.Header{}, presented{}, "none"},
 	}
 	for _, tc := range tests {
-		key, ok, malformed := callerKey(tc.h)
-		if key != tc.key || ok != tc.ok || malformed != tc.malformed {
-			t.Errorf("%s: callerKey = %q %v %v; want %q %v %v", tc.name, key, ok, malformed, tc.key, tc.ok, tc.malformed)
+		if got := readKeys(tc.h); got != tc.want {
+			t.Errorf("%s: readKeys = %+v; want %+v", tc.name, got, tc.want)
 		}
 	}
 	if id := keyID("sk-secret-value"); len(id) != 12 || strings.Contains(id, "secret") {

@@ -48,22 +48,17 @@ func isSocketUpgrade(r *http.Request) bool {
 	return r.Method == http.MethodGet && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
 }
 
-// socketKey is the key a socket was opened with, identified once.
-type socketKey struct {
-	sum    [32]byte
-	id     string
-	hasKey bool
-}
-
 // socket is one caller's WebSocket joined to the gateway's own to an
 // upstream. The caller's messages are read by serveSocket's goroutine
 // (clientPump), the upstream's by another (upstreamPump); writes on either
 // leg may come from both, which the library allows.
 type socket struct {
-	g      *Gateway
-	gen    *generation
-	r      *http.Request // the upgrade, its context the socket's
-	key    socketKey
+	g   *Gateway
+	gen *generation
+	r   *http.Request // the upgrade, its context the socket's
+	// key: the keys the upgrade carried, hashed once when it opened;
+	// they identify each turn again, under its configuration.
+	key    presented
 	up     *upstream
 	client *websocket.Conn
 	conn   *websocket.Conn // to the upstream
@@ -178,21 +173,16 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	<-done
 }
 
-// identify checks the key the upgrade carries as a POST's is checked: in
-// mode "keys" it must be one of the gateway's; with require_key, present.
+// identify checks the keys the upgrade carries as a POST's are checked
+// (governance.identify): in mode "keys" the key must be one of the
+// gateway's; with require_key, present.
 func (s *socket) identify(r *http.Request) (*apiError, string) {
-	key, hasKey, malformed := callerKey(r.Header)
-	sum, id := keyHash(key)
-	s.key = socketKey{sum: sum, id: id, hasKey: hasKey}
-	switch {
-	case malformed:
-		return errUnauthorized("malformed Authorization header: expected \"Bearer <key>\""), "unauthorized"
-	case !hasKey && s.gen.cfg.Auth.RequireKey:
-		return errUnauthorized("missing API key: send \"Authorization: Bearer <key>\""), "unauthorized"
-	}
-	if _, aerr := s.gen.gov.identify(sum, id, hasKey); aerr != nil {
+	s.key = readKeys(r.Header)
+	c, _, aerr := s.gen.gov.identify(s.key)
+	if aerr != nil {
 		return aerr, "unauthorized"
 	}
+	s.callerKeyUp = c.present && !s.gen.gov.keysMode
 	return nil, ""
 }
 
@@ -210,7 +200,6 @@ func errSocketUnsupported() *apiError {
 // as it came), or the gateway's error, or neither once s.conn is open.
 func (s *socket) dial(ctx context.Context, r *http.Request) (*http.Response, *apiError, string) {
 	targets := s.gen.routing.targets(llm.DialectOpenAI, "")
-	s.callerKeyUp = s.key.hasKey && !s.gen.gov.keysMode
 	var tried bool
 	for pass := 0; pass < 2; pass++ { // the second pass takes breakers that refuse
 		for i, t := range targets {

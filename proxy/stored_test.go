@@ -609,11 +609,10 @@ func BenchmarkStoredState(b *testing.B) {
 			c.Keys = []config.Key{{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"}}
 		}, func(o *Options) { o.Owners = owners })
 		r := httptest.NewRequest(http.MethodGet, "/v1/responses/resp_bench", nil)
-		sum, id := keyHash(keyAlpha)
 		newExchange := func() *exchange {
 			ex := &exchange{g: g, gen: g.gen.Load(), r: r}
 			ex.rec.Route = llm.RouteResponses
-			if aerr := ex.identify(sum, id, true); aerr != nil {
+			if _, aerr := ex.identify(presented{bearer: keyHash(keyAlpha)}); aerr != nil {
 				b.Fatal(aerr)
 			}
 			return ex
