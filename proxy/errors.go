@@ -47,7 +47,7 @@ func errMissingKey() *apiError {
 }
 
 // errMalformedAuth refuses an Authorization header that is not a bearer
-// credential.
+// credential, when no gateway key in x-api-key makes it moot.
 func errMalformedAuth() *apiError {
 	return errUnauthorized("malformed Authorization header: expected \"Bearer <key>\"")
 }
@@ -56,6 +56,13 @@ func errMalformedAuth() *apiError {
 // id (credential.id), which the operators find in the access log.
 func errUnknownKey(id string) *apiError {
 	return errUnauthorized("invalid API key (id " + id + "): it is not one of this gateway's keys")
+}
+
+// errConflictingKeys refuses two different gateway keys, one in each
+// header, named by their ids: the gateway cannot tell which is meant.
+func errConflictingKeys(bearerID, apiKeyID string) *apiError {
+	return errUnauthorized("conflicting API keys: Authorization carries gateway key id " + bearerID +
+		" and x-api-key gateway key id " + apiKeyID + "; send one key, or the same key in both headers")
 }
 
 func errTooLarge(limit int64) *apiError {

@@ -155,18 +155,44 @@ func (gv *governance) lookup(c credential) *keyEntry {
 }
 
 // pick chooses, among the keys a caller presented, the one that identifies
-// it, with its [[keys]] entry (nil when it is not listed): Authorization's,
-// else x-api-key's. A malformed Authorization header is refused. The key is
-// zero when none was presented.
+// it, with its [[keys]] entry (nil when it is not listed). Claude Code sends
+// ANTHROPIC_API_KEY as x-api-key and ANTHROPIC_AUTH_TOKEN as Authorization,
+// and an Anthropic SDK given a default x-api-key header sends Authorization
+// too, so a gateway key in one header often travels with a leftover token in
+// the other; taking Authorization's whatever it held refused every such
+// request. So (docs/keys.md, "One key from two headers"):
+//   - the same key in both headers (apiKeyHelper sends it so) is that key;
+//   - a gateway key (listed in [[keys]]) wins over one that is not;
+//   - two different gateway keys are refused (401 naming both ids): either
+//     could be meant, and their teams and limits differ;
+//   - with neither listed, Authorization's wins, as it always has.
+//
+// A malformed Authorization header is ignored when x-api-key holds a
+// gateway key, which it is not needed beside; otherwise it is refused as
+// before, since the caller meant something by it. The key is zero when
+// none was presented.
 func (gv *governance) pick(p presented) (credential, *keyEntry, *apiError) {
+	b, x := p.bearer, p.apiKey
 	if p.malformed {
+		if k := gv.lookup(x); k != nil {
+			return x, k, nil
+		}
 		return credential{}, nil, errMalformedAuth()
 	}
-	c := p.bearer
-	if !c.present {
-		c = p.apiKey
+	if !b.present || !x.present || b.sum == x.sum {
+		if !b.present {
+			b = x
+		}
+		return b, gv.lookup(b), nil
 	}
-	return c, gv.lookup(c), nil
+	kb, kx := gv.lookup(b), gv.lookup(x)
+	switch {
+	case kb != nil && kx != nil:
+		return b, nil, errConflictingKeys(b.id(), x.id())
+	case kx != nil:
+		return x, kx, nil
+	}
+	return b, kb, nil
 }
 
 // modelAllowed reports whether a team may use model.

@@ -1156,15 +1156,190 @@ func TestModelListIsTheTeams(t *testing.T) {
 	}
 }
 
+// leftoverToken is a token a caller presents beside its gateway key and
+// that no [[keys]] entry lists: an old ANTHROPIC_AUTH_TOKEN, say.
+const leftoverToken = "sk-ant-oat01-leftover-token-0123"
+
+// twoKeyGateway is a gateway in mode (keys or passthrough) whose gateway
+// keys are alpha (team search) and beta (team ads), in front of a mockllm
+// that takes any key, so that what went upstream can be read.
+func twoKeyGateway(t *testing.T, mode string) (*testGateway, *mockllm.Server) {
+	t.Helper()
+	mock := mockllm.New(mockllm.Options{OutputTokens: 3})
+	up := httptest.NewServer(mock)
+	t.Cleanup(up.Close)
+	tg := newTestGateway(t, up.URL, func(c *config.Config) {
+		c.Auth.Mode, c.Auth.RequireKey = mode, true
+		c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", upstreamKey
+		c.Teams = []config.Team{{Name: "search"}, {Name: "ads"}}
+		c.Keys = []config.Key{
+			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"},
+			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
+		}
+	})
+	return tg, mock
+}
+
+// TestOneKeyFromTwoHeaders follows the precedence of a key sent in
+// Authorization and another in x-api-key (docs/keys.md), as Claude Code
+// (ANTHROPIC_AUTH_TOKEN and ANTHROPIC_API_KEY) and an Anthropic SDK with a
+// default x-api-key header send them, in both modes: the same key in both
+// is that key; a gateway key wins over one that is not; two different
+// gateway keys are a 401 naming both ids; with neither listed Authorization
+// wins; a malformed Authorization is ignored beside a gateway key only.
+// Admitted in mode keys, the upstream gets its own key alone; in
+// passthrough, both headers exactly as sent.
+func TestOneKeyFromTwoHeaders(t *testing.T) {
+	const malformedAuth = "Basic dXNlcjpwYXNz"
+	cases := []struct {
+		name string
+		// auth is the whole Authorization value, apiKey x-api-key's; ""
+		// sends none.
+		auth, apiKey string
+		// keyID and team are the record's; refusedKeys and refusedPass, a
+		// part of the 401's message in each mode ("" when admitted).
+		keyID, team              string
+		refusedKeys, refusedPass string
+	}{
+		{name: "same gateway key in both (apiKeyHelper)", auth: "Bearer " + keyAlpha, apiKey: keyAlpha,
+			keyID: "alpha", team: "search"},
+		{name: "gateway key in x-api-key, leftover token in Authorization", auth: "Bearer " + leftoverToken,
+			apiKey: keyAlpha, keyID: "alpha", team: "search"},
+		{name: "gateway key in Authorization, leftover token in x-api-key", auth: "Bearer " + keyBeta,
+			apiKey: leftoverToken, keyID: "beta", team: "ads"},
+		{name: "two different gateway keys", auth: "Bearer " + keyAlpha, apiKey: keyBeta, keyID: keyID(keyAlpha),
+			refusedKeys: "conflicting API keys: Authorization carries gateway key id " + keyID(keyAlpha) +
+				" and x-api-key gateway key id " + keyID(keyBeta)},
+		{name: "neither a gateway key", auth: "Bearer " + leftoverToken, apiKey: "sk-ant-api03-unlisted",
+			keyID: keyID(leftoverToken), refusedKeys: "invalid API key (id " + keyID(leftoverToken) + ")"},
+		{name: "malformed Authorization beside a gateway key", auth: malformedAuth, apiKey: keyAlpha,
+			keyID: "alpha", team: "search"},
+		{name: "malformed Authorization beside a key that is not", auth: malformedAuth,
+			apiKey: "sk-ant-api03-unlisted", keyID: "anonymous", refusedKeys: "malformed Authorization header",
+			refusedPass: "malformed Authorization header"},
+	}
+	cases[3].refusedPass = cases[3].refusedKeys
+	for _, mode := range []string{"keys", "passthrough"} {
+		t.Run(mode, func(t *testing.T) {
+			tg, mock := twoKeyGateway(t, mode)
+			ctx := testCtx(t)
+			for _, tc := range cases {
+				refused := tc.refusedKeys
+				if mode == "passthrough" {
+					refused = tc.refusedPass
+				}
+				opts := []aoption.RequestOption{aoption.WithoutEnvironmentDefaults(), aoption.WithBaseURL(tg.URL),
+					aoption.WithMaxRetries(0)}
+				if tok, ok := strings.CutPrefix(tc.auth, "Bearer "); ok {
+					opts = append(opts, aoption.WithAuthToken(tok)) // ANTHROPIC_AUTH_TOKEN
+				} else {
+					opts = append(opts, aoption.WithHeader("Authorization", tc.auth))
+				}
+				opts = append(opts, aoption.WithHeader("X-Api-Key", tc.apiKey)) // ANTHROPIC_API_KEY
+				before := len(mock.Requests())
+				c := anthropic.NewClient(opts...)
+				_, err := c.Messages.New(ctx, messageParams(16))
+				rec := tg.record(t)
+				if rec.KeyID != tc.keyID || rec.Team != tc.team {
+					t.Errorf("%s: recorded as key %q team %q, want %q %q", tc.name, rec.KeyID, rec.Team, tc.keyID, tc.team)
+				}
+				reqs := mock.Requests()
+				if refused != "" {
+					var ae *anthropic.Error
+					if !errors.As(err, &ae) || ae.StatusCode != http.StatusUnauthorized || ae.Type() != "authentication_error" ||
+						!strings.Contains(ae.Error(), refused) {
+						t.Errorf("%s: got %v, want a 401 authentication_error saying %q", tc.name, err, refused)
+					}
+					if len(reqs) != before {
+						t.Errorf("%s: refused, yet the upstream got the request", tc.name)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: %v", tc.name, err)
+					continue
+				}
+				if len(reqs) != before+1 {
+					t.Fatalf("%s: the upstream got %d requests, want 1", tc.name, len(reqs)-before)
+				}
+				h := reqs[len(reqs)-1].Header
+				wantAuth, wantAPIKey := tc.auth, tc.apiKey
+				if mode == "keys" {
+					wantAuth, wantAPIKey = "", upstreamKey
+				}
+				if h.Get("Authorization") != wantAuth || h.Get("X-Api-Key") != wantAPIKey {
+					t.Errorf("%s: upstream got Authorization %q, x-api-key %q; want %q, %q", tc.name,
+						h.Get("Authorization"), h.Get("X-Api-Key"), wantAuth, wantAPIKey)
+				}
+			}
+
+			// The conflict in the OpenAI dialect, through its SDK.
+			oc := openai.NewClient(option.WithBaseURL(tg.URL+"/v1"), option.WithAPIKey(keyAlpha),
+				option.WithHeader("X-Api-Key", keyBeta), option.WithMaxRetries(0))
+			_, err := oc.Chat.Completions.New(ctx, chatParams(0))
+			var oe *openai.Error
+			if !errors.As(err, &oe) || oe.StatusCode != http.StatusUnauthorized || oe.Code != "invalid_api_key" ||
+				!strings.Contains(oe.Message, cases[3].refusedKeys) {
+				t.Errorf("OpenAI SDK, two different gateway keys: %v", err)
+			}
+			tg.record(t)
+
+			// Keys appear nowhere but as their ids or names.
+			if logs := tg.logs.String(); strings.Contains(logs, keyAlpha) || strings.Contains(logs, keyBeta) ||
+				strings.Contains(logs, leftoverToken) || strings.Contains(logs, "unlisted") {
+				t.Errorf("a key reached the access log: %s", logs)
+			}
+		})
+	}
+}
+
+// TestSocketTakesTheGatewayKeyBesideALeftoverToken: the upgrade's keys are
+// chosen as a POST's are (docs/keys.md, "One key from two headers"): in
+// mode "keys" a gateway key in x-api-key opens the socket beside a leftover
+// token in Authorization, and its turns are the key's; two different
+// gateway keys are refused before the upgrade.
+func TestSocketTakesTheGatewayKeyBesideALeftoverToken(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 4}, false, func(c *config.Config) {
+		c.Upstreams[0].ResponsesWebSocket = true
+	})
+	ctx := testCtx(t)
+	connect := func(bearer, apiKey string) (*openai.BetaResponseConnection, error) {
+		client := openai.NewClient(option.WithBaseURL(w.tg.URL+"/v1/"), option.WithAPIKey(bearer),
+			option.WithHeader("X-Api-Key", apiKey), option.WithMaxRetries(0))
+		conn, err := client.Beta.Responses.Connect(ctx, openai.BetaResponseConnectionOptions{})
+		if err == nil {
+			t.Cleanup(func() { _ = conn.Close() })
+		}
+		return conn, err
+	}
+	if _, err := connect(keyAlpha, keyBeta); err == nil {
+		t.Error("two different gateway keys opened a socket")
+	}
+	conn, err := connect(leftoverToken, keyAlpha)
+	if err != nil {
+		t.Fatalf("a gateway key beside a leftover token: %v", err)
+	}
+	events := sendTurn(t, ctx, conn, `{"type":"response.create","model":"gpt-test","input":"hi","store":false}`)
+	if last := events[len(events)-1]; last.Type != "response.completed" {
+		t.Fatalf("the turn ended %s", last.Type)
+	}
+	if rec := w.tg.record(t); rec.KeyID != "alpha" || rec.Team != "search" {
+		t.Errorf("the turn was recorded as key %q team %q, want alpha search", rec.KeyID, rec.Team)
+	}
+}
+
 // TestIdentifyingAGatewayKeyAllocatesNothing: reading, hashing and naming
-// a gateway key allocates nothing; the hash-prefix id is made only for a
-// key without a name.
+// a gateway key, from one header, from both, or beside a leftover token,
+// allocates nothing; the hash-prefix id is made only for a key without a
+// name.
 func TestIdentifyingAGatewayKeyAllocatesNothing(t *testing.T) {
 	lim := ratelimit.NewLocal(ratelimit.LocalOptions{})
 	t.Cleanup(func() { _ = lim.Close() })
 	g := governedGateway(t, config.Limits{}, config.Limits{}, lim, nil)
 	for name, h := range map[string]http.Header{
 		"Authorization": {"Authorization": {"Bearer " + keyAlpha}}, "x-api-key": {"X-Api-Key": {keyAlpha}},
+		"both":                    {"Authorization": {"Bearer " + keyAlpha}, "X-Api-Key": {keyAlpha}},
+		"beside a leftover token": {"Authorization": {"Bearer " + leftoverToken}, "X-Api-Key": {keyAlpha}},
 	} {
 		ex := exchange{g: g, gen: g.gen.Load()}
 		if n := testing.AllocsPerRun(50, func() {
