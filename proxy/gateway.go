@@ -272,15 +272,38 @@ func (g *Gateway) Handler() http.Handler {
 	r.Post("/v1/responses", g.dialectHandler(llm.RouteResponses, llm.DialectResponses))
 	r.Get("/v1/responses", g.responsesGet)
 	r.HandleFunc("/v1/*", g.forwardHandler)
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		g.reject(w, r, errNotFound(r.URL.Path))
-	})
+	// Every method, so that chi does not answer the others 405: only HEAD
+	// is a start probe.
+	r.HandleFunc("/", g.startProbe)
+	r.HandleFunc("/api/hello", g.startProbe)
+	r.NotFound(g.notFound)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, r, &apiError{Status: http.StatusMethodNotAllowed, Kind: "invalid_request_error",
 			Code: "method_not_allowed", AnthropicKind: "invalid_request_error",
 			Msg: "method " + r.Method + " is not allowed on " + r.URL.Path})
 	})
 	return r
+}
+
+// notFound answers a path no route serves, recorded like any request.
+func (g *Gateway) notFound(w http.ResponseWriter, r *http.Request) {
+	g.reject(w, r, errNotFound(r.URL.Path))
+}
+
+// startProbe answers HEAD / and HEAD /api/hello, which Claude Code sends to
+// its ANTHROPIC_BASE_URL at every start to warm the connection up (the LLM
+// gateway protocol names HEAD / in its docs of 2026-06, HEAD /api/hello
+// from 2026-08: wire.md §11.1, "answer 200, empty body; do not meter").
+// They are the client's, not a model call or a caller's mistake: 200 with
+// no body, like /healthz no record, so no access-log line, metric or
+// /stats entry, and no key asked for. Any other method on these paths is
+// the 404 it always was.
+func (g *Gateway) startProbe(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodHead {
+		g.notFound(w, r)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
 }
 
 // statsInFlight bounds concurrent /stats and /stats/series requests: each

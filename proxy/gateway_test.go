@@ -12,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
+	"github.com/tollgate-llm/tollgate/stats"
 )
 
 // TestMeasurementAccuracy compares the recorded figures with mockllm's known
@@ -557,6 +560,99 @@ func TestDialTimeoutIsTheShorterOfConnectAndTotal(t *testing.T) {
 		u := &config.Upstream{ConnectTimeoutSeconds: c.connect, TimeoutSeconds: c.total}
 		if got := dialTimeout(u); got != c.want {
 			t.Errorf("connect %v s, total %v s: dial timeout %v, want %v", c.connect, c.total, got, c.want)
+		}
+	}
+}
+
+// TestClaudeCodeStartProbesAreAnsweredNotCounted: HEAD / and HEAD
+// /api/hello, which Claude Code sends at every start (wire.md §11.1), get
+// 200 with no body from the gateway itself, and leave no record: nothing
+// in the access log, tollgate_requests_total or /stats, and nothing
+// upstream. A Claude-Code-shaped start (the probes, then a streamed
+// POST /v1/messages?beta=true through the Anthropic SDK) on one
+// connection counts that one message alone. GET / is still a 404.
+func TestClaudeCodeStartProbesAreAnsweredNotCounted(t *testing.T) {
+	mock, mockURL := mockUpstream(t, mockllm.Options{OutputTokens: 4})
+	live := stats.New(nil)
+	tg := newTestGatewayWith(t, mockURL, nil, func(o *Options) { o.Stats = live })
+	// One connection: the server handles its requests one after another,
+	// so a probe's record, were there one, would be finished before the
+	// message's.
+	tr := &http.Transport{MaxConnsPerHost: 1}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	ctx := testCtx(t)
+
+	for _, path := range []string{"/", "/api/hello"} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodHead, tg.URL+path, nil)
+		req.Header.Set("X-Api-Key", "sk-ant-claude-code")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || len(body) != 0 || resp.ContentLength > 0 {
+			t.Errorf("HEAD %s: %d, %d bytes, Content-Length %d; want 200 and no body", path, resp.StatusCode,
+				len(body), resp.ContentLength)
+		}
+	}
+	c := anthropic.NewClient(aoption.WithBaseURL(tg.URL), aoption.WithAPIKey("sk-ant-claude-code"),
+		aoption.WithHTTPClient(client), aoption.WithMaxRetries(0), aoption.WithQuery("beta", "true"))
+	s := c.Beta.Messages.NewStreaming(ctx, anthropic.BetaMessageNewParams{Model: "claude-test", MaxTokens: 16,
+		Messages: []anthropic.BetaMessageParam{anthropic.NewBetaUserMessage(anthropic.NewBetaTextBlock("hi"))}})
+	var msg anthropic.BetaMessage
+	for s.Next() {
+		if err := msg.Accumulate(s.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Err(); err != nil || len(msg.Content) == 0 {
+		t.Fatalf("the message after the probes: %v, %d blocks", err, len(msg.Content))
+	}
+	if rec := tg.record(t); rec.Route != llm.RouteMessages || rec.Outcome != llm.OutcomeOK {
+		t.Errorf("first record: route %s outcome %s, want the message's", rec.Route, rec.Outcome)
+	}
+	tg.mu.Lock()
+	n := len(tg.recs)
+	tg.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d records, want the message's alone", n)
+	}
+	if reqs := mock.Requests(); len(reqs) != 1 || reqs[0].Path != "/v1/messages" || reqs[0].Query != "beta=true" {
+		t.Errorf("upstream got %d requests, want the message alone", len(reqs))
+	}
+	if lines := strings.Count(tg.logs.String(), "\n"); lines != 1 {
+		t.Errorf("%d access-log lines, want 1: %s", lines, tg.logs)
+	}
+	if got := metricValue(t, tg, "tollgate_requests_total", map[string]string{"outcome": "bad_request"}); got > 0 {
+		t.Errorf("tollgate_requests_total{outcome=bad_request} = %v, want none", got)
+	}
+	wantMetric(t, tg, "tollgate_requests_total", map[string]string{"route": "messages", "outcome": "ok"}, 1)
+	resp, err := client.Get(tg.URL + "/stats?window=1m&merge=route,model,team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep stats.Report
+	err = json.NewDecoder(resp.Body).Decode(&rep)
+	resp.Body.Close()
+	if err != nil || len(rep.Windows) != 1 || len(rep.Windows[0].Groups) != 1 {
+		t.Fatalf("/stats: %v, %+v", err, rep.Windows)
+	}
+	if f := rep.Windows[0].Groups[0].Figures; f.Requests != 1 || f.Outcomes["bad_request"] != 0 || f.Outcomes["ok"] != 1 {
+		t.Errorf("/stats counts %d requests, outcomes %v; want the message alone", f.Requests, f.Outcomes)
+	}
+
+	// GET / and a POST to /api/hello are not probes: the 404 they always were.
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		for _, path := range []string{"/", "/api/hello"} {
+			res := sendRequest(ctx, m, tg.URL+path, "application/json", "{}", nil)
+			if res.err != nil || res.resp.StatusCode != http.StatusNotFound || !strings.Contains(string(res.body), `"unknown_url"`) {
+				t.Errorf("%s %s: %v %v %s", m, path, res.err, res.resp, res.body)
+			}
+			if rec := tg.record(t); rec.Outcome != llm.OutcomeBadRequest {
+				t.Errorf("%s %s recorded as %s, want bad_request", m, path, rec.Outcome)
+			}
 		}
 	}
 }
