@@ -1165,17 +1165,11 @@ const leftoverToken = "sk-ant-oat01-leftover-token-0123"
 // that takes any key, so that what went upstream can be read.
 func twoKeyGateway(t *testing.T, mode string) (*testGateway, *mockllm.Server) {
 	t.Helper()
-	mock := mockllm.New(mockllm.Options{OutputTokens: 3})
-	up := httptest.NewServer(mock)
-	t.Cleanup(up.Close)
-	tg := newTestGateway(t, up.URL, func(c *config.Config) {
+	mock, url := mockUpstream(t, mockllm.Options{OutputTokens: 3})
+	tg := newTestGateway(t, url, func(c *config.Config) {
 		c.Auth.Mode, c.Auth.RequireKey = mode, true
 		c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", upstreamKey
-		c.Teams = []config.Team{{Name: "search"}, {Name: "ads"}}
-		c.Keys = []config.Key{
-			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"},
-			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
-		}
+		withTwoTeams(c)
 	})
 	return tg, mock
 }

@@ -1209,11 +1209,7 @@ func newGovWorldWith(t *testing.T, mo mockllm.Options, frozen bool, edit func(*c
 			{Pattern: "gpt-test*", InputUSDPerMTok: 2.5, OutputUSDPerMTok: 10, CacheReadUSDPerMTok: f64(1.25)},
 			{Pattern: "claude-test*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15},
 		}
-		c.Teams = []config.Team{{Name: "search"}, {Name: "ads"}}
-		c.Keys = []config.Key{
-			{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"},
-			{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
-		}
+		withTwoTeams(c)
 		if edit != nil {
 			edit(c)
 		}
@@ -1232,6 +1228,16 @@ func newGovWorldWith(t *testing.T, mo mockllm.Options, frozen bool, edit func(*c
 		}
 	})
 	return w
+}
+
+// withTwoTeams gives c the teams "search" and "ads", whose keys are alpha
+// (keyAlpha) and beta (keyBeta).
+func withTwoTeams(c *config.Config) {
+	c.Teams = []config.Team{{Name: "search"}, {Name: "ads"}}
+	c.Keys = []config.Key{
+		{Name: "alpha", SHA256: sha(keyAlpha), Team: "search"},
+		{Name: "beta", SHA256: sha(keyBeta), Team: "ads"},
+	}
 }
 
 // newConversations is an in-memory conversation store for cc, closed in
