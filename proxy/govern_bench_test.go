@@ -19,9 +19,10 @@ import (
 )
 
 // BenchmarkGovernance measures what governance adds to one request on the
-// request path: identifying the key (SHA-256 and a map lookup), admission
-// for the key and its team (RPM, TPM, concurrency), the rate-limit headers,
-// and at the end the settlement and the ledger entry. "off" is a key with no
+// request path: identifying the key from the request's key headers
+// (reading them, SHA-256 and a map lookup), admission for the key and its
+// team (RPM, TPM, concurrency), the rate-limit headers, and at the end the
+// settlement and the ledger entry. "off" is a key with no
 // limits; "local" the in-process limiter with the ledger in memory;
 // "local-journal" the same with the ledger's state file and journal (one
 // write(2) a request, fsynced every 100 ms), as a gateway without Redis
