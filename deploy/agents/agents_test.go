@@ -1,0 +1,519 @@
+package agents_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tollgate-llm/tollgate/mockllm"
+)
+
+// runLimit bounds one agent's run: against the fake upstream each takes a
+// few seconds, most of it the agent's own start-up.
+const runLimit = 90 * time.Second
+
+// prompt names none of the agents' tools, so the fake upstream answers
+// with text and every agent stops after one turn.
+const prompt = "say hi"
+
+// scenario is one way of pointing an agent at the gateway.
+type scenario struct {
+	name  string // also its [[keys]] name in mode keys
+	agent string // a key of pins
+	about string // what it runs, for the report
+	route string // the route label of its model calls
+	// websocket: its model calls are turns on a Responses API WebSocket;
+	// else they are HTTP requests.
+	websocket bool
+	calls     int    // the model calls it makes; 0: at least one
+	optIn     string // an environment variable that must be set for it to run
+	prepare   func(r *run) []string
+}
+
+var scenarios = []scenario{
+	{name: "claude-api-key", agent: "claude", route: "messages",
+		about:   "claude -p, ANTHROPIC_API_KEY (x-api-key)",
+		prepare: func(r *run) []string { return r.claude("ANTHROPIC_API_KEY", false) }},
+	{name: "claude-auth-token", agent: "claude", route: "messages",
+		about:   "claude -p, ANTHROPIC_AUTH_TOKEN (Authorization: Bearer)",
+		prepare: func(r *run) []string { return r.claude("ANTHROPIC_AUTH_TOKEN", false) }},
+	// Claude Code's non-essential traffic includes its HEAD /api/hello
+	// warm-up, a known gap of the gateway, but also lookups of
+	// api.anthropic.com, which this machine cannot reach: so only on demand.
+	{name: "claude-warmup", agent: "claude", route: "messages", optIn: "TOLLGATE_AGENTS_WARMUP",
+		about:   "claude -p, ANTHROPIC_API_KEY, non-essential traffic on (its HEAD /api/hello)",
+		prepare: func(r *run) []string { return r.claude("ANTHROPIC_API_KEY", true) }},
+	{name: "codex-builtin", agent: "codex", route: "responses", websocket: true,
+		about:   "codex exec, built-in OpenAI provider, openai_base_url (WebSocket)",
+		prepare: func(r *run) []string { return r.codex("builtin") }},
+	{name: "codex-http", agent: "codex", route: "responses",
+		about:   "codex exec, [model_providers.tollgate] (HTTP)",
+		prepare: func(r *run) []string { return r.codex("http") }},
+	{name: "codex-custom-ws", agent: "codex", route: "responses", websocket: true,
+		about:   "codex exec, [model_providers.tollgate] supports_websockets = true",
+		prepare: func(r *run) []string { return r.codex("websocket") }},
+	{name: "opencode-chat", agent: "opencode", route: "chat_completions",
+		about:   "opencode run, @ai-sdk/openai-compatible (Chat Completions)",
+		prepare: func(r *run) []string { return r.opencode("@ai-sdk/openai-compatible", "gpt-5.5") }},
+	{name: "opencode-responses", agent: "opencode", route: "responses",
+		about:   "opencode run, @ai-sdk/openai (Responses API)",
+		prepare: func(r *run) []string { return r.opencode("@ai-sdk/openai", "gpt-5.5") }},
+	{name: "opencode-messages", agent: "opencode", route: "messages",
+		about:   "opencode run, @ai-sdk/anthropic (Messages)",
+		prepare: func(r *run) []string { return r.opencode("@ai-sdk/anthropic", "claude-sonnet-5") }},
+	{name: "openai-node-ws", agent: "openai", route: "responses", websocket: true, calls: 2,
+		about:   "openai-node ResponsesWS, two turns on one socket",
+		prepare: func(r *run) []string { return r.node() }},
+}
+
+// knownGaps are gaps of the gateway being closed elsewhere (issue 28). A
+// request that meets one is reported, not failed, and so are its
+// access-log lines; once the gateway answers it properly, nothing matches.
+var knownGaps = []struct {
+	name  string
+	match func(e exchange) bool
+}{
+	{"HEAD / and HEAD /api/hello (Claude Code's connection warm-up) are not answered 200",
+		func(e exchange) bool {
+			p := strings.SplitN(e.uri, "?", 2)[0]
+			return e.method == "HEAD" && (p == "/" || p == "/api/hello") && e.status != 200
+		}},
+}
+
+func TestAgents(t *testing.T) {
+	if os.Getenv("TOLLGATE_AGENTS") == "" {
+		t.Skip("set TOLLGATE_AGENTS=1 (make agents) to run the coding agents through a gateway; it installs them from npm")
+	}
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is needed to install and run the agents: %v", tool, err)
+		}
+	}
+	began := time.Now()
+	root, err := cacheRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch := t.TempDir()
+	ctx := context.Background()
+
+	// Build the gateway while npm downloads.
+	bin := filepath.Join(scratch, "gateway")
+	built := make(chan error, 1)
+	go func() {
+		out, err := exec.Command("go", "build", "-o", bin, "../../cmd/gateway").CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("go build ../../cmd/gateway: %v\n%s", err, out)
+		}
+		built <- err
+	}()
+	inst := ensureAll(ctx, root, scratch)
+	if err := <-built; err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("agents (cache %s):\n", root)
+	for _, name := range []string{"claude", "codex", "opencode", "openai"} {
+		p, in := pins[name], inst[name]
+		how := fmt.Sprintf("installed in %.1fs", in.took.Seconds())
+		if in.cached {
+			how = "cached"
+		}
+		if in.err != nil {
+			how = "FAILED: " + in.err.Error()
+		}
+		fmt.Printf("  %-9s %s@%s  %s\n", name, p.pkg, p.version, how)
+		if in.err != nil {
+			t.Errorf("installing %s@%s: %v", p.pkg, p.version, in.err)
+		}
+	}
+	fmt.Printf("set up in %.1fs\n\n", time.Since(began).Seconds())
+	if t.Failed() {
+		return
+	}
+
+	var results []*result
+	for _, mode := range []string{"passthrough", "keys"} {
+		t.Run(mode, func(t *testing.T) {
+			results = append(results, runMode(t, ctx, bin, mode, inst)...)
+		})
+	}
+	printReport(results)
+	fmt.Printf("\nTestAgents took %.1fs\n", time.Since(began).Seconds())
+}
+
+// runMode starts a stack in mode and runs every scenario against it, one at
+// a time (the metrics and the access log are read per run).
+func runMode(t *testing.T, ctx context.Context, bin, mode string, inst map[string]installed) []*result {
+	var runs []*run
+	keys := map[string]string{}
+	for _, sc := range scenarios {
+		if sc.optIn != "" && os.Getenv(sc.optIn) == "" {
+			continue
+		}
+		key := newKey(t)
+		keys[sc.name] = key
+		runs = append(runs, &run{sc: sc, mode: mode, id: mode + "/" + sc.name, key: key, dir: inst[sc.agent].dir})
+	}
+	s := startStack(t, bin, mode, keys)
+	var results []*result
+	for _, r := range runs {
+		t.Run(r.sc.name, func(t *testing.T) {
+			res := r.execute(t, ctx, s)
+			results = append(results, res)
+			for _, p := range res.problems {
+				t.Error(p)
+			}
+			if t.Failed() {
+				t.Log(res.evidence())
+			}
+		})
+	}
+	if ops := s.opsLines(); len(ops) > 0 {
+		t.Logf("the gateway's warnings and errors (%s):\n%s", mode, strings.Join(ops, "\n"))
+	}
+	return results
+}
+
+func newKey(t *testing.T) string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return "tg-agents-" + hex.EncodeToString(b)
+}
+
+// run is one scenario in one mode.
+type run struct {
+	t          *testing.T
+	sc         scenario
+	mode, id   string
+	key        string // the caller's key
+	dir        string // the agent's install folder
+	home, work string
+	base       string // the recorder's URL
+	env        []string
+}
+
+// keyID is how the access log names the caller: its [[keys]] name in mode
+// keys, a SHA-256 prefix in passthrough.
+func (r *run) keyID() string {
+	if r.mode == "keys" {
+		return r.sc.name
+	}
+	sum := sha256.Sum256([]byte(r.key))
+	return hex.EncodeToString(sum[:6])
+}
+
+// result is what a run did and what the gateway saw of it.
+type result struct {
+	r              *run
+	args           []string
+	err            error
+	timedOut       bool
+	took           time.Duration
+	stdout, stderr []byte
+	ex             []exchange
+	lines          []logLine
+	sockets        map[string]float64 // websocket_connections_total added during the run, by result
+	problems       []string
+	gaps           []string
+}
+
+// execute runs the scenario in a home and folder of its own, with only the
+// environment it sets, and checks it.
+func (r *run) execute(t *testing.T, ctx context.Context, s *stack) *result {
+	t.Helper()
+	r.t = t
+	r.home, r.work = filepath.Join(t.TempDir(), "home"), filepath.Join(t.TempDir(), "work")
+	for _, d := range []string{r.home, r.work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.base = s.agents
+	r.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + r.home, "TERM=dumb", "NO_COLOR=1", "LANG=C.UTF-8",
+		"XDG_CONFIG_HOME=" + filepath.Join(r.home, ".config"), "XDG_CACHE_HOME=" + filepath.Join(r.home, ".cache"),
+		"XDG_DATA_HOME=" + filepath.Join(r.home, ".local", "share"), "XDG_STATE_HOME=" + filepath.Join(r.home, ".local", "state")}
+	res := &result{r: r, args: r.sc.prepare(r)}
+
+	before, err := s.sockets()
+	if err != nil {
+		t.Fatalf("reading /metrics: %v", err)
+	}
+	first := s.log.len()
+	s.rec.begin(r.id)
+	res.exec(ctx, r)
+	s.settle(r.id)
+	s.rec.begin("")
+	after, err := s.sockets()
+	if err != nil {
+		t.Fatalf("reading /metrics: %v", err)
+	}
+	res.sockets = map[string]float64{}
+	for k, v := range after {
+		if d := v - before[k]; d != 0 {
+			res.sockets[k] = d
+		}
+	}
+	res.ex, res.lines = s.rec.of(r.id), s.log.since(first)
+	res.check()
+	return res
+}
+
+// exec runs the agent within runLimit in a process group of its own, and
+// ends whatever it left behind.
+func (res *result) exec(ctx context.Context, r *run) {
+	ctx, cancel := context.WithTimeout(ctx, runLimit)
+	defer cancel()
+	var stdout, stderr lockedBuffer
+	cmd := exec.CommandContext(ctx, res.args[0], res.args[1:]...)
+	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = r.work, r.env, &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	res.err = cmd.Run()
+	res.took = time.Since(start)
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	res.timedOut = errors.Is(ctx.Err(), context.DeadlineExceeded)
+	res.stdout, res.stderr = stdout.Bytes(), stderr.Bytes()
+}
+
+// modelPaths are the routes of model calls over HTTP.
+var modelPaths = map[string]bool{"/v1/messages": true, "/v1/chat/completions": true, "/v1/responses": true}
+
+func isModelRoute(route string) bool {
+	return route == "messages" || route == "chat_completions" || route == "responses"
+}
+
+// check holds the run to what it should have done, filling problems and
+// gaps.
+func (res *result) check() {
+	sc := res.r.sc
+	bad := func(format string, args ...any) { res.problems = append(res.problems, fmt.Sprintf(format, args...)) }
+
+	switch {
+	case res.timedOut:
+		bad("%s did not finish within %v", sc.agent, runLimit)
+	case res.err != nil:
+		bad("%s exited: %v", sc.agent, res.err)
+	}
+	if answer := strings.TrimSpace(mockllm.Text(mockTokens)); !strings.Contains(string(res.stdout), answer) {
+		bad("the answer %q is not in what %s printed", answer, sc.agent)
+	}
+
+	// Requests that meet a known gap are reported, and so are their lines.
+	gapLines := map[string]bool{}
+	for _, e := range res.ex {
+		for _, g := range knownGaps {
+			if g.match(e) {
+				res.gaps = append(res.gaps, fmt.Sprintf("%s: %s", g.name, e.String()))
+				if e.requestID != "" {
+					gapLines[e.requestID] = true
+				}
+			}
+		}
+	}
+
+	var calls []logLine
+	for _, l := range res.lines {
+		if gapLines[l.str("request_id")] {
+			continue
+		}
+		if o := l.str("outcome"); o != "ok" {
+			bad("access-log line with outcome %q (status %v, route %q, error_type %q, rejection %q): %s",
+				o, l.f["status"], l.str("route"), l.str("error_type"), l.str("rejection"), l.raw)
+		}
+		if isModelRoute(l.str("route")) {
+			calls = append(calls, l)
+		}
+	}
+	switch {
+	case len(calls) == 0:
+		bad("no model call in the access log")
+	case sc.calls > 0 && len(calls) != sc.calls:
+		bad("%d model calls in the access log, want %d", len(calls), sc.calls)
+	}
+	for _, l := range calls {
+		res.checkCall(l)
+	}
+
+	var upgrades, accepted, httpCalls int
+	for _, e := range res.ex {
+		gap := false
+		for _, g := range knownGaps {
+			gap = gap || g.match(e)
+		}
+		path := strings.SplitN(e.uri, "?", 2)[0]
+		switch {
+		case gap:
+		case e.upgrade:
+			upgrades++
+			if e.status == 101 {
+				accepted++
+			} else {
+				bad("WebSocket upgrade %s refused: %d", e.uri, e.status)
+			}
+		case e.status == 0 || e.status >= 400:
+			bad("%s %s answered %d%s", e.method, e.uri, e.status, suffix(e.err))
+		}
+		if e.method == "POST" && modelPaths[path] {
+			httpCalls++
+		}
+	}
+	if sc.websocket {
+		if accepted == 0 {
+			bad("no WebSocket upgrade accepted: %s did not use the Responses API's WebSocket mode", sc.agent)
+		}
+		if httpCalls > 0 {
+			bad("%d model calls over HTTP: %s fell back from the WebSocket", httpCalls, sc.agent)
+		}
+		if got := res.sockets["accepted"]; int(got) != accepted {
+			bad("tollgate_websocket_connections_total{result=\"accepted\"} rose by %v, want %d (the upgrades the gateway answered 101)", got, accepted)
+		}
+	} else {
+		if upgrades > 0 {
+			bad("%d WebSocket upgrades, want none", upgrades)
+		}
+		if httpCalls != len(calls) {
+			bad("%d model requests sent, %d model calls in the access log", httpCalls, len(calls))
+		}
+	}
+	for result, n := range res.sockets {
+		if result != "accepted" {
+			bad("tollgate_websocket_connections_total{result=%q} rose by %v", result, n)
+		}
+	}
+	if strings.Contains(string(res.stderr), "Falling back from WebSockets") {
+		bad("%s says it fell back from WebSockets to HTTPS", sc.agent)
+	}
+}
+
+// checkCall holds one model call's access-log line to what the gateway
+// must record of it.
+func (res *result) checkCall(l logLine) {
+	r, sc := res.r, res.r.sc
+	bad := func(format string, args ...any) {
+		res.problems = append(res.problems, fmt.Sprintf("model call %s: ", l.str("request_id"))+fmt.Sprintf(format, args...))
+	}
+	if got := l.str("route"); got != sc.route {
+		bad("route %q, want %q", got, sc.route)
+	}
+	if st, _ := l.num("status"); st != 200 {
+		bad("status %v, want 200", l.f["status"])
+	}
+	if got, want := l.str("key_id"), r.keyID(); got != want {
+		bad("key_id %q, want %q", got, want)
+	}
+	if ttft, ok := l.num("ttft_ms"); !ok || ttft <= 0 {
+		bad("no ttft_ms")
+	}
+	if in, _ := l.num("input_tokens"); in <= 0 {
+		bad("no input_tokens")
+	}
+	if out, _ := l.num("output_tokens"); out <= 0 {
+		bad("no output_tokens")
+	}
+	if est, _ := l.f["tokens_estimated"].(bool); est {
+		bad("tokens_estimated: the upstream's usage was not read")
+	}
+	transport := l.str("transport")
+	if sc.websocket && transport != "websocket" {
+		bad("transport %q, want \"websocket\"", transport)
+	}
+	if !sc.websocket && transport != "" && transport != "http" {
+		bad("transport %q, want HTTP", transport)
+	}
+	if r.mode == "keys" {
+		if c, _ := l.num("cost_micros"); c <= 0 {
+			bad("no cost_micros")
+		}
+		if got := l.str("team"); got != team {
+			bad("team %q, want %q", got, team)
+		}
+	}
+}
+
+func suffix(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
+// evidence is what a failed run sent, what the gateway answered and logged,
+// and the end of what the agent printed.
+func (res *result) evidence() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s\ncommand: %s\nrequests the agent sent (through the recorder):\n", res.r.id, res.r.sc.about, strings.Join(res.args, " "))
+	for _, e := range res.ex {
+		fmt.Fprintf(&b, "  %s  request id %s, %v\n    headers: %s\n    %s\n", e.String(), e.requestID, e.took.Round(time.Millisecond),
+			strings.Join(e.headers, ","), strings.Join(e.shown, "  "))
+	}
+	fmt.Fprintf(&b, "access-log lines:\n")
+	for _, l := range res.lines {
+		fmt.Fprintf(&b, "  %s\n", l.raw)
+	}
+	fmt.Fprintf(&b, "sockets: %v\nstdout (end):\n%s\nstderr (end):\n%s\n", res.sockets, tail(res.stdout, 3000), tail(res.stderr, 3000))
+	return b.String()
+}
+
+// printReport prints, per run, the requests the agent sent and each model
+// call as the access log has it.
+func printReport(results []*result) {
+	fmt.Printf("\n%-12s %-20s %-5s %6s  %s\n", "mode", "scenario", "", "time", "what")
+	failed := 0
+	for _, res := range results {
+		verdict := "ok"
+		if len(res.problems) > 0 {
+			verdict, failed = "FAIL", failed+1
+		}
+		fmt.Printf("%-12s %-20s %-5s %5.1fs  %s\n", res.r.mode, res.r.sc.name, verdict, res.took.Seconds(), res.r.sc.about)
+		for _, e := range res.ex {
+			fmt.Printf("    sent %s\n", e.String())
+		}
+		for _, l := range res.lines {
+			if !isModelRoute(l.str("route")) {
+				fmt.Printf("    line %s %v %s key %s\n", l.str("route"), l.f["status"], l.str("outcome"), l.str("key_id"))
+				continue
+			}
+			transport := l.str("transport")
+			if transport == "" {
+				transport = "http"
+			}
+			ttft, _ := l.num("ttft_ms")
+			in, _ := l.num("input_tokens")
+			out, _ := l.num("output_tokens")
+			cost := "-"
+			if c, ok := l.num("cost_micros"); ok {
+				cost = fmt.Sprintf("$%.6f", c/1e6)
+			}
+			fmt.Printf("    call %s %s %v %s ttft %.1fms tokens %.0f+%.0f cost %s key %s\n",
+				l.str("route"), transport, l.f["status"], l.str("outcome"), ttft, in, out, cost, l.str("key_id"))
+		}
+		if len(res.sockets) > 0 {
+			b, _ := json.Marshal(res.sockets)
+			fmt.Printf("    sockets %s\n", b)
+		}
+		for _, g := range res.gaps {
+			fmt.Printf("    KNOWN GAP %s\n", g)
+		}
+		for _, p := range res.problems {
+			fmt.Printf("    PROBLEM %s\n", p)
+		}
+	}
+	fmt.Printf("\nagent runs: %d ok, %d failed\n", len(results)-failed, failed)
+}
