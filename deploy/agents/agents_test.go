@@ -228,6 +228,7 @@ type result struct {
 	sockets        map[string]float64 // websocket_connections_total added during the run, by result
 	problems       []string
 	gaps           []string
+	unsettled      string // what settle saw still going on
 }
 
 // execute runs the scenario in a home and folder of its own, with only the
@@ -254,7 +255,7 @@ func (r *run) execute(t *testing.T, ctx context.Context, s *stack) *result {
 	first := s.log.len()
 	s.rec.begin(r.id)
 	res.exec(ctx, r)
-	s.settle(r.id)
+	res.unsettled = s.settle(r.id)
 	s.rec.begin("")
 	after, err := s.sockets()
 	if err != nil {
@@ -467,6 +468,9 @@ func (res *result) evidence() string {
 	for _, l := range res.lines {
 		fmt.Fprintf(&b, "  %s\n", l.raw)
 	}
+	if res.unsettled != "" {
+		fmt.Fprintf(&b, "note: %s\n", res.unsettled)
+	}
 	fmt.Fprintf(&b, "sockets: %v\nstdout (end):\n%s\nstderr (end):\n%s\n", res.sockets, tail(res.stdout, 3000), tail(res.stderr, 3000))
 	return b.String()
 }
@@ -507,6 +511,9 @@ func printReport(results []*result) {
 		if len(res.sockets) > 0 {
 			b, _ := json.Marshal(res.sockets)
 			fmt.Printf("    sockets %s\n", b)
+		}
+		if res.unsettled != "" {
+			fmt.Printf("    note: %s\n", res.unsettled)
 		}
 		for _, g := range res.gaps {
 			fmt.Printf("    KNOWN GAP %s\n", g)

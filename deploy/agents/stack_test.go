@@ -389,8 +389,9 @@ func (r *recorder) busy(run string) bool {
 
 // settle waits, at most 5 s, until run has no request open and the access
 // log has had no new line for 300 ms: the lines of an exchange the agent
-// left are written once the gateway has noticed.
-func (s *stack) settle(run string) {
+// left are written once the gateway has noticed. It says what was still
+// going on when it stopped waiting, or "".
+func (s *stack) settle(run string) string {
 	deadline := time.Now().Add(5 * time.Second)
 	n, quietSince := s.log.len(), time.Now()
 	for time.Now().Before(deadline) {
@@ -400,9 +401,16 @@ func (s *stack) settle(run string) {
 			continue
 		}
 		if !s.rec.busy(run) && time.Since(quietSince) >= 300*time.Millisecond {
-			return
+			return ""
 		}
 	}
+	var open []string
+	for _, e := range s.rec.of(run) {
+		if !e.done {
+			open = append(open, e.String())
+		}
+	}
+	return fmt.Sprintf("still open after 5 s: %v; last access-log line %v ago", open, time.Since(quietSince).Round(time.Millisecond))
 }
 
 var socketSeries = regexp.MustCompile(`(?m)^tollgate_websocket_connections_total\{[^}]*result="([a-z_]+)"[^}]*\} (\S+)$`)
