@@ -3,7 +3,7 @@ GO ?= go
 PKGS := ./...
 FUZZTIME ?= 20s
 
-.PHONY: all build test bench bench-compare fuzz lint demo clean
+.PHONY: all build test agents bench bench-compare fuzz lint demo clean
 
 all: lint test
 
@@ -14,6 +14,12 @@ build:
 ## need when it is missing (the README's test command).
 test:
 	./.ci/test
+
+## agents: Claude Code, Codex, opencode and the openai package's WebSocket
+## client, at pinned versions installed from npm into a cache folder, run
+## against a gateway in front of the fake upstream (deploy/agents).
+agents:
+	./.ci/agents
 
 ## bench: the hot-path benchmarks quoted in the notes.
 bench:

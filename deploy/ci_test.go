@@ -78,3 +78,28 @@ func TestSetupFindsWhatIsMissing(t *testing.T) {
 		t.Errorf("with every tool: %q (%v), want \"nothing missing\"", out, err)
 	}
 }
+
+// TestCIRunsTheAgentsCheck: CI runs the coding agents through a gateway
+// (.ci/agents, deploy/agents) before the README's test command, and `make
+// agents` runs the same script.
+func TestCIRunsTheAgentsCheck(t *testing.T) {
+	root := repoRoot(t)
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	run := read(".ci/run")
+	agents, test := strings.Index(run, "\n./.ci/agents\n"), strings.LastIndex(run, "\n./.ci/test")
+	if agents < 0 || agents > test {
+		t.Errorf(".ci/run does not run ./.ci/agents before ./.ci/test:\n%s", run)
+	}
+	if !strings.Contains(read("Makefile"), "agents:\n\t./.ci/agents\n") {
+		t.Error("make agents does not run ./.ci/agents")
+	}
+	if script := read(".ci/agents"); !strings.Contains(script, "TOLLGATE_AGENTS=1") || !strings.Contains(script, "./deploy/agents/") {
+		t.Errorf(".ci/agents does not run deploy/agents with TOLLGATE_AGENTS set:\n%s", script)
+	}
+}
