@@ -14,13 +14,7 @@ import (
 // that same command.
 func TestReadmeTestCommandInstallsWhatTheTestsNeed(t *testing.T) {
 	root := repoRoot(t)
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(root, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
+	read := func(name string) string { return readFile(t, root, name) }
 	block := regexp.MustCompile("(?s)## Run the tests\n\n```sh\n(.*?)```").FindStringSubmatch(read("README.md"))
 	if block == nil {
 		t.Fatal("README.md has no sh block under \"## Run the tests\"")
@@ -84,13 +78,7 @@ func TestSetupFindsWhatIsMissing(t *testing.T) {
 // agents` runs the same script.
 func TestCIRunsTheAgentsCheck(t *testing.T) {
 	root := repoRoot(t)
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(root, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
+	read := func(name string) string { return readFile(t, root, name) }
 	run := read(".ci/run")
 	agents, test := strings.Index(run, "\n./.ci/agents\n"), strings.LastIndex(run, "\n./.ci/test")
 	if agents < 0 || agents > test {

@@ -33,6 +33,16 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
+// readFile returns the text of the file at name below root.
+func readFile(t *testing.T, root, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // expandVars expands $VAR, ${VAR} and ${VAR:-default} as Compose and the
 // Dockerfile do, from vars; unset variables expand to their default or "".
 func expandVars(s string, vars map[string]string) string {
