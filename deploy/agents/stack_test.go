@@ -271,6 +271,7 @@ type exchange struct {
 	requestID string // X-Tollgate-Request-Id of the answer
 	err       string // the recorder's error reaching the gateway
 	done      bool
+	left      bool // the agent closed the connection before the answer's end
 	took      time.Duration
 }
 
@@ -280,6 +281,9 @@ func (e *exchange) String() string {
 	s := fmt.Sprintf("%s %s -> %d", e.method, e.uri, e.status)
 	if e.err != "" {
 		s += " (" + e.err + ")"
+	}
+	if e.left {
+		s += " (the agent left before the answer's end)"
 	}
 	return s
 }
@@ -344,10 +348,22 @@ func startRecorder(t *testing.T, target string) *recorder {
 		e.run = r.run
 		r.ex = append(r.ex, e)
 		r.mu.Unlock()
+		// The proxy panics with http.ErrAbortHandler when the agent leaves
+		// before the end of a body it was sent (Codex does, once it has
+		// read response.completed): the exchange is over all the same.
+		defer func() {
+			v := recover()
+			r.mu.Lock()
+			e.done, e.took = true, time.Since(start)
+			if v == http.ErrAbortHandler {
+				e.left = true
+			}
+			r.mu.Unlock()
+			if v != nil {
+				panic(v)
+			}
+		}()
 		proxy.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), exchangeKey{}, e)))
-		r.mu.Lock()
-		e.done, e.took = true, time.Since(start)
-		r.mu.Unlock()
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
