@@ -114,6 +114,10 @@ func ensure(ctx context.Context, root, scratch string, p pin) (dir string, cache
 		return "", false, err
 	}
 	defer os.RemoveAll(tmp) // nothing left there once renamed
+	// MkdirTemp's 0700 would stay on the install.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", false, err
+	}
 	deps := map[string]string{p.pkg: p.version}
 	for name, v := range p.with {
 		deps[name] = v
