@@ -35,6 +35,9 @@ type request struct {
 	PreviousResponseID string          `json:"previous_response_id"`
 	Conversation       json.RawMessage `json:"conversation"`
 	Input              json.RawMessage `json:"input"`
+	// Generate false is a WebSocket turn's warm-up (Codex's prewarm): a
+	// response with no output, whose id later turns may chain from.
+	Generate *bool `json:"generate"`
 }
 
 // stores reports whether a Responses request is kept: "store" defaults to
@@ -205,6 +208,9 @@ func (x *exchange) prepare(t0 time.Time) {
 	} else {
 		x.id, x.toolID = "chatcmpl-mock"+n, "call_mock"+n
 		x.plan = newPlan(x.p, x.maxTokens, x.tool, true)
+	}
+	if g := x.req.Generate; g != nil && !*g {
+		x.plan = plan{tpc: max(x.plan.tpc, 1)} // a warm-up generates nothing
 	}
 }
 

@@ -122,3 +122,31 @@ func TestSocketTurnsAreTheSSEStreamsEvents(t *testing.T) {
 		t.Errorf("%d requests counted, want the 4 turns", got)
 	}
 }
+
+// TestSocketWarmUpGeneratesNothing: a response.create with "generate":
+// false (Codex's prewarm) is answered with a response that has no output
+// and reports no output tokens, whose id a later turn chains from.
+func TestSocketWarmUpGeneratesNothing(t *testing.T) {
+	_, ts := start(t, mockllm.Options{OutputTokens: 5})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn := connectMock(t, ctx, openAIClient(ts))
+	events := socketTurn(t, ctx, conn, `{"type":"response.create","model":"gpt-4.1","input":"hi","generate":false}`)
+	var tap sseparse.Tap
+	tap.Reset(llm.DialectResponses)
+	for _, raw := range events {
+		tap.Observe(&sseparse.Event{Data: raw}, time.Now())
+	}
+	u, _ := tap.Usage()
+	if tap.TokenEvents() != 0 || u.Output != 0 || !u.HasInput || !tap.TerminalSeen() {
+		t.Errorf("warm-up: %d token events, usage %+v, terminal %v; want none, no output, input counted",
+			tap.TokenEvents(), u, tap.TerminalSeen())
+	}
+	var first socketEvent
+	_ = json.Unmarshal(events[0], &first)
+	chained := socketTurn(t, ctx, conn, `{"type":"response.create","model":"gpt-4.1","input":"go","previous_response_id":"`+
+		first.Response.ID+`"}`)
+	if !strings.Contains(string(chained[len(chained)-1]), `"response.completed"`) {
+		t.Errorf("the turn chained from the warm-up ended %s", chained[len(chained)-1])
+	}
+}
