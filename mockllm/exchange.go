@@ -111,8 +111,11 @@ type exchange struct {
 	evStart int
 	evSeq   int64
 	// socket: the turn came as a response.create on a WebSocket, which
-	// implies a stream (socket.go).
-	socket bool
+	// implies a stream (socket.go); socketMade lists the responses that
+	// socket's turns made, which a turn on it may chain from stored or not
+	// (the real API's connection-local cache).
+	socket     bool
+	socketMade *[]string
 }
 
 // serve validates the request and answers it.

@@ -64,8 +64,9 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request) {
 		for range msgs { // the reader has ended
 		}
 	}()
+	var made []string
 	for m := range msgs {
-		if !s.serveSocketMessage(ctx, c, r, m.typ, m.msg) {
+		if !s.serveSocketMessage(ctx, c, r, m.typ, m.msg, &made) {
 			return
 		}
 	}
@@ -80,7 +81,7 @@ type socketMessage struct {
 // serveSocketMessage answers one client message; false when the socket
 // must be dropped (the disconnect fault).
 func (s *Server) serveSocketMessage(ctx context.Context, c *websocket.Conn, r *http.Request,
-	typ websocket.MessageType, msg []byte) (ok bool) {
+	typ websocket.MessageType, msg []byte, made *[]string) (ok bool) {
 	arrival := time.Now()
 	seq := s.seq.Add(1)
 	reqID := "req_mock" + pad(seq)
@@ -106,7 +107,7 @@ func (s *Server) serveSocketMessage(ctx context.Context, c *websocket.Conn, r *h
 	}()
 	x := &exchange{srv: s, w: sw, rc: http.NewResponseController(sw), ctx: ctx,
 		dialect: llm.DialectResponses, route: llm.RouteResponses, reqID: reqID, seq: seq, arrival: arrival,
-		socket: true}
+		socket: true, socketMade: made}
 	oc = x.serve(r, msg)
 	return true
 }

@@ -211,6 +211,9 @@ func (x *exchange) parseStored(bad func(string) (apiError, bool)) (apiError, boo
 	_, prevOK := st.responses.get(req.PreviousResponseID)
 	_, convOK := st.convs.get(x.conv)
 	st.mu.Unlock()
+	if x.socketMade != nil && slices.Contains(*x.socketMade, req.PreviousResponseID) {
+		prevOK = true
+	}
 	if req.PreviousResponseID != "" && !prevOK {
 		e := notFound("Previous response", req.PreviousResponseID, "previous_response_id")
 		e.status, e.code = http.StatusBadRequest, "previous_response_not_found"
@@ -231,6 +234,9 @@ func (x *exchange) keep(object []byte, failed bool) {
 		return
 	}
 	x.kept = true
+	if x.socketMade != nil {
+		*x.socketMade = append(*x.socketMade, x.responseID())
+	}
 	var out []item
 	if x.conv != "" && !failed {
 		out = outputItems(object)

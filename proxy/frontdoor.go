@@ -165,7 +165,7 @@ func (ex *exchange) refuse(rf refusal) {
 // again under the turn's configuration): inspection, stored-object
 // ownership, conversation, admission. A turn is a stream by the transport.
 // It returns the message that goes upstream.
-func (ex *exchange) checkTurn(frame []byte, keys presented) ([]byte, refusal) {
+func (ex *exchange) checkTurn(frame []byte, keys presented, madeHere func(id string) bool) ([]byte, refusal) {
 	ex.rec.Transport = llm.TransportWebSocket
 	if _, aerr := ex.identify(keys); aerr != nil {
 		return nil, badRequest(aerr)
@@ -173,7 +173,7 @@ func (ex *exchange) checkTurn(frame []byte, keys presented) ([]byte, refusal) {
 	frame, rf := ex.inspect(frame)
 	ex.info.Stream, ex.rec.Stream = true, true
 	if rf.ok() {
-		rf = ex.checkStored()
+		rf = ex.checkStoredBut(madeHere)
 	}
 	if rf.ok() {
 		rf = ex.identifyConversation()

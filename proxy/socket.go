@@ -71,6 +71,8 @@ type socket struct {
 	mu         sync.Mutex
 	lanes      map[string][]*turn
 	turnsEnded bool
+	// madeIDs are the last responses the socket's turns created (made).
+	madeIDs []string
 	// named is set once a turn names a lane (stream_id): until then every
 	// event is the default lane's, and not searched for one.
 	named atomic.Bool

@@ -686,3 +686,43 @@ func TestSocketMeasurementAccuracy(t *testing.T) {
 		t.Errorf("overhead %v not within (0, E2E %v]", rec.Overhead(), rec.E2E())
 	}
 }
+
+// TestSocketChainsFromWhatItMadeUnstored: in mode "keys" a turn may chain
+// from a response an earlier turn on the same socket made with store
+// false, as Codex chains its turn from its prewarm: the upstream holds it
+// in that connection's cache alone. Another socket, the same key's
+// included, may not: the id was never recorded as anyone's.
+func TestSocketChainsFromWhatItMadeUnstored(t *testing.T) {
+	mock, up := storedMock(t)
+	tg := newTestGatewayWith(t, up, func(c *config.Config) {
+		c.Auth.Mode = "keys"
+		c.Upstreams[0].APIKeyEnv, c.Upstreams[0].APIKey = "UPSTREAM_KEY", upstreamKey
+		c.Upstreams[0].ResponsesWebSocket = true
+		withTwoTeams(c)
+	}, nil)
+	ctx := testCtx(t)
+	conn, err := connectSocket(t, ctx, tg, keyAlpha)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := sendTurn(t, ctx, conn, `{"type":"response.create","model":"gpt-test","input":"hi","store":false,"generate":false}`)
+	id := warm[0].Response.ID
+	if warm[len(warm)-1].Type != "response.completed" || id == "" {
+		t.Fatalf("warm-up: %+v", warm[len(warm)-1])
+	}
+	chain := `{"type":"response.create","model":"gpt-test","input":"go","store":false,"previous_response_id":"` + id + `"}`
+	if got := sendTurn(t, ctx, conn, chain); got[len(got)-1].Type != "response.completed" {
+		t.Errorf("chaining from the socket's own unstored response: %+v", got[len(got)-1])
+	}
+	other, err := connectSocket(t, ctx, tg, keyAlpha)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := mock.Stats().Requests
+	if got := sendTurn(t, ctx, other, chain); got[0].Type != "error" || got[0].Status != http.StatusNotFound {
+		t.Errorf("another socket chaining from it: %+v", got[0])
+	}
+	if n := mock.Stats().Requests - before; n != 0 {
+		t.Errorf("the other socket's chain reached the upstream %d times", n)
+	}
+}

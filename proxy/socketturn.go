@@ -64,7 +64,7 @@ func (s *socket) create(ctx context.Context, msg []byte) {
 		llm.DialectResponses, nil, newRequestID())
 	inflight := g.metrics.Inflight(llm.RouteResponses)
 	inflight.Inc()
-	msg, rf := ex.checkTurn(msg, s.key)
+	msg, rf := ex.checkTurn(msg, s.key, s.madeHere)
 	if !rf.ok() {
 		ex.refuse(rf)
 		s.finish(ex, gen, inflight)
@@ -226,6 +226,9 @@ func (t *turn) event(msg []byte, readAt time.Time) (ok, done bool) {
 		t.s.mu.Unlock()
 	}
 	done = t.st.tap.TerminalSeen() || obs.Error
+	if len(obs.ResponseID) > 0 {
+		t.s.made(t.st.tap.ResponseID())
+	}
 	if t.conflict(obs) {
 		t.withheld = true
 		ex.writeHeader(http.StatusOK)
@@ -485,4 +488,27 @@ func (tw *turnWriter) headersJSON() []byte {
 		b = jsonscan.AppendString(b, tw.h[k][0])
 	}
 	return append(b, '}')
+}
+
+// madeKeep is how many of the responses a socket made it remembers: the
+// upstream keeps each lane's latest in its connection-local cache.
+const madeKeep = 16
+
+// made remembers a response the socket's turns created (its id, the tap's
+// buffer), so that a later turn may chain from it whether or not it was
+// stored (madeHere).
+func (s *socket) made(id []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.madeIDs) == madeKeep {
+		s.madeIDs = append(s.madeIDs[:0], s.madeIDs[1:]...)
+	}
+	s.madeIDs = append(s.madeIDs, string(id))
+}
+
+// madeHere reports whether a turn on this socket created the response id.
+func (s *socket) madeHere(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.madeIDs, id)
 }

@@ -122,7 +122,13 @@ func (ex *exchange) owner() string {
 // previous_response_id or conversation in its body, through only for the
 // team that created that state (mode "keys"). Everyone else gets the
 // upstream's own 404, and the request never reaches the upstream.
-func (ex *exchange) checkStored() refusal {
+func (ex *exchange) checkStored() refusal { return ex.checkStoredBut(nil) }
+
+// checkStoredBut is checkStored for a socket's turn: a previous_response_id
+// the socket itself made (madeHere; nil for none) is the caller's, stored
+// or not, as the upstream's connection-local cache holds it for that
+// socket alone.
+func (ex *exchange) checkStoredBut(madeHere func(id string) bool) refusal {
 	g := ex.g
 	if !ex.gen.gov.keysMode {
 		return refusal{}
@@ -138,7 +144,7 @@ func (ex *exchange) checkStored() refusal {
 	}
 	me := ex.owner()
 	for _, ref := range refs {
-		if ref.id == "" {
+		if ref.id == "" || ref.kind == storedResponse && ref.param != "" && madeHere != nil && madeHere(ref.id) {
 			continue
 		}
 		g.claims.wait(ex.r.Context(), ref.id, claimLookupWait)
