@@ -172,6 +172,10 @@ func (ex *exchange) checkTurn(frame []byte, keys presented, madeHere func(id str
 	}
 	frame, rf := ex.inspect(frame)
 	ex.info.Stream, ex.rec.Stream = true, true
+	if rf.ok() && !validStreamID(frame) {
+		rf = badRequest(&apiError{Status: http.StatusBadRequest, Kind: "invalid_request_error", Code: "invalid_stream_id",
+			Msg: "stream_id must be 1 to 256 letters, digits, '_', '-' or '.'", Param: "stream_id"})
+	}
 	if rf.ok() {
 		rf = ex.checkStoredBut(madeHere)
 	}

@@ -328,7 +328,7 @@ var ErrShutdown = errors.New("proxy: gateway shutting down")
 // cancelledBy tells who ended an exchange whose caller's context is done or
 // whose caller could not be written to.
 func (ex *exchange) cancelledBy() (llm.Outcome, llm.Interruption) {
-	if errors.Is(context.Cause(ex.r.Context()), ErrShutdown) {
+	if c := context.Cause(ex.r.Context()); errors.Is(c, ErrShutdown) || errors.Is(c, errSocketsClosed) {
 		return llm.OutcomeShutdown, llm.InterruptShutdown
 	}
 	return llm.OutcomeClientCancel, llm.InterruptClientCancel

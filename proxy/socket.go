@@ -14,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/internal/jsonscan"
 	"github.com/tollgate-llm/tollgate/llm"
 )
 
@@ -64,13 +65,18 @@ type socket struct {
 	conn   *websocket.Conn // to the upstream
 	// callerKeyUp: the caller's key went upstream on the upgrade.
 	callerKeyUp bool
+	// strict: the caller is metered (mode "keys", or a [[keys]] entry):
+	// only client events the gateway knows go upstream (clientPump).
+	strict bool
 	// lanes holds the turns in flight per stream_id ("" the default lane),
 	// oldest first: the upstream answers each lane's turns in order.
 	// turnsEnded is set once upstreamPump, the only goroutine that touches
 	// a turn in flight, has ended them: no turn is queued after.
-	mu         sync.Mutex
-	lanes      map[string][]*turn
-	turnsEnded bool
+	// turnsEndedBy is why they ended.
+	mu           sync.Mutex
+	lanes        map[string][]*turn
+	turnsEnded   bool
+	turnsEndedBy error
 	// madeIDs are the last responses the socket's turns created (made).
 	madeIDs []string
 	// named is set once a turn names a lane (stream_id): until then every
@@ -83,9 +89,11 @@ type socket struct {
 	// missed. closing: the gateway shuts down, and the socket closes once
 	// no turn is in flight.
 	watchdog *time.Timer
-	cutCtx   context.Context
-	cut      context.CancelCauseFunc
-	closing  bool
+	// graceClose closes the caller's leg of a cut socket (check).
+	graceClose *time.Timer
+	cutCtx     context.Context
+	cut        context.CancelCauseFunc
+	closing    bool
 	// ended is set by the first pump to see the socket end. cancel ends
 	// the pumps' context; cancelTurns the turns' (s.r's, a parent of the
 	// pumps'), only when the caller left, so that a turn the upstream
@@ -128,7 +136,7 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	if e != nil || resp != nil {
 		g.metrics.Socket(result)
 		if resp != nil { // the upstream's own refusal, as it came
-			relayRefusal(w, resp)
+			relayRefusal(w, resp, gen.gov.keysMode)
 			return
 		}
 		writeError(w, llm.DialectResponses, requestIDFrom(r.Context()), e)
@@ -136,7 +144,9 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.conn.CloseNow()
 	copyUpgradeHeaders(w.Header(), s.upgradeHeaders, gen.gov.keysMode)
-	client, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	// The library's origin check stays on: a page in a browser may open a
+	// socket to the gateway only from the gateway's own host.
+	client, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		g.metrics.Socket("bad_request") // Accept answered it
 		return
@@ -161,6 +171,13 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	// gateway cut it, or it ended), both legs close, which ends the pumps.
 	stop := context.AfterFunc(ctx, func() {
 		s.stopWatchdog()
+		if s.ended.Load() {
+			return // end or goAway closes the legs, each with its status
+		}
+		if errors.Is(context.Cause(ctx), ErrShutdown) {
+			s.goAway() // 1001 to the caller, as the docs promise; bounded by the library
+			return
+		}
 		_ = s.client.CloseNow()
 		_ = s.conn.CloseNow()
 	})
@@ -173,6 +190,11 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}()
 	s.clientPump(frames)
 	<-done
+	s.mu.Lock()
+	if s.graceClose != nil {
+		s.graceClose.Stop()
+	}
+	s.mu.Unlock()
 }
 
 // identify checks the keys the upgrade carries as a POST's are checked
@@ -180,11 +202,12 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 // gateway's; with require_key, present.
 func (s *socket) identify(r *http.Request) (*apiError, string) {
 	s.key = readKeys(r.Header)
-	c, _, aerr := s.gen.gov.identify(s.key)
+	c, k, aerr := s.gen.gov.identify(s.key)
 	if aerr != nil {
 		return aerr, "unauthorized"
 	}
 	s.callerKeyUp = c.present && !s.gen.gov.keysMode
+	s.strict = s.gen.gov.keysMode || k != nil
 	return nil, ""
 }
 
@@ -203,6 +226,7 @@ func errSocketUnsupported() *apiError {
 func (s *socket) dial(ctx context.Context, r *http.Request) (*http.Response, *apiError, string) {
 	targets := s.gen.routing.targets(llm.DialectOpenAI, "")
 	var tried bool
+	skipped := make([]bool, len(targets))
 	for pass := 0; pass < 2; pass++ { // the second pass takes breakers that refuse
 		for i, t := range targets {
 			up := t.up
@@ -213,9 +237,10 @@ func (s *socket) dial(ctx context.Context, r *http.Request) (*http.Response, *ap
 				continue // a caller's key goes only where its route starts
 			case pass == 0 && up.breaker != nil:
 				if _, refused := up.breaker.refusing(); refused {
+					skipped[i] = true
 					continue
 				}
-			case pass == 1 && (up.breaker == nil || !tried):
+			case pass == 1 && !skipped[i]:
 				continue // tried on the first pass already
 			}
 			tried = true
@@ -308,8 +333,11 @@ func socketClient(up *upstream) *http.Client {
 
 // relayRefusal sends the caller the upstream's refusal of the upgrade: its
 // status, headers and the part of its body the library kept.
-func relayRefusal(w http.ResponseWriter, resp *http.Response) {
+func relayRefusal(w http.ResponseWriter, resp *http.Response, keysMode bool) {
 	copyResponseHeaders(w.Header(), resp.Header)
+	if keysMode {
+		deleteUpstreamAccountHeaders(w.Header(), true)
+	}
 	w.WriteHeader(resp.StatusCode)
 	if resp.Body != nil {
 		_, _ = io.Copy(w, io.LimitReader(resp.Body, 1<<10))
@@ -343,8 +371,17 @@ func (s *socket) clientPump(ctx context.Context) {
 			s.end(errClientClosed, s.conn, err)
 			return
 		}
-		if typ == websocket.MessageText && clientEventType(msg) == "response.create" {
+		if typ != websocket.MessageText { // the API's client events are JSON text
+			_ = s.client.Close(websocket.StatusUnsupportedData, "client events are JSON text messages")
+			continue
+		}
+		event, ok := clientEvent(msg)
+		if ok && event == "response.create" {
 			s.create(ctx, msg)
+			continue
+		}
+		if s.strict && !(ok && forwardedEvent(event)) {
+			s.refuseEvent(ctx, event)
 			continue
 		}
 		if err := s.conn.Write(ctx, typ, msg); err != nil {
@@ -488,6 +525,11 @@ func (s *socket) check() {
 	if cause != nil {
 		s.cut(cause)
 		_ = s.conn.CloseNow() // upstreamPump ends the turns, then the socket
+		// A caller that stopped reading holds upstreamPump in a write:
+		// its leg goes too, after a grace for the turns' error events.
+		s.mu.Lock()
+		s.graceClose = time.AfterFunc(socketGrace, func() { _ = s.client.CloseNow() })
+		s.mu.Unlock()
 	}
 }
 
@@ -499,6 +541,10 @@ func (s *socket) stopWatchdog() {
 		s.watchdog.Stop()
 	}
 }
+
+// socketGrace is how long a socket a missed deadline cut waits for its
+// caller to read the turns' error events before its leg is closed too.
+const socketGrace = 5 * time.Second
 
 // errSocketsClosed ends the sockets the gateway closes for a shutdown.
 var errSocketsClosed = errors.New("proxy: the gateway is closing its sockets")
@@ -560,7 +606,7 @@ func (g *Gateway) CloseSockets(ctx context.Context) error {
 	}
 	ss.mu.Unlock()
 	for _, s := range open {
-		s.closeWhenIdle()
+		go s.closeWhenIdle() // a close handshake may wait 5 s on a silent peer
 	}
 	select {
 	case <-empty:
@@ -592,4 +638,27 @@ func (s *socket) goAway() {
 	_ = s.client.Close(websocket.StatusGoingAway, "the gateway is shutting down; reconnect")
 	_ = s.conn.Close(websocket.StatusNormalClosure, "")
 	s.cancel(errSocketsClosed)
+}
+
+// forwardedEvent reports whether a metered caller's client event other
+// than response.create goes upstream: those that make no response of their
+// own. response.steer does not: a steered response is followed upstream by
+// a successor no response.create asked for, which the gateway could
+// neither admit nor bill.
+func forwardedEvent(typ string) bool {
+	return typ == "response.processed" || typ == "response.inject"
+}
+
+// refuseEvent answers a metered caller's client event that does not go
+// upstream (forwardedEvent) with an error event; the socket stays open.
+func (s *socket) refuseEvent(ctx context.Context, typ string) {
+	msg := "this gateway meters every response: only response.create, response.processed and response.inject " +
+		"go upstream, each a JSON object with one \"type\""
+	if typ == "response.steer" {
+		msg = "response.steer is not supported through this gateway: a steered response's successor could not be metered"
+	}
+	b := []byte(`{"type":"error","status":400,"error":{"type":"invalid_request_error","code":"unsupported_client_event","message":`)
+	b = jsonscan.AppendString(b, msg)
+	b = append(b, `,"param":"type"}}`...)
+	_ = s.client.Write(ctx, websocket.MessageText, b)
 }

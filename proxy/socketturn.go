@@ -88,7 +88,11 @@ func (s *socket) create(ctx context.Context, msg []byte) {
 	if s.turnsEnded { // upstreamPump has ended the turns: none is queued after
 		s.mu.Unlock()
 		g.putStreamState(t.st)
-		ex.clientGone()
+		if s.turnsEndedBy == errUpstreamClosed {
+			ex.fail(errUpstreamFailed(), llm.OutcomeUpstreamError)
+		} else {
+			ex.clientGone()
+		}
 		s.finish(ex, gen, inflight)
 		return
 	}
@@ -226,9 +230,6 @@ func (t *turn) event(msg []byte, readAt time.Time) (ok, done bool) {
 		t.s.mu.Unlock()
 	}
 	done = t.st.tap.TerminalSeen() || obs.Error
-	if len(obs.ResponseID) > 0 {
-		t.s.made(t.st.tap.ResponseID())
-	}
 	if t.conflict(obs) {
 		t.withheld = true
 		ex.writeHeader(http.StatusOK)
@@ -237,6 +238,9 @@ func (t *turn) event(msg []byte, readAt time.Time) (ok, done bool) {
 	}
 	if t.withheld {
 		return true, done
+	}
+	if len(obs.ResponseID) > 0 { // the caller's to chain from on this socket
+		t.s.made(t.st.tap.ResponseID())
 	}
 	if !ex.out.sent() {
 		ex.writeHeader(eventStatus(msg, obs.Error))
@@ -335,14 +339,17 @@ func (t *turn) end(s *socket, readErr error, gone bool) {
 func (s *socket) endTurns(why, err error) {
 	s.mu.Lock()
 	lanes := s.lanes
-	s.lanes, s.turnsEnded = nil, true
+	s.lanes, s.turnsEnded, s.turnsEndedBy = nil, true, why
 	s.mu.Unlock()
 	for _, q := range lanes {
 		for _, t := range q {
 			if why == errUpstreamClosed {
-				if ev := socketBrokenEvent; t.events > 0 && !t.withheld {
+				if ev, status := socketBrokenEvent, http.StatusBadGateway; !t.withheld {
 					if cutOf(s.cutCtx) != cutNone {
-						ev = socketTimeoutEvent
+						ev, status = socketTimeoutEvent, http.StatusGatewayTimeout
+					}
+					if !t.ex.out.sent() {
+						t.ex.writeHeader(status)
 					}
 					_ = t.ex.write(ev)
 				}
@@ -377,21 +384,62 @@ func (s *socket) finish(ex *exchange, gen *generation, inflight interface{ Dec()
 	}()
 }
 
-// clientEventType returns the type of a client event, "" when it names
-// none (as a string, not escaped).
-func clientEventType(msg []byte) string {
+// clientEvent returns a client event's type (its escapes decoded); ok is
+// false unless the message is a JSON object with exactly one key that any
+// JSON decoder could take for "type" (case aside: Go's, for one, matches
+// keys without case), whose value is a string. Another reading of the
+// same message must not find a create the gateway did not.
+func clientEvent(msg []byte) (typ string, ok bool) {
+	it := jsonscan.Object(msg)
+	var n int
+	var v []byte
+	var key [8]byte
+	for it.Next() {
+		k := it.Key()
+		if bytes.IndexByte(k, '\\') >= 0 {
+			k = jsonscan.AppendUnescape(key[:0], k)
+		}
+		if bytes.EqualFold(k, []byte("type")) {
+			n++
+			v = it.Value()
+		}
+	}
+	if it.Err() != nil || n != 1 {
+		return "", false
+	}
+	s, ok := jsonscan.String(v)
+	if !ok {
+		return "", false
+	}
+	if bytes.IndexByte(s, '\\') >= 0 {
+		s = jsonscan.AppendUnescape(nil, s)
+	}
+	return string(s), true
+}
+
+// validStreamID reports whether a create's stream_id, when it names one, is
+// what the API accepts (1-256 of letters, digits, _ - .; wire.md §10.4),
+// written without escapes: the lane the gateway files the turn under must be
+// the one the upstream's events name.
+func validStreamID(msg []byte) bool {
 	obj, ok := jsonscan.Value(msg)
 	if !ok {
-		return ""
+		return false
 	}
-	v, ok := jsonscan.Get(obj, "type")
+	v, ok := jsonscan.Get(obj, "stream_id")
 	if !ok {
-		return ""
+		return true
 	}
-	if s, ok := jsonscan.String(v); ok && bytes.IndexByte(s, '\\') < 0 {
-		return string(s)
+	s, ok := jsonscan.String(v)
+	if !ok || len(s) == 0 || len(s) > 256 {
+		return false
 	}
-	return ""
+	for _, c := range s {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // streamID returns the lane (stream_id) an event names, nil for the
@@ -428,7 +476,7 @@ func (tw *turnWriter) Header() http.Header { return tw.h }
 func (tw *turnWriter) WriteHeader(status int) { tw.status = status }
 
 func (tw *turnWriter) Write(p []byte) (int, error) {
-	if tw.status >= 400 && clientEventType(p) != "error" {
+	if typ, _ := clientEvent(p); tw.status >= 400 && typ != "error" {
 		p = tw.errorEvent(p)
 	}
 	if err := tw.c.Write(tw.ctx, websocket.MessageText, p); err != nil {
