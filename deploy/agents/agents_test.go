@@ -38,7 +38,23 @@ type scenario struct {
 	websocket bool
 	calls     int    // the model calls it makes; 0: at least one
 	optIn     string // an environment variable that must be set for it to run
-	prepare   func(r *run) []string
+	mode      string // the only mode it runs in; "": every mode
+	// refused: its [[keys]] entry has a limit that refuses some of its
+	// calls (calls counts the admitted ones); those refusals, and only
+	// those, are expected in the access log.
+	refused *refusal
+	prepare func(r *run) []string
+}
+
+// refusal is what a scenario's [[keys]] limit refuses and how the agent
+// must take it.
+type refusal struct {
+	limits    string // TOML lines added to its [[keys]] entry
+	rejection string // the access log's rejection of each refused call
+	refused   int    // the refused calls it makes
+	// retryAfter is the least time between a refusal and the agent's next
+	// call: it waits out the Retry-After the refusal carried.
+	retryAfter time.Duration
 }
 
 var scenarios = []scenario{
@@ -57,6 +73,17 @@ var scenarios = []scenario{
 	{name: "codex-builtin", agent: "codex", route: "responses", websocket: true,
 		about:   "codex exec, built-in OpenAI provider, openai_base_url (WebSocket)",
 		prepare: func(r *run) []string { return r.codex("builtin") }},
+	// rpm = 1 is a bucket of one call refilled in a minute: it admits
+	// Codex's warm-up (a response.create with generate: false, the
+	// socket's first call) and refuses the turn after it with a 429 error
+	// event on the socket, retry-after 60. Codex (0.171) does not show the
+	// refusal: it waits out retry-after, opens a new socket and sends the
+	// turn again, which the refilled bucket admits; so this run takes a
+	// minute. Its built-in provider's retries cannot be configured.
+	{name: "codex-refused", agent: "codex", route: "responses", websocket: true, calls: 2, mode: "keys",
+		refused: &refusal{limits: "rpm = 1", rejection: "rpm", refused: 1, retryAfter: 55 * time.Second},
+		about:   "codex exec, built-in provider (WebSocket), [[keys]] rpm = 1: the turn refused 429, retried after retry-after",
+		prepare: func(r *run) []string { return r.codex("refused") }},
 	{name: "codex-http", agent: "codex", route: "responses",
 		about:   "codex exec, [model_providers.tollgate] (HTTP)",
 		prepare: func(r *run) []string { return r.codex("http") }},
@@ -156,16 +183,19 @@ func TestAgents(t *testing.T) {
 // a time (the metrics and the access log are read per run).
 func runMode(t *testing.T, ctx context.Context, bin, mode string, inst map[string]installed) []*result {
 	var runs []*run
-	keys := map[string]string{}
+	keys, limits := map[string]string{}, map[string]string{}
 	for _, sc := range scenarios {
-		if sc.optIn != "" && os.Getenv(sc.optIn) == "" {
+		if sc.optIn != "" && os.Getenv(sc.optIn) == "" || sc.mode != "" && sc.mode != mode {
 			continue
 		}
 		key := newKey(t)
 		keys[sc.name] = key
+		if sc.refused != nil {
+			limits[sc.name] = sc.refused.limits
+		}
 		runs = append(runs, &run{sc: sc, mode: mode, id: mode + "/" + sc.name, key: key, dir: inst[sc.agent].dir})
 	}
-	s := startStack(t, bin, mode, keys)
+	s := startStack(t, bin, mode, keys, limits)
 	var results []*result
 	for _, r := range runs {
 		t.Run(r.sc.name, func(t *testing.T) {
@@ -329,9 +359,15 @@ func (res *result) check() {
 		}
 	}
 
-	var calls []logLine
+	var calls, refused []logLine
 	for _, l := range res.lines {
 		if gapLines[l.str("request_id")] {
+			continue
+		}
+		// A refused call of a scenario that expects refusals is held to
+		// what the gateway must record of a refusal, below.
+		if sc.refused != nil && isModelRoute(l.str("route")) && l.str("outcome") == "rejected" {
+			refused = append(refused, l)
 			continue
 		}
 		if o := l.str("outcome"); o != "ok" {
@@ -350,6 +386,9 @@ func (res *result) check() {
 	}
 	for _, l := range calls {
 		res.checkCall(l)
+	}
+	if sc.refused != nil {
+		res.checkRefusals(calls, refused)
 	}
 
 	var upgrades, accepted, httpCalls int
@@ -419,11 +458,9 @@ func (res *result) checkCall(l logLine) {
 	if got, want := l.str("key_id"), r.keyID(); got != want {
 		bad("key_id %q, want %q", got, want)
 	}
-	// Codex opens a socket's session with a warm-up (generate: false):
-	// a whole response with no output, so no first token; the upstream
-	// reports its usage, 0 output tokens.
-	out, reported := l.num("output_tokens")
-	warmUp := sc.websocket && reported && out == 0 && l.f["terminal_seen"] == true
+	// Codex opens a socket's session with a warm-up (isWarmUp).
+	out, _ := l.num("output_tokens")
+	warmUp := isWarmUp(sc, l)
 	if ttft, ok := l.num("ttft_ms"); !warmUp && (!ok || ttft <= 0) {
 		bad("no ttft_ms")
 	}
@@ -450,6 +487,98 @@ func (res *result) checkCall(l logLine) {
 		if got := l.str("team"); got != team {
 			bad("team %q, want %q", got, team)
 		}
+	}
+}
+
+// isWarmUp says whether l is a warm-up of Codex's: a socket's session opens
+// with a response.create with generate: false, a whole response with no
+// output, so no first token; the upstream reports its usage, 0 output
+// tokens.
+func isWarmUp(sc scenario, l logLine) bool {
+	out, reported := l.num("output_tokens")
+	return sc.websocket && reported && out == 0 && l.f["terminal_seen"] == true
+}
+
+// checkRefusals holds a scenario whose limit refuses calls to what it
+// expects: the warm-up admitted first, then each refused call followed,
+// no sooner than retryAfter, by the agent's next call, which is admitted.
+func (res *result) checkRefusals(calls, refused []logLine) {
+	sc := res.r.sc
+	bad := func(format string, args ...any) { res.problems = append(res.problems, fmt.Sprintf(format, args...)) }
+	if len(refused) != sc.refused.refused {
+		bad("%d refused model calls in the access log, want %d (the turn refused by [[keys]] %s)", len(refused), sc.refused.refused, sc.refused.limits)
+	}
+	for _, l := range refused {
+		res.checkRefused(l)
+	}
+	if len(calls) == 0 || !isWarmUp(sc, calls[0]) {
+		bad("the first admitted model call is not %s's warm-up: [[keys]] %s should admit it", sc.agent, sc.refused.limits)
+	}
+	// Each refusal is followed by the agent's next call, after the
+	// retry-after it was given.
+	model := func(l logLine) bool { return isModelRoute(l.str("route")) }
+	for i, l := range res.lines {
+		if !model(l) || l.str("outcome") != "rejected" {
+			continue
+		}
+		var next *logLine
+		for j := i + 1; j < len(res.lines); j++ {
+			if model(res.lines[j]) {
+				next = &res.lines[j]
+				break
+			}
+		}
+		if next == nil {
+			bad("no model call after the refused %s: %s did not send its turn again", l.str("request_id"), sc.agent)
+			continue
+		}
+		t0, err0 := time.Parse(time.RFC3339Nano, l.str("time"))
+		t1, err1 := time.Parse(time.RFC3339Nano, next.str("time"))
+		gap := t1.Sub(t0) - time.Duration(num(*next, "e2e_ms")*float64(time.Millisecond))
+		switch {
+		case err0 != nil || err1 != nil:
+			bad("access-log times %q, %q: %v %v", l.str("time"), next.str("time"), err0, err1)
+		case gap < sc.refused.retryAfter:
+			bad("%s sent its turn again %v after the refusal %s, sooner than the retry-after it was given (%v at least)",
+				sc.agent, gap.Round(time.Millisecond), l.str("request_id"), sc.refused.retryAfter)
+		}
+	}
+}
+
+func num(l logLine, k string) float64 {
+	v, _ := l.num(k)
+	return v
+}
+
+// checkRefused holds one refused model call's access-log line to what the
+// gateway must record of a refusal by the caller's limit: on the socket,
+// 429, outcome rejected, naming the limit.
+func (res *result) checkRefused(l logLine) {
+	r, sc := res.r, res.r.sc
+	bad := func(format string, args ...any) {
+		res.problems = append(res.problems, fmt.Sprintf("refused model call %s: ", l.str("request_id"))+fmt.Sprintf(format, args...))
+	}
+	if got := l.str("route"); got != sc.route {
+		bad("route %q, want %q", got, sc.route)
+	}
+	if got, want := l.str("transport"), "http"; sc.websocket {
+		if got != "websocket" {
+			bad("transport %q, want \"websocket\"", got)
+		}
+	} else if got != "" && got != want {
+		bad("transport %q, want HTTP", got)
+	}
+	if st, _ := l.num("status"); st != 429 {
+		bad("status %v, want 429", l.f["status"])
+	}
+	if got := l.str("rejection"); got != sc.refused.rejection {
+		bad("rejection %q, want %q", got, sc.refused.rejection)
+	}
+	if got, want := l.str("key_id"), r.keyID(); got != want {
+		bad("key_id %q, want %q", got, want)
+	}
+	if c, _ := l.num("cost_micros"); c != 0 {
+		bad("cost_micros %v: a refused call is not billed", c)
 	}
 }
 

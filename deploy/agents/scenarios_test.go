@@ -61,7 +61,7 @@ func (r *run) codex(provider string) []string {
 	codexHome := filepath.Join(r.home, ".codex")
 	var cfg string
 	switch provider {
-	case "builtin":
+	case "builtin", "refused":
 		// The built-in provider takes its key from CODEX_API_KEY in exec.
 		r.env = append(r.env, "CODEX_API_KEY="+r.key)
 		cfg = fmt.Sprintf("openai_base_url = %q\nmodel = \"gpt-5.5\"\n", r.base+"/v1") + codexCommon

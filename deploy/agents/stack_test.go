@@ -50,8 +50,8 @@ type stack struct {
 
 // startStack builds the config for mode (in mode keys, one [[keys]] entry
 // per scenario, named after it, with the sha256 `gateway hash-key` prints
-// for keys[name]) and starts the mock, the gateway and the recorder.
-func startStack(t *testing.T, bin, mode string, keys map[string]string) *stack {
+// for keys[name] and the lines limits[name] adds) and starts the mock, the gateway and the recorder.
+func startStack(t *testing.T, bin, mode string, keys, limits map[string]string) *stack {
 	t.Helper()
 	dir := t.TempDir()
 	mockAddr, gwAddr := freeAddr(t), freeAddr(t)
@@ -77,7 +77,11 @@ func startStack(t *testing.T, bin, mode string, keys map[string]string) *stack {
 		}
 		slices.Sort(names)
 		for _, name := range names {
-			fmt.Fprintf(&cfg, "[[keys]]\nname = %q\nsha256 = %q\nteam = %q\n\n", name, hashKey(t, bin, keys[name]), team)
+			fmt.Fprintf(&cfg, "[[keys]]\nname = %q\nsha256 = %q\nteam = %q\n", name, hashKey(t, bin, keys[name]), team)
+			if l := limits[name]; l != "" {
+				fmt.Fprintf(&cfg, "%s\n", l)
+			}
+			fmt.Fprintf(&cfg, "\n")
 		}
 	}
 	cfgPath := filepath.Join(dir, "gateway.toml")
