@@ -585,7 +585,8 @@ func (ss *socketSet) remove(s *socket) {
 // CloseSockets closes the gateway's Responses WebSockets, which the HTTP
 // server no longer tracks once upgraded, for a shutdown: each closes with
 // 1001 (going away; the SDKs and Codex reconnect, to another replica) as
-// soon as no turn is in flight on it, and a new upgrade is refused 503. It
+// soon as no turn is in flight on it, and a socket opened after it is
+// closed 1001 at once (its upstream leg was dialled already). It
 // returns once every socket has closed, or with ctx's error; cancelling
 // the requests' base context with ErrShutdown then cuts those left.
 func (g *Gateway) CloseSockets(ctx context.Context) error {
