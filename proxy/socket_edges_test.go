@@ -319,3 +319,62 @@ func TestSocketTurnWithAnUnusableStreamIDIsRefused(t *testing.T) {
 		t.Errorf("%d refused turns reached the upstream", n)
 	}
 }
+
+// TestSocketGatewaysErrorEventsNameTheTurnsLane: an error event the
+// gateway writes for a turn on a named lane (a refusal, a broken stream)
+// carries the turn's stream_id, as the upstream's events do, so that a
+// client running lanes side by side knows whose turn failed.
+func TestSocketGatewaysErrorEventsNameTheTurnsLane(t *testing.T) {
+	up := newFakeWS()
+	up.onMsg = func(ctx context.Context, c *websocket.Conn, ev map[string]any, _ []byte) {
+		if ev["type"] == "response.create" { // its opening, then the socket drops
+			writeAll(ctx, c, turnEvents("resp_1", "side", 10, 20)[:2]...)
+			c.CloseNow()
+		}
+	}
+	w := keysGateway(t, up, func(c *config.Config) { c.Keys[0].RPM = i64(1) })
+	ctx := testCtx(t)
+	c := dialGW(t, ctx, w.tg.URL, keyAlpha)
+	create := `{"type":"response.create","model":"gpt-test","input":"hi","stream_id":"side"}`
+	if err := c.Write(ctx, websocket.MessageText, []byte(create)); err != nil {
+		t.Fatal(err)
+	}
+	events := readTurn(t, ctx, c)
+	if got := events[len(events)-1]; !strings.Contains(got, `"upstream_stream_broken"`) || !strings.Contains(got, `"stream_id":"side"`) {
+		t.Errorf("the broken turn ended %s; want upstream_stream_broken on lane side", got)
+	}
+	c = dialGW(t, ctx, w.tg.URL, keyAlpha)
+	if err := c.Write(ctx, websocket.MessageText, []byte(create)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTurn(t, ctx, c)[0]; !strings.Contains(got, `"status":429`) || !strings.Contains(got, `"stream_id":"side"`) {
+		t.Errorf("the refused turn got %s; want a 429 on lane side", got)
+	}
+}
+
+// TestSocketUpstreamMessageOverTheEventLimitIsAProtocolError: an upstream
+// message over max_event_bytes ends the turn as an SSE event that size
+// does: a protocol error typed event_too_large.
+func TestSocketUpstreamMessageOverTheEventLimitIsAProtocolError(t *testing.T) {
+	up := newFakeWS()
+	up.onMsg = func(ctx context.Context, c *websocket.Conn, ev map[string]any, _ []byte) {
+		if ev["type"] == "response.create" {
+			evs := turnEvents("resp_1", "", 10, 20)
+			writeAll(ctx, c, evs[0], `{"type":"response.output_text.delta","delta":"`+strings.Repeat("x", 8<<10)+`"}`)
+		}
+	}
+	tg := newTestGateway(t, serveUp(t, up), func(c *config.Config) {
+		c.Upstreams[0].ResponsesWebSocket = true
+		c.Server.MaxEventBytes = 4 << 10
+	})
+	ctx := testCtx(t)
+	c := dialGW(t, ctx, tg.URL, "sk-caller")
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"response.create","model":"m","input":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	readTurn(t, ctx, c)
+	rec := tg.record(t)
+	if rec.Outcome != llm.OutcomeUpstreamError || rec.Interruption != llm.InterruptProtocolError || rec.ErrorType != "event_too_large" {
+		t.Errorf("record: outcome %s interruption %s error type %q", rec.Outcome, rec.Interruption, rec.ErrorType)
+	}
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -60,7 +61,11 @@ type turn struct {
 func (s *socket) create(ctx context.Context, msg []byte) {
 	g := s.g
 	gen := g.begin()
-	ex := g.newExchange(gen, &turnWriter{c: s.client, ctx: ctx, h: http.Header{}}, s.r, llm.RouteResponses,
+	tw := &turnWriter{c: s.client, ctx: ctx, h: http.Header{}}
+	if validStreamID(msg) { // the gateway's error events name the turn's lane
+		tw.lane = string(streamID(msg))
+	}
+	ex := g.newExchange(gen, tw, s.r, llm.RouteResponses,
 		llm.DialectResponses, nil, newRequestID())
 	inflight := g.metrics.Inflight(llm.RouteResponses)
 	inflight.Inc()
@@ -312,7 +317,8 @@ func eventStatus(msg []byte, isError bool) int {
 func (t *turn) end(s *socket, readErr error, gone bool) {
 	ex := t.ex
 	st := stop{stage: stageStream, ctx: s.cutCtx, err: readErr, terminalOut: t.at.terminalOut,
-		errorEvent: t.st.tap.ErrorSeen(), conflict: t.withheld}
+		errorEvent: t.st.tap.ErrorSeen(), conflict: t.withheld,
+		tooLarge: errors.Is(readErr, websocket.ErrMessageTooBig)} // over max_event_bytes
 	if gone {
 		st.writeErr = errClientClosed
 	}
@@ -469,6 +475,9 @@ type turnWriter struct {
 	ctx    context.Context
 	h      http.Header
 	status int
+	// lane is the turn's stream_id, "" on the default lane: the gateway's
+	// own error events carry it, as the upstream's do.
+	lane string
 }
 
 func (tw *turnWriter) Header() http.Header { return tw.h }
@@ -476,8 +485,12 @@ func (tw *turnWriter) Header() http.Header { return tw.h }
 func (tw *turnWriter) WriteHeader(status int) { tw.status = status }
 
 func (tw *turnWriter) Write(p []byte) (int, error) {
-	if typ, _ := clientEvent(p); tw.status >= 400 && typ != "error" {
+	typ, _ := clientEvent(p)
+	switch {
+	case tw.status >= 400 && typ != "error":
 		p = tw.errorEvent(p)
+	case typ == "error" && tw.lane != "":
+		p = tw.onLane(p)
 	}
 	if err := tw.c.Write(tw.ctx, websocket.MessageText, p); err != nil {
 		return 0, err
@@ -485,10 +498,31 @@ func (tw *turnWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// onLane names the turn's lane in an error event that names none (the
+// gateway's own: a stream broken or timed out, a conflict); one that names
+// a lane (the upstream's) goes as it is.
+func (tw *turnWriter) onLane(ev []byte) []byte {
+	obj, ok := jsonscan.Value(ev)
+	if !ok || len(obj) < 2 {
+		return ev
+	}
+	if _, named := jsonscan.Get(obj, "stream_id"); named {
+		return ev
+	}
+	b := append(make([]byte, 0, len(ev)+len(tw.lane)+16), `{"stream_id":`...)
+	b = jsonscan.AppendString(b, tw.lane)
+	b = append(b, ',')
+	return append(b, obj[1:]...)
+}
+
 // errorEvent wraps the gateway's error body as the socket's error event.
 func (tw *turnWriter) errorEvent(body []byte) []byte {
 	b := append(make([]byte, 0, len(body)+128), `{"type":"error","status":`...)
 	b = strconv.AppendInt(b, int64(tw.status), 10)
+	if tw.lane != "" {
+		b = append(b, `,"stream_id":`...)
+		b = jsonscan.AppendString(b, tw.lane)
+	}
 	inner := []byte("null")
 	if obj, ok := jsonscan.Value(body); ok {
 		if e, ok := jsonscan.Get(obj, "error"); ok {
