@@ -189,6 +189,17 @@ func (ex *exchange) checkTurn(frame []byte, keys presented, madeHere func(id str
 	return frame, rf
 }
 
+// followTurn opens a socket's turn that no response.create asked for (a
+// steered response's successor, socketturn.go): the socket's keys
+// identified, its model the one the upstream names, a stream by the
+// transport, and no check: the upstream made it already.
+func (ex *exchange) followTurn(keys presented, model string) {
+	ex.rec.Transport = llm.TransportWebSocket
+	_, _ = ex.identify(keys)
+	ex.rec.Model, ex.rec.Stream, ex.info.Stream = model, true, true
+	ex.modelLabel = ex.g.metrics.Model(model)
+}
+
 // checkIdentity reads the caller's keys (Authorization and x-api-key) and
 // identifies the caller by them (identify). hasKey says a key identifies
 // it.

@@ -378,3 +378,44 @@ func TestSocketUpstreamMessageOverTheEventLimitIsAProtocolError(t *testing.T) {
 		t.Errorf("record: outcome %s interruption %s error type %q", rec.Outcome, rec.Interruption, rec.ErrorType)
 	}
 }
+
+// TestSocketSteeredSuccessorIsATurnOfItsOwn: after response.steer the
+// upstream ends the steered response (incomplete, reason steered) and
+// creates a successor on the same lane by itself. For a caller the
+// gateway does not meter (who alone may steer), the successor is recorded
+// as a turn of its own, with its model and its usage, not relayed unseen.
+func TestSocketSteeredSuccessorIsATurnOfItsOwn(t *testing.T) {
+	up := newFakeWS()
+	up.onMsg = func(ctx context.Context, c *websocket.Conn, ev map[string]any, _ []byte) {
+		if ev["type"] != "response.create" {
+			return
+		}
+		first := turnEvents("resp_1", "", 10, 1)
+		writeAll(ctx, c, first[0], first[1],
+			`{"type":"response.incomplete","sequence_number":2,"response":{"id":"resp_1","object":"response","status":"incomplete","incomplete_details":{"reason":"steered"},"model":"gpt-test","output":[],"usage":{"input_tokens":10,"output_tokens":1,"total_tokens":11}}}`)
+		writeAll(ctx, c, turnEvents("resp_2", "", 30, 40)...)
+	}
+	tg := newTestGateway(t, serveUp(t, up), func(c *config.Config) { c.Upstreams[0].ResponsesWebSocket = true })
+	ctx := testCtx(t)
+	c := dialGW(t, ctx, tg.URL, "sk-caller")
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"response.create","model":"gpt-test","input":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	readTurn(t, ctx, c)
+	if got := last(readTurn(t, ctx, c)); !strings.Contains(got, `"response.completed"`) {
+		t.Fatalf("the successor ended %s", got)
+	}
+	recs := map[int64]llm.Record{}
+	for range 2 {
+		r := tg.record(t)
+		recs[r.Usage.Output] = r
+	}
+	if r := recs[1]; r.IncompleteReason != "steered" || r.Usage.Input != 10 {
+		t.Errorf("the steered response: %+v", r.Usage)
+	}
+	if r := recs[40]; r.Usage.Input != 30 || r.Model != "gpt-test" || r.Transport != llm.TransportWebSocket ||
+		r.Outcome != llm.OutcomeOK || r.TTFT() <= 0 {
+		t.Errorf("the successor: usage %+v model %q transport %s outcome %s TTFT %v", r.Usage, r.Model, r.Transport,
+			r.Outcome, r.TTFT())
+	}
+}

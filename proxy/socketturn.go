@@ -123,6 +123,53 @@ func socketTarget(targets []target, up *upstream) target {
 	return target{up: up}
 }
 
+// successor makes a turn of a response no response.create asked for:
+// after response.steer, the upstream ends the steered response
+// (incomplete, reason steered) and creates its successor on the same lane
+// by itself. Only a caller the gateway does not meter may steer
+// (clientPump), so the successor is measured and recorded, and billed to
+// the socket's key, without admission. nil when msg is not a
+// response.created; called on upstreamPump's goroutine.
+func (s *socket) successor(ctx context.Context, msg []byte, lane string, at time.Time) *turn {
+	if typ, _ := clientEvent(msg); typ != "response.created" {
+		return nil
+	}
+	g := s.g
+	gen := g.begin()
+	tw := &turnWriter{c: s.client, ctx: ctx, h: http.Header{}, lane: lane}
+	ex := g.newExchange(gen, tw, s.r, llm.RouteResponses, llm.DialectResponses, nil, newRequestID())
+	ex.followTurn(s.key, responseModel(msg))
+	g.metrics.Inflight(llm.RouteResponses).Inc()
+	t := &turn{s: s, ex: ex, lane: lane, start: at, headAt: at}
+	t.at = attemptState{up: s.up, callerKeyUp: s.callerKeyUp}
+	t.at.learned.sent = at
+	t.st = g.getStreamState()
+	t.st.tap.Reset(llm.DialectResponses)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lanes[lane] = append(s.lanes[lane], t) // endTurns, which empties lanes, runs on this goroutine, after
+	s.watch(at)
+	return t
+}
+
+// responseModel is the model a response.created names ("" for none).
+func responseModel(msg []byte) string {
+	obj, ok := jsonscan.Value(msg)
+	if !ok {
+		return ""
+	}
+	r, ok := jsonscan.Get(obj, "response")
+	if !ok {
+		return ""
+	}
+	m, ok := jsonscan.Get(r, "model")
+	if !ok {
+		return ""
+	}
+	s, _ := jsonscan.String(m)
+	return string(s)
+}
+
 // relay writes one upstream event (msg, read at readAt) to the caller,
 // through the turn of its lane when one is in flight; false when the caller
 // is gone.
@@ -137,6 +184,9 @@ func (s *socket) relay(ctx context.Context, msg []byte, readAt time.Time) bool {
 		t = q[0]
 	}
 	s.mu.Unlock()
+	if t == nil && !s.strict {
+		t = s.successor(ctx, msg, string(lane), readAt)
+	}
 	if t == nil { // not a turn's: a connection-level event
 		return s.client.Write(ctx, websocket.MessageText, msg) == nil
 	}
