@@ -535,18 +535,26 @@ func (tw *turnWriter) Header() http.Header { return tw.h }
 func (tw *turnWriter) WriteHeader(status int) { tw.status = status }
 
 func (tw *turnWriter) Write(p []byte) (int, error) {
-	typ, _ := clientEvent(p)
-	switch {
-	case tw.status >= 400 && typ != "error":
-		p = tw.errorEvent(p)
-	case typ == "error" && tw.lane != "":
-		p = tw.onLane(p)
+	// Only an error may need rewriting: the relayed events of a turn that
+	// is going well are not parsed again here.
+	if tw.status >= 400 || tw.lane != "" && bytes.HasPrefix(p, errorEventStart) {
+		typ, _ := clientEvent(p)
+		switch {
+		case tw.status >= 400 && typ != "error":
+			p = tw.errorEvent(p)
+		case typ == "error" && tw.lane != "":
+			p = tw.onLane(p)
+		}
 	}
 	if err := tw.c.Write(tw.ctx, websocket.MessageText, p); err != nil {
 		return 0, err
 	}
 	return len(p), nil
 }
+
+// errorEventStart opens every error event the gateway writes of its own
+// (socketBrokenEvent, socketTimeoutEvent, storedConflictEvent).
+var errorEventStart = []byte(`{"type":"error"`)
 
 // onLane names the turn's lane in an error event that names none (the
 // gateway's own: a stream broken or timed out, a conflict); one that names
