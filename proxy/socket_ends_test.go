@@ -155,7 +155,10 @@ func TestSocketUpstreamEndingsAreRecorded(t *testing.T) {
 	}
 }
 
-// TestSocketUpgradeNeverAnsweredIsBoundedAndDialledOnce: an upstream that never answers the upgrade.
+// TestSocketUpgradeNeverAnsweredIsBoundedAndDialledOnce: an upstream that
+// accepts the connection and never answers the upgrade gets one dial, bounded
+// by its connect and header timeouts (1.3 s here): the caller gets a 502
+// long before the test's own deadline would end its wait.
 func TestSocketUpgradeNeverAnsweredIsBoundedAndDialledOnce(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -188,18 +191,14 @@ func TestSocketUpgradeNeverAnsweredIsBoundedAndDialledOnce(t *testing.T) {
 		c.Upstreams[0].ConnectTimeoutSeconds = 1
 	})
 	ctx := testCtx(t)
-	start := time.Now()
 	_, resp, err := websocket.Dial(ctx, tg.URL+"/v1/responses", nil)
-	st := 0
-	if resp != nil {
-		st = resp.StatusCode
+	if resp == nil || resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("upgrade to an upstream that never answers: %v; want the gateway's 502 within its dial bound", err)
 	}
-	t.Logf("after %v: status %d, err %v", time.Since(start).Round(10*time.Millisecond), st, err)
 	mu.Lock()
-	t.Logf("connections the gateway opened to the upstream: %d (socketDialWait %v)", len(conns), 1300*time.Millisecond)
-	mu.Unlock()
-	if time.Since(start) > 3*time.Second {
-		t.Errorf("the upgrade waited %v for an upstream that never answers", time.Since(start))
+	defer mu.Unlock()
+	if len(conns) != 1 {
+		t.Errorf("the gateway opened %d connections to the upstream, want 1", len(conns))
 	}
 }
 

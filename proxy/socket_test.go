@@ -67,6 +67,18 @@ func connectSocket(t *testing.T, ctx context.Context, tg *testGateway, key strin
 	return conn, err
 }
 
+// openSocket opens the official SDK's Responses WebSocket on the gateway
+// with key, under the test's deadline, and fails the test without one.
+func openSocket(t *testing.T, tg *testGateway, key string) (context.Context, *openai.BetaResponseConnection) {
+	t.Helper()
+	ctx := testCtx(t)
+	conn, err := connectSocket(t, ctx, tg, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, conn
+}
+
 // sendTurn sends one raw client event and reads the events up to the
 // turn's terminal or error event.
 func sendTurn(t *testing.T, ctx context.Context, conn *openai.BetaResponseConnection, event string) []socketEvent {
@@ -102,12 +114,7 @@ func TestSocketTurnsAreMeasuredOneByOne(t *testing.T) {
 	const ttft = 20 * time.Millisecond
 	m := mockllm.New(mockllm.Options{OutputTokens: 5, TTFT: ttft, ITL: time.Millisecond})
 	tg := socketGateway(t, m, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	defer cancel()
-	conn, err := connectSocket(t, ctx, tg, "sk-caller")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, conn := openSocket(t, tg, "sk-caller")
 	for turn := range 3 {
 		events := sendTurn(t, ctx, conn, socketCreate)
 		last := events[len(events)-1]
@@ -238,12 +245,7 @@ func TestSocketSessionRelaysEveryMessageByteForByte(t *testing.T) {
 	steps := readSession(t, "testdata/socket_session.txt")
 	url, got := scriptedUpstream(t, steps)
 	tg := newTestGateway(t, url, func(c *config.Config) { c.Upstreams[0].ResponsesWebSocket = true })
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	defer cancel()
-	conn, err := connectSocket(t, ctx, tg, "sk-caller")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, conn := openSocket(t, tg, "sk-caller")
 	for i, s := range steps {
 		if err := conn.SendRaw(ctx, json.RawMessage(s.client)); err != nil {
 			t.Fatal(err)
@@ -354,12 +356,7 @@ func TestSocketTurnsAreAdmittedAndBilledOneByOne(t *testing.T) {
 func TestSocketTurnTheUpstreamBreaksEndsWithAnErrorEvent(t *testing.T) {
 	m := mockllm.New(mockllm.Options{OutputTokens: 5, ITL: time.Millisecond})
 	tg := socketGateway(t, m, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	defer cancel()
-	conn, err := connectSocket(t, ctx, tg, "sk-caller")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, conn := openSocket(t, tg, "sk-caller")
 	if err := m.Inject("disconnect=2", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -387,12 +384,7 @@ func TestSocketTurnTheUpstreamBreaksEndsWithAnErrorEvent(t *testing.T) {
 func TestSocketCallerThatLeavesMidTurnCancelsIt(t *testing.T) {
 	m := mockllm.New(mockllm.Options{OutputTokens: 50, ITL: 20 * time.Millisecond})
 	tg := socketGateway(t, m, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	defer cancel()
-	conn, err := connectSocket(t, ctx, tg, "sk-caller")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, conn := openSocket(t, tg, "sk-caller")
 	if err := conn.SendRaw(ctx, json.RawMessage(socketCreate)); err != nil {
 		t.Fatal(err)
 	}
@@ -548,12 +540,7 @@ func TestSocketTurnPastATimeoutIsCut(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tg := socketGateway(t, mockllm.New(c.mock), func(cfg *config.Config) { c.edit(&cfg.Upstreams[0]) })
-			ctx, cancel := context.WithTimeout(context.Background(), testWait)
-			defer cancel()
-			conn, err := connectSocket(t, ctx, tg, "sk-caller")
-			if err != nil {
-				t.Fatal(err)
-			}
+			ctx, conn := openSocket(t, tg, "sk-caller")
 			events := sendTurn(t, ctx, conn, socketCreate)
 			if last := events[len(events)-1]; last.Type != "error" || last.Error.Code != "upstream_timeout" || last.Status != 504 {
 				t.Fatalf("the turn ended %+v; want an upstream_timeout error event", last)
