@@ -24,8 +24,9 @@ type Limits struct {
 	CostPerDayUSD *float64 `toml:"cost_per_day_usd"`
 	// CostPerMonthUSD is a budget in US dollars per UTC calendar month.
 	CostPerMonthUSD *float64 `toml:"cost_per_month_usd"`
-	// CountTokensRPM is requests per minute to POST
-	// /v1/messages/count_tokens, a bucket of their own: a token count is
+	// CountTokensRPM is token counts per minute (POST
+	// /v1/messages/count_tokens, POST /v1/responses/input_tokens), a
+	// bucket of their own: a token count is
 	// never billed and takes nothing from RPM, TPM or the budgets (IDE
 	// extensions send tens a second at start).
 	CountTokensRPM *int64 `toml:"count_tokens_rpm"`

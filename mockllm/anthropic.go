@@ -2,11 +2,9 @@ package mockllm
 
 import (
 	"encoding/json"
-	"net/http"
 	"strconv"
 
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
-	"github.com/tollgate-llm/tollgate/llm"
 )
 
 // anthropicMalformed is the broken event of the malformed= fault: JSON cut off.
@@ -229,19 +227,4 @@ func (x *exchange) anthropicMessage() []byte {
 		}
 	}
 	return mustJSON(m)
-}
-
-// serveCountTokens answers POST /v1/messages/count_tokens.
-func (s *Server) serveCountTokens(w http.ResponseWriter, reqID string, body []byte) outcome {
-	var req struct {
-		Model string `json:"model"`
-	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		return s.badRequest(w, llm.DialectAnthropic, reqID, "mockllm: invalid JSON body: "+err.Error())
-	}
-	if req.Model == "" {
-		return s.badRequest(w, llm.DialectAnthropic, reqID, "model: Field required")
-	}
-	out := `{"input_tokens":` + strconv.Itoa(InputTokens(body)) + `}`
-	return writeJSON(w, llm.DialectAnthropic, reqID, []byte(out))
 }

@@ -11,6 +11,7 @@
 //	POST /v1/messages             Anthropic Messages, streamed or not
 //	POST /v1/responses            OpenAI Responses API, streamed or not
 //	POST /v1/messages/count_tokens {"input_tokens": N}
+//	POST /v1/responses/input_tokens {"object": "response.input_tokens", "input_tokens": N}
 //	GET  /v1/models               OpenAI list shape
 //	POST /v1/embeddings           a small deterministic embedding list with usage
 //

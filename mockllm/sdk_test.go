@@ -13,6 +13,7 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	ooption "github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/tollgate-llm/tollgate/mockllm"
@@ -422,6 +423,21 @@ func TestOtherRoutesSDK(t *testing.T) {
 		}
 		if want := baseTokens(lastBody(t, m, "/v1/messages/count_tokens")); res.InputTokens != want {
 			t.Errorf("input tokens %d, want %d", res.InputTokens, want)
+		}
+	})
+	t.Run("responses input tokens", func(t *testing.T) {
+		m, ts := start(t, mockllm.Options{})
+		oc := openAIClient(ts)
+		res, err := oc.Responses.InputTokens.Count(t.Context(), responses.InputTokenCountParams{
+			Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("hello there")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := baseTokens(lastBody(t, m, "/v1/responses/input_tokens")); res.InputTokens != want || want <= 0 {
+			t.Errorf("input tokens %d, want %d", res.InputTokens, want)
+		}
+		if res.Object != "response.input_tokens" {
+			t.Errorf("object %q", res.Object)
 		}
 	})
 }

@@ -338,7 +338,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		method = http.MethodGet
-	case "/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens", "/v1/embeddings":
+	case "/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens",
+		"/v1/responses/input_tokens", "/v1/embeddings":
 	default:
 		// OpenAI's answer to an unknown route; its code is null, unlike a
 		// 404 for an unknown model.
@@ -363,6 +364,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/v1/messages/count_tokens":
 		oc = s.serveCountTokens(w, reqID, body)
+		return
+	case "/v1/responses/input_tokens":
+		oc = s.serveInputTokens(w, reqID, body)
 		return
 	}
 

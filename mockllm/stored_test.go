@@ -738,8 +738,8 @@ func TestStoredRoutesRawWire(t *testing.T) {
 			t.Errorf("%s: %s, want %s", p, got, want)
 		}
 	}
-	if got := readBody(t, post(t, ts, "/v1/responses/input_tokens", `{}`), 404); !strings.Contains(got, "Invalid URL") {
-		t.Errorf("input_tokens: %s", got)
+	if got := readBody(t, post(t, ts, "/v1/responses/compact", `{}`), 404); !strings.Contains(got, "Invalid URL") {
+		t.Errorf("compact: %s", got)
 	}
 
 	// List parameters are checked as the API checks them.

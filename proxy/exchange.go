@@ -78,11 +78,22 @@ func (g *Gateway) forwardHandler(w http.ResponseWriter, r *http.Request) {
 		g.handle(w, r, llm.RouteResponsesRetrieve, llm.DialectResponses)
 		return
 	}
-	if r.Method == http.MethodPost && r.URL.RawPath == "" && r.URL.Path == "/v1/messages/count_tokens" {
+	if isTokenCount(r) {
 		g.handle(w, r, llm.RouteCountTokens, llm.DialectNone)
 		return
 	}
 	g.handle(w, r, llm.RouteOther, llm.DialectNone)
+}
+
+// isTokenCount reports a request that counts a prompt's tokens and
+// generates nothing: Anthropic's POST /v1/messages/count_tokens and the
+// Responses API's POST /v1/responses/input_tokens. Agents send them before
+// a turn (to decide on compaction), many at a start; they are their own
+// request class (kindCountTokens). An escaped path is not one: the
+// upstream could split it otherwise.
+func isTokenCount(r *http.Request) bool {
+	return r.Method == http.MethodPost && r.URL.RawPath == "" &&
+		(r.URL.Path == "/v1/messages/count_tokens" || r.URL.Path == "/v1/responses/input_tokens")
 }
 
 // abortOnPanic turns a panic after the response has started into

@@ -293,6 +293,21 @@ func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 			return nil, rejected(aerr, llm.RejectNotMeterable)
 		}
 		return body, refusal{}
+	case kindCountTokens:
+		if !ex.gen.gov.keysMode || !strings.HasPrefix(ex.r.URL.Path, "/v1/responses/") {
+			return raw, refusal{} // it names no stored state to check the owner of
+		}
+		body, decoded, aerr := ex.decodedBody(raw)
+		if aerr != nil {
+			return nil, ex.undecodable(aerr)
+		}
+		info, aerr := inspectTokenCount(body)
+		if aerr != nil {
+			return nil, badRequest(aerr)
+		}
+		info.decoded = decoded
+		ex.info = info
+		return body, refusal{}
 	case kindForward:
 		body, decoded, derr := raw, false, (*apiError)(nil)
 		if ex.r.Method == http.MethodPost { // meterForwarded reads no other body

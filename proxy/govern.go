@@ -376,9 +376,10 @@ func (ex *exchange) meterBackground() *apiError {
 // admitted and billed like a dialect request. A caller the gateway governs
 // (mode "keys", or a key with limits) may not send what cannot be metered:
 // a stream or background request, a body without a model, or, in mode
-// "keys", anything but GET /v1/models, POST /v1/messages/count_tokens and
-// the caller's own stored responses and conversations (the upstream
-// account's files, batches and the rest are shared by every gateway key).
+// "keys", anything but GET /v1/models and the caller's own stored
+// responses and conversations (the upstream account's files, batches and
+// the rest are shared by every gateway key; a token count is not a
+// forward, see isTokenCount).
 // Other callers' unmeterable requests go upstream as they are. metered
 // says the request is metered, and info is what its body asks for.
 //
@@ -396,17 +397,14 @@ func (ex *exchange) meterForwarded(body []byte, undecodable *apiError) (requestI
 		// costs no tokens.
 		return requestInfo{}, false, nil
 	}
-	if r.Method != http.MethodPost || exact && path == "/v1/messages/count_tokens" {
+	if r.Method != http.MethodPost {
 		if !gv.keysMode {
 			if strict && !safeMethod(r.Method) && r.Method != http.MethodPost {
 				return requestInfo{}, false, errUnmetered(path, "a governed key may send only GET, HEAD and model requests")
 			}
 			return requestInfo{}, false, nil
 		}
-		models := safeMethod(r.Method) && exact &&
-			(path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"))
-		count := r.Method == http.MethodPost && exact && path == "/v1/messages/count_tokens"
-		if models || count {
+		if safeMethod(r.Method) && exact && (path == "/v1/models" || strings.HasPrefix(path, "/v1/models/")) {
 			return requestInfo{}, false, nil
 		}
 		return requestInfo{}, false, errNotWithGatewayKeys(r.Method, path)

@@ -1050,12 +1050,14 @@ func TestResponsesStreamGoverned(t *testing.T) {
 	w.tg.record(t)
 }
 
-// TestTokenCountsHaveTheirOwnBucket: POST /v1/messages/count_tokens is its
-// own request class. In mode "keys" it goes upstream with the gateway's
-// key, under its own rate (count_tokens_rpm) and nothing else: a burst of
-// counts takes nothing from the key's RPM or its budgets, a count past its
-// own rate is refused 429 with Retry-After, and a count is never billed
-// nor counted as tokens used.
+// TestTokenCountsHaveTheirOwnBucket: a token count (Anthropic's
+// POST /v1/messages/count_tokens, the Responses API's
+// POST /v1/responses/input_tokens) is its own request class. In mode
+// "keys" it goes upstream with the gateway's key, under its own rate
+// (count_tokens_rpm) and nothing else: a burst of counts takes nothing
+// from the key's RPM or its budgets, a count past its own rate is refused
+// 429 with Retry-After in the caller's dialect, and a count is never billed
+// nor counted as tokens used. A Responses count needs no model.
 func TestTokenCountsHaveTheirOwnBucket(t *testing.T) {
 	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, true, func(c *config.Config) {
 		c.Keys[0].RPM = i64(1)
@@ -1066,17 +1068,23 @@ func TestTokenCountsHaveTheirOwnBucket(t *testing.T) {
 	ac := w.anthropic(keyAlpha)
 	count := anthropic.MessageCountTokensParams{Model: "claude-test",
 		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("How many moons has Saturn?"))}}
-	for i := range 2 {
-		got, err := ac.Messages.CountTokens(ctx, count)
-		if err != nil || got.InputTokens <= 0 {
-			t.Fatalf("count %d: %v (%+v)", i, err, got)
-		}
-		rec := w.tg.record(t)
+	got, err := ac.Messages.CountTokens(ctx, count)
+	if err != nil || got.InputTokens <= 0 {
+		t.Fatalf("count: %v (%+v)", err, got)
+	}
+	oc := w.openai(keyAlpha, option.WithMaxRetries(0))
+	inputCount := responses.InputTokenCountParams{
+		Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("How many moons has Saturn?")}}
+	counted, err := oc.Responses.InputTokens.Count(ctx, inputCount)
+	if err != nil || counted.InputTokens <= 0 {
+		t.Fatalf("Responses count: %v (%+v)", err, counted)
+	}
+	for i, rec := range []llm.Record{w.tg.record(t), w.tg.record(t)} {
 		if rec.Route != llm.RouteCountTokens || rec.Status != http.StatusOK || rec.CostMicros != 0 || rec.Usage.HasInput {
 			t.Errorf("count %d: route %s status %d cost %d usage %+v", i, rec.Route, rec.Status, rec.CostMicros, rec.Usage)
 		}
 	}
-	_, err := ac.Messages.CountTokens(ctx, count)
+	_, err = ac.Messages.CountTokens(ctx, count)
 	var ae *anthropic.Error
 	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || ae.Response.Header.Get("Retry-After") != "30" {
 		t.Fatalf("the third count: %v; want 429 after its own bucket of 2 a minute, Retry-After 30", err)
@@ -1084,6 +1092,12 @@ func TestTokenCountsHaveTheirOwnBucket(t *testing.T) {
 	if rec := w.tg.record(t); rec.Rejection != llm.RejectRPM || rec.Route != llm.RouteCountTokens {
 		t.Errorf("refused count: rejection %s route %s", rec.Rejection, rec.Route)
 	}
+	_, err = oc.Responses.InputTokens.Count(ctx, inputCount)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != http.StatusTooManyRequests || oe.Code != "rate_limit_exceeded" || oe.Type != "requests" {
+		t.Fatalf("the fourth count, a Responses one: %v (type %q); want an OpenAI-shaped 429 from the same bucket", err, oe.Type)
+	}
+	w.tg.record(t)
 	// The key's own RPM of 1 is whole: the counts took nothing from it.
 	if _, err := ac.Messages.New(ctx, messageParams(16)); err != nil {
 		t.Fatalf("a message after the counts: %v", err)

@@ -27,9 +27,11 @@ const (
 	// kindProbe is the gateway's own synthetic probe (Gateway.Probe): one
 	// attempt, no retry, no fallback, kept out of every user figure.
 	kindProbe
-	// kindCountTokens is POST /v1/messages/count_tokens: forwarded in every
+	// kindCountTokens is a token count (isTokenCount): forwarded in every
 	// mode, limited by its own optional rate (count_tokens_rpm), never
-	// billed, its answer's input_tokens no usage.
+	// billed, its answer's input_tokens no usage. A Responses count may
+	// name a stored response or conversation, whose owner is checked as
+	// for a model call.
 	kindCountTokens
 )
 

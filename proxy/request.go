@@ -455,6 +455,23 @@ func inspectForwarded(body []byte) (info requestInfo, ok bool) {
 	return info, true
 }
 
+// inspectTokenCount reads what a Responses token count
+// (POST /v1/responses/input_tokens) names of the caller's stored state:
+// its previous_response_id and conversation, whose owner is checked before
+// it goes upstream, where their items would be counted. Nothing else of it
+// is judged; its model is optional.
+func inspectTokenCount(body []byte) (requestInfo, *apiError) {
+	info := requestInfo{MaxTokens: -1}
+	var f storedRefs
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' || json.Unmarshal(b, &f) != nil {
+		return info, errBadRequest("the request body must be a JSON object", "")
+	}
+	if key, field, bad := caseVariantField(body); bad {
+		return info, errCaseVariant(key, field)
+	}
+	return info, f.read(&info)
+}
+
 // governedFields are the body fields the gateway decides on. encoding/json
 // matches field names without regard to case, so {"model":"a","MODEL":"b"}
 // would be judged and billed as "b" while an upstream that reads keys

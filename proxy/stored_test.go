@@ -253,6 +253,11 @@ func TestStoredResponseIsOnlyItsTeams(t *testing.T) {
 		if err != nil || next.PreviousResponseID != id {
 			t.Errorf("own chain: %v", err)
 		}
+		own, err := alpha.Responses.InputTokens.Count(ctx, responses.InputTokenCountParams{
+			PreviousResponseID: openai.String(id), Input: responses.InputTokenCountParamsInputUnion{OfString: openai.String("x")}})
+		if err != nil || own.InputTokens <= 0 {
+			t.Errorf("own input_tokens count: %v %+v", err, own)
+		}
 	}
 	// Deleted by its team: the owner is forgotten, so no one gets it again.
 	if err := alpha.Responses.Delete(ctx, plain.ID); err != nil {
