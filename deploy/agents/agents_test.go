@@ -55,6 +55,9 @@ type refusal struct {
 	// retryAfter is the least time between a refusal and the agent's next
 	// call: it waits out the Retry-After the refusal carried.
 	retryAfter time.Duration
+	// surfaced: the agent does not retry the refusal but ends its run at
+	// once, printing this.
+	surfaced string
 }
 
 var scenarios = []scenario{
@@ -65,7 +68,7 @@ var scenarios = []scenario{
 		about:   "claude -p, ANTHROPIC_AUTH_TOKEN (Authorization: Bearer)",
 		prepare: func(r *run) []string { return r.claude("ANTHROPIC_AUTH_TOKEN", false) }},
 	// Claude Code's non-essential traffic includes its HEAD /api/hello
-	// warm-up, a known gap of the gateway, but also lookups of
+	// warm-up (the gateway answers it), but also lookups of
 	// api.anthropic.com, which this machine cannot reach: so only on demand.
 	{name: "claude-warmup", agent: "claude", route: "messages", optIn: "TOLLGATE_AGENTS_WARMUP",
 		about:   "claude -p, ANTHROPIC_API_KEY, non-essential traffic on (its HEAD /api/hello)",
@@ -83,6 +86,14 @@ var scenarios = []scenario{
 	{name: "codex-refused", agent: "codex", route: "responses", websocket: true, calls: 2, mode: "keys",
 		refused: &refusal{limits: "rpm = 1", rejection: "rpm", refused: 1, retryAfter: 55 * time.Second},
 		about:   "codex exec, built-in provider (WebSocket), [[keys]] rpm = 1: the turn refused 429, retried after retry-after",
+		prepare: func(r *run) []string { return r.codex("refused") }},
+	// tokens_per_day = 100 admits Codex's warm-up (nothing is spent yet),
+	// whose ~8k tokens spend it; the turn after it is refused on the
+	// socket, 429 insufficient_quota. A spent budget lasts the day, and
+	// Codex, which waits out a rate limit, ends the run at once saying so.
+	{name: "codex-quota", agent: "codex", route: "responses", websocket: true, calls: 1, mode: "keys",
+		refused: &refusal{limits: "tokens_per_day = 100", rejection: "tokens_per_day", refused: 1, surfaced: "Quota exceeded"},
+		about:   "codex exec, built-in provider (WebSocket), [[keys]] tokens_per_day = 100: the turn refused, Codex prints it",
 		prepare: func(r *run) []string { return r.codex("refused") }},
 	{name: "codex-http", agent: "codex", route: "responses",
 		about:   "codex exec, [model_providers.tollgate] (HTTP)",
@@ -102,20 +113,6 @@ var scenarios = []scenario{
 	{name: "openai-node-ws", agent: "openai", route: "responses", websocket: true, calls: 2,
 		about:   "openai-node ResponsesWS, two turns on one socket",
 		prepare: func(r *run) []string { return r.node() }},
-}
-
-// knownGaps are gaps of the gateway being closed elsewhere (issue 28). A
-// request that meets one is reported, not failed, and so are its
-// access-log lines; once the gateway answers it properly, nothing matches.
-var knownGaps = []struct {
-	name  string
-	match func(e exchange) bool
-}{
-	{"HEAD / and HEAD /api/hello (Claude Code's connection warm-up) are not answered 200",
-		func(e exchange) bool {
-			p := strings.SplitN(e.uri, "?", 2)[0]
-			return e.method == "HEAD" && (p == "/" || p == "/api/hello") && e.status != 200
-		}},
 }
 
 func TestAgents(t *testing.T) {
@@ -257,8 +254,11 @@ type result struct {
 	lines          []logLine
 	sockets        map[string]float64 // websocket_connections_total added during the run, by result
 	problems       []string
-	gaps           []string
 	unsettled      string // what settle saw still going on
+	// seen is the usage the agent was sent, summed over its exchanges;
+	// ledger what the spend ledger holds for its key after the run.
+	seen, ledger usage
+	ledgerErr    error
 }
 
 // execute runs the scenario in a home and folder of its own, with only the
@@ -298,6 +298,7 @@ func (r *run) execute(t *testing.T, ctx context.Context, s *stack) *result {
 		}
 	}
 	res.ex, res.lines = s.rec.of(r.id), s.log.since(first)
+	res.ledger, res.ledgerErr = s.ledger(r.keyID())
 	res.check()
 	return res
 }
@@ -330,40 +331,32 @@ func isModelRoute(route string) bool {
 	return route == "messages" || route == "chat_completions" || route == "responses"
 }
 
-// check holds the run to what it should have done, filling problems and
-// gaps.
+// check holds the run to what it should have done, filling problems.
 func (res *result) check() {
 	sc := res.r.sc
 	bad := func(format string, args ...any) { res.problems = append(res.problems, fmt.Sprintf(format, args...)) }
 
+	surfaced := ""
+	if sc.refused != nil {
+		surfaced = sc.refused.surfaced
+	}
 	switch {
 	case res.timedOut:
 		bad("%s did not finish within %v", sc.agent, runLimit)
+	case surfaced != "":
+		// The agent ends the run on the refusal, as an error.
+		if printed := string(res.stdout) + string(res.stderr); !strings.Contains(printed, surfaced) {
+			bad("%s did not print the refusal (%q) it was sent", sc.agent, surfaced)
+		}
 	case res.err != nil:
 		bad("%s exited: %v", sc.agent, res.err)
 	}
-	if answer := strings.TrimSpace(mockllm.Text(mockTokens)); !strings.Contains(string(res.stdout), answer) {
+	if answer := strings.TrimSpace(mockllm.Text(mockTokens)); surfaced == "" && !strings.Contains(string(res.stdout), answer) {
 		bad("the answer %q is not in what %s printed", answer, sc.agent)
-	}
-
-	// Requests that meet a known gap are reported, and so are their lines.
-	gapLines := map[string]bool{}
-	for _, e := range res.ex {
-		for _, g := range knownGaps {
-			if g.match(e) {
-				res.gaps = append(res.gaps, fmt.Sprintf("%s: %s", g.name, e.String()))
-				if e.requestID != "" {
-					gapLines[e.requestID] = true
-				}
-			}
-		}
 	}
 
 	var calls, refused []logLine
 	for _, l := range res.lines {
-		if gapLines[l.str("request_id")] {
-			continue
-		}
 		// A refused call of a scenario that expects refusals is held to
 		// what the gateway must record of a refusal, below.
 		if sc.refused != nil && isModelRoute(l.str("route")) && l.str("outcome") == "rejected" {
@@ -393,13 +386,8 @@ func (res *result) check() {
 
 	var upgrades, accepted, httpCalls int
 	for _, e := range res.ex {
-		gap := false
-		for _, g := range knownGaps {
-			gap = gap || g.match(e)
-		}
 		path := strings.SplitN(e.uri, "?", 2)[0]
 		switch {
-		case gap:
 		case e.upgrade:
 			upgrades++
 			if e.status == 101 {
@@ -432,6 +420,7 @@ func (res *result) check() {
 			bad("%d model requests sent, %d model calls in the access log", httpCalls, len(calls))
 		}
 	}
+	res.checkLedger(len(calls))
 	for result, n := range res.sockets {
 		if result != "accepted" {
 			bad("tollgate_websocket_connections_total{result=%q} rose by %v", result, n)
@@ -439,6 +428,28 @@ func (res *result) check() {
 	}
 	if strings.Contains(string(res.stderr), "Falling back from WebSockets") {
 		bad("%s says it fell back from WebSockets to HTTPS", sc.agent)
+	}
+}
+
+// checkLedger holds the spend ledger to the usage the agent was sent: each
+// of its admitted calls answered with a usage, and the key's ledger is
+// their sum, requests and tokens (each run has a key of its own).
+func (res *result) checkLedger(calls int) {
+	bad := func(format string, args ...any) { res.problems = append(res.problems, fmt.Sprintf(format, args...)) }
+	for _, e := range res.ex {
+		if e.seenErr != "" {
+			bad("the usage in the answer to %s cannot be read: %s", e.String(), e.seenErr)
+		}
+		res.seen.add(e.seen)
+	}
+	if res.seen.answers != int64(calls) {
+		bad("%d answers with a usage reached %s, for %d model calls in the access log", res.seen.answers, res.r.sc.agent, calls)
+	}
+	switch {
+	case res.ledgerErr != nil:
+		bad("reading the ledger: %v", res.ledgerErr)
+	case res.ledger != res.seen:
+		bad("the ledger holds %v for key %s; %s was sent %v", res.ledger, res.r.keyID(), res.r.sc.agent, res.seen)
 	}
 }
 
@@ -500,8 +511,10 @@ func isWarmUp(sc scenario, l logLine) bool {
 }
 
 // checkRefusals holds a scenario whose limit refuses calls to what it
-// expects: the warm-up admitted first, then each refused call followed,
-// no sooner than retryAfter, by the agent's next call, which is admitted.
+// expects: the refusals it counts, each as the gateway must record it;
+// unless the agent ends its run on them (surfaced), the warm-up admitted
+// first, then each refused call followed, no sooner than retryAfter, by the
+// agent's next call, which is admitted.
 func (res *result) checkRefusals(calls, refused []logLine) {
 	sc := res.r.sc
 	bad := func(format string, args ...any) { res.problems = append(res.problems, fmt.Sprintf(format, args...)) }
@@ -513,6 +526,9 @@ func (res *result) checkRefusals(calls, refused []logLine) {
 	}
 	if len(calls) == 0 || !isWarmUp(sc, calls[0]) {
 		bad("the first admitted model call is not %s's warm-up: [[keys]] %s should admit it", sc.agent, sc.refused.limits)
+	}
+	if sc.refused.surfaced != "" {
+		return // nothing follows: the agent ended its run (check)
 	}
 	// Each refusal is followed by the agent's next call, after the
 	// retry-after it was given.
@@ -642,15 +658,13 @@ func printReport(results []*result) {
 			fmt.Printf("    call %s %s %v %s ttft %.1fms tokens %.0f+%.0f cost %s key %s\n",
 				l.str("route"), transport, l.f["status"], l.str("outcome"), ttft, in, out, cost, l.str("key_id"))
 		}
+		fmt.Printf("    usage sent %v; ledger %v\n", res.seen, res.ledger)
 		if len(res.sockets) > 0 {
 			b, _ := json.Marshal(res.sockets)
 			fmt.Printf("    sockets %s\n", b)
 		}
 		if res.unsettled != "" {
 			fmt.Printf("    note: %s\n", res.unsettled)
-		}
-		for _, g := range res.gaps {
-			fmt.Printf("    KNOWN GAP %s\n", g)
 		}
 		for _, p := range res.problems {
 			fmt.Printf("    PROBLEM %s\n", p)

@@ -33,6 +33,7 @@ const (
 	// upstreamKeyEnv holds the upstream's own key in mode keys: the mock
 	// accepts only it, so a caller's key that reached it would fail.
 	upstreamKeyEnv = "TOLLGATE_AGENTS_UPSTREAM_KEY"
+	adminTokenEnv  = "TOLLGATE_AGENTS_ADMIN_TOKEN"
 	// team is the [[teams]] entry every key belongs to in mode keys.
 	team = "agents"
 )
@@ -46,6 +47,9 @@ type stack struct {
 	log     *accessLog
 	rec     *recorder
 	stderr  *lockedBuffer // the gateway's operational log
+	// adminToken opens the admin API, whose /admin/spend the ledger is read
+	// from.
+	adminToken string
 }
 
 // startStack builds the config for mode (in mode keys, one [[keys]] entry
@@ -56,6 +60,7 @@ func startStack(t *testing.T, bin, mode string, keys, limits map[string]string) 
 	dir := t.TempDir()
 	mockAddr, gwAddr := freeAddr(t), freeAddr(t)
 	upstreamKey := "tg-upstream-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	adminToken := newKey(t)
 
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "[server]\nlisten = %q\ndrain_timeout_seconds = 2\n\n", gwAddr)
@@ -64,7 +69,7 @@ func startStack(t *testing.T, bin, mode string, keys, limits map[string]string) 
 	if mode == "keys" {
 		fmt.Fprintf(&cfg, "api_key_env = %q\n", upstreamKeyEnv)
 	}
-	fmt.Fprintf(&cfg, "\n[log]\nlevel = \"info\"\naccess_log = true\n\n")
+	fmt.Fprintf(&cfg, "\n[log]\nlevel = \"info\"\naccess_log = true\n\n[admin]\ntoken_env = %q\n\n", adminTokenEnv)
 	fmt.Fprintf(&cfg, "[spend]\nstate_file = %q\n\n[ownership]\nstate_file = %q\n\n[conversations]\nstate_file = %q\n\n[redis]\nspill_dir = %q\n\n",
 		filepath.Join(dir, "spend.json"), filepath.Join(dir, "ownership.jsonl"), filepath.Join(dir, "conversations.json"), dir)
 	// One price for every model the agents ask for, so every call is billed.
@@ -88,7 +93,7 @@ func startStack(t *testing.T, bin, mode string, keys, limits map[string]string) 
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), upstreamKeyEnv+"="+upstreamKey)
+	env := append(os.Environ(), upstreamKeyEnv+"="+upstreamKey, adminTokenEnv+"="+adminToken)
 
 	mockArgs := []string{"mock-upstream", "-listen", mockAddr, "-ttft", mockTTFT, "-itl", mockITL, "-tokens", strconv.Itoa(mockTokens)}
 	if mode == "keys" {
@@ -99,7 +104,7 @@ func startStack(t *testing.T, bin, mode string, keys, limits map[string]string) 
 	mock.Env, mock.Stdout, mock.Stderr = env, mockOut, mockOut
 	startProcess(t, "mock upstream", mock, mockOut, func() bool { return dialable(mockAddr) })
 
-	s := &stack{mode: mode, gateway: "http://" + gwAddr, log: &accessLog{}, stderr: &lockedBuffer{}}
+	s := &stack{mode: mode, gateway: "http://" + gwAddr, log: &accessLog{}, stderr: &lockedBuffer{}, adminToken: adminToken}
 	gw := exec.Command(bin, "serve", "-config", cfgPath)
 	gw.Env, gw.Stdout, gw.Stderr = env, s.log, s.stderr
 	startProcess(t, "gateway ("+mode+")", gw, s.stderr, func() bool { return get(s.gateway+"/readyz") == http.StatusOK })
@@ -277,6 +282,13 @@ type exchange struct {
 	done      bool
 	left      bool // the agent closed the connection before the answer's end
 	took      time.Duration
+	// seen is the usage the agent was sent in this exchange's answer (or
+	// on its socket), read from the bytes relayed (usage_test.go);
+	// seenErr says why it could not be read.
+	seen    usage
+	seenErr string
+	tap     *tap
+	answer  *http.Response
 }
 
 var showHeaders = []string{"User-Agent", "Upgrade", "Content-Encoding", "Openai-Beta", "Anthropic-Version"}
@@ -316,6 +328,7 @@ func startRecorder(t *testing.T, target string) *recorder {
 			if e, ok := resp.Request.Context().Value(exchangeKey{}).(*exchange); ok {
 				r.mu.Lock()
 				e.status, e.requestID = resp.StatusCode, resp.Header.Get("X-Tollgate-Request-Id")
+				e.answer, e.tap = resp, tapAnswer(resp)
 				r.mu.Unlock()
 			}
 			return nil
@@ -358,6 +371,15 @@ func startRecorder(t *testing.T, target string) *recorder {
 		defer func() {
 			v := recover()
 			r.mu.Lock()
+			if e.tap != nil {
+				body, err := e.tap.bytes()
+				if err == nil {
+					e.seen, err = usageOf(e.answer, body)
+				}
+				if err != nil {
+					e.seenErr = err.Error()
+				}
+			}
 			e.done, e.took = true, time.Since(start)
 			if v == http.ErrAbortHandler {
 				e.left = true
