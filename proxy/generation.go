@@ -167,6 +167,10 @@ func (g *Gateway) Reload(cfg *config.Config) (<-chan struct{}, error) {
 	g.metrics.Reconfigure(cfg)
 	g.gen.Store(next)
 	prev.retire(next)
+	if n := g.sockets.reconfigured(next.upstreams); n > 0 {
+		g.log.Info("config reload: closing the Responses WebSockets on a changed or removed upstream, each once idle",
+			"sockets", n)
+	}
 	// An upstream built anew starts closed with an empty queue: its gauges
 	// say so, whatever the one it replaced last wrote.
 	for _, up := range next.upstreams {

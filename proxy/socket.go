@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,14 +87,14 @@ type socket struct {
 	upgradeHeaders http.Header
 	// watchdog fires at the earliest deadline of the turns in flight (see
 	// watch); cutCtx is cancelled, with the timeout's error, when one is
-	// missed. closing: the gateway shuts down, and the socket closes once
-	// no turn is in flight.
+	// missed. away: the gateway closes the socket (closeWhenIdle), once
+	// no turn is in flight; nil until then.
 	watchdog *time.Timer
 	// graceClose closes the caller's leg of a cut socket (check).
 	graceClose *time.Timer
 	cutCtx     context.Context
 	cut        context.CancelCauseFunc
-	closing    bool
+	away       *goingAway
 	// ended is set by the first pump to see the socket end. cancel ends
 	// the pumps' context; cancelTurns the turns' (s.r's, a parent of the
 	// pumps'), only when the caller left, so that a turn the upstream
@@ -117,8 +118,19 @@ var (
 func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	g.open.Add(1)
 	defer g.open.Add(-1)
+	// The generation is held while the socket opens (its keys, upstream
+	// and limits); once open, it is no request: each turn holds the
+	// generation it runs under, and an idle socket keeps no reload's
+	// requests-begun-before-it from ending.
 	gen := g.begin()
-	defer gen.end()
+	held := true
+	release := func() {
+		if held {
+			held = false
+			gen.end()
+		}
+	}
+	defer release()
 	s := &socket{g: g, gen: gen, lanes: map[string][]*turn{}}
 	if e, result := s.identify(r); e != nil {
 		g.metrics.Socket(result)
@@ -155,16 +167,22 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 	defer client.CloseNow()
 	if !g.sockets.add(s) { // the gateway closed its sockets meanwhile
 		g.metrics.Socket("shutting_down")
-		s.goAway()
+		s.goAway(awayShutdown)
 		return
 	}
 	defer g.sockets.remove(s)
+	if !slices.Contains(g.gen.Load().upstreams, s.up) {
+		// A reload replaced the upstream while this socket dialled it, and
+		// its scan (reconfigured) ran before the socket was added.
+		go s.closeWhenIdle(awayReload)
+	}
 	g.metrics.Socket("accepted")
 	open := g.metrics.SocketsOpen()
 	open.Inc()
 	defer open.Dec()
 	client.SetReadLimit(int64(gen.cfg.Server.MaxBodyBytes))
 	s.conn.SetReadLimit(int64(gen.cfg.Server.MaxEventBytes))
+	release()
 	// The pumps read and write without a deadline context: the library
 	// arms one per frame for a context that can end (an allocation each).
 	// The socket's end is theirs instead: when its context ends (the
@@ -175,7 +193,7 @@ func (g *Gateway) serveSocket(w http.ResponseWriter, r *http.Request) {
 			return // end or goAway closes the legs, each with its status
 		}
 		if errors.Is(context.Cause(ctx), ErrShutdown) {
-			s.goAway() // 1001 to the caller, as the docs promise; bounded by the library
+			s.goAway(awayShutdown) // 1001 to the caller, as the docs promise; bounded by the library
 			return
 		}
 		_ = s.client.CloseNow()
@@ -607,7 +625,7 @@ func (g *Gateway) CloseSockets(ctx context.Context) error {
 	}
 	ss.mu.Unlock()
 	for _, s := range open {
-		go s.closeWhenIdle() // a close handshake may wait 5 s on a silent peer
+		go s.closeWhenIdle(awayShutdown) // a close handshake may wait 5 s on a silent peer
 	}
 	select {
 	case <-empty:
@@ -617,26 +635,68 @@ func (g *Gateway) CloseSockets(ctx context.Context) error {
 	}
 }
 
-// closeWhenIdle closes the socket now if no turn is in flight, or else
-// marks it to close when its last turn ends (relay).
-func (s *socket) closeWhenIdle() {
+// reconfigured closes, each once no turn is in flight on it, the sockets
+// whose upstream is not among ups, the upstreams of the configuration a
+// reload swapped in: their upstream was changed (its address, key,
+// timeouts) or removed, and a socket would otherwise stay on it for as
+// long as its caller keeps it (up to the API's 60 minutes). The caller's
+// next turn goes on a new socket, dialled as the configuration now says.
+// It returns how many it closes.
+func (ss *socketSet) reconfigured(ups []*upstream) int {
+	ss.mu.Lock()
+	var moved []*socket
+	for s := range ss.open {
+		if !slices.Contains(ups, s.up) {
+			moved = append(moved, s)
+		}
+	}
+	ss.mu.Unlock()
+	for _, s := range moved {
+		go s.closeWhenIdle(awayReload)
+	}
+	return len(moved)
+}
+
+// goingAway is why the gateway closes a socket between turns, and what
+// its caller's leg is told. The SDKs' reconnect and Codex take either
+// status as "open a new socket".
+type goingAway struct {
+	status websocket.StatusCode
+	reason string
+}
+
+var (
+	// awayShutdown: the gateway shuts down (CloseSockets, or its drain
+	// cut the socket), so the caller reconnects, to another replica.
+	awayShutdown = goingAway{websocket.StatusGoingAway, "the gateway is shutting down; reconnect"}
+	// awayReload: a reload changed or removed the socket's upstream
+	// (reconfigured).
+	awayReload = goingAway{websocket.StatusServiceRestart, "the gateway's upstream for this socket was reconfigured; reconnect"}
+)
+
+// closeWhenIdle closes the socket now, for why, if no turn is in flight,
+// or else marks it to close when its last turn ends (relay). The first
+// reason given is the one the caller is told.
+func (s *socket) closeWhenIdle(why goingAway) {
 	s.mu.Lock()
-	s.closing = true
-	idle := len(s.lanes) == 0
+	if s.away == nil {
+		s.away = &why
+	}
+	idle, away := len(s.lanes) == 0, *s.away
 	s.mu.Unlock()
 	if idle {
-		s.goAway()
+		s.goAway(away)
 	}
 }
 
-// goAway closes a socket with no turn in flight for a shutdown: the caller
-// with 1001, the upstream with 1000.
-func (s *socket) goAway() {
+// goAway closes a socket with no turn in flight: the caller with why's
+// status, the upstream with 1000.
+func (s *socket) goAway(why goingAway) {
 	if !s.ended.CompareAndSwap(false, true) {
 		return
 	}
 	s.cancelTurns(errSocketsClosed)
-	_ = s.client.Close(websocket.StatusGoingAway, "the gateway is shutting down; reconnect")
+	_ = s.client.Close(why.status, why.reason)
 	_ = s.conn.Close(websocket.StatusNormalClosure, "")
 	s.cancel(errSocketsClosed)
 }

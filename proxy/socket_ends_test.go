@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -389,3 +391,70 @@ func TestSocketCreateAfterTheUpstreamDroppedIsTheUpstreamsFailure(t *testing.T) 
 }
 
 // an upgrade after CloseSockets
+
+// TestSocketLeavesAReconfiguredUpstream: a reload that keeps a socket's
+// upstream as it was leaves the socket open and serving, and its
+// requests-begun-before-it end though the socket stays open (an idle socket
+// is no request); a reload that changes the upstream closes each socket on
+// it with 1012 once no turn is in flight (the turn in flight finishes
+// whole first), and a new socket serves the next turn.
+func TestSocketLeavesAReconfiguredUpstream(t *testing.T) {
+	m := mockllm.New(mockllm.Options{OutputTokens: 3, ITL: 50 * time.Millisecond})
+	tg := socketGateway(t, m, nil)
+	reload := func(edit func(*config.Config)) <-chan struct{} {
+		t.Helper()
+		next := *tg.gw.Config()
+		next.Upstreams = slices.Clone(next.Upstreams)
+		edit(&next)
+		ended, err := tg.gw.Reload(&next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ended
+	}
+	ctx, idle := openSocket(t, tg, "sk-caller")
+	busy, err := connectSocket(t, ctx, tg, "sk-caller")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ended := reload(func(c *config.Config) { c.Log.Level = "warn" })
+	await(t, ended, "the requests begun before a reload that kept the upstream, with an idle socket open")
+	if evs := sendTurn(t, ctx, idle, socketCreate); evs[len(evs)-1].Type != "response.completed" {
+		t.Fatalf("a turn after a reload that kept the upstream ended %q", evs[len(evs)-1].Type)
+	}
+	tg.record(t)
+
+	if err := busy.SendRaw(ctx, json.RawMessage(socketCreate)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := busy.RecvRaw(ctx); err != nil { // the turn is in flight
+		t.Fatal(err)
+	}
+	reload(func(c *config.Config) { c.Upstreams[0].TimeoutSeconds++ })
+	if _, err := idle.RecvRaw(ctx); websocket.CloseStatus(err) != websocket.StatusServiceRestart {
+		t.Errorf("the idle socket after its upstream changed: %v; want 1012", err)
+	}
+	var last socketEvent
+	for {
+		raw, err := busy.RecvRaw(ctx)
+		if err != nil {
+			if websocket.CloseStatus(err) != websocket.StatusServiceRestart {
+				t.Errorf("the busy socket after its turn: %v; want 1012", err)
+			}
+			break
+		}
+		_ = json.Unmarshal(raw, &last)
+	}
+	if last.Type != "response.completed" {
+		t.Errorf("the turn in flight ended %q before its socket closed; want response.completed", last.Type)
+	}
+	if rec := tg.record(t); rec.Outcome != llm.OutcomeOK {
+		t.Errorf("the turn in flight: %s", rec.Outcome)
+	}
+	_, next := openSocket(t, tg, "sk-caller")
+	if evs := sendTurn(t, ctx, next, socketCreate); evs[len(evs)-1].Type != "response.completed" {
+		t.Errorf("a turn on a new socket after the reload ended %q", evs[len(evs)-1].Type)
+	}
+	tg.record(t)
+}

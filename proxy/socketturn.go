@@ -195,10 +195,11 @@ func (s *socket) relay(ctx context.Context, msg []byte, readAt time.Time) bool {
 		s.pop(t)
 		t.end(s, nil, !ok)
 		s.mu.Lock()
-		idle := s.closing && len(s.lanes) == 0
+		away := s.away
+		idle := away != nil && len(s.lanes) == 0
 		s.mu.Unlock()
 		if idle {
-			s.goAway()
+			s.goAway(*away)
 		}
 	}
 	return ok
