@@ -86,6 +86,14 @@ type Turn struct {
 	TTFT time.Duration
 	// Error marks a turn that did not succeed.
 	Error bool
+	// Start is when the turn arrived (t_in), E2E how long it took.
+	Start time.Time
+	E2E   time.Duration
+	// KeyID is the caller's key (its [[keys]] name or key id); User the
+	// end user the request named (hashed), "" when none.
+	KeyID, User string
+	// Hints are what the turn's agent said of it (session.go).
+	Hints Hints
 }
 
 // MaxTTFTs bounds the per-turn TTFTs a conversation keeps: its first
@@ -108,6 +116,13 @@ type Conversation struct {
 	TTFTs []time.Duration `json:"ttfts"`
 	// Outcome is what the application reported, nil until it does.
 	Outcome *Outcome `json:"outcome,omitempty"`
+	// Start is when its first turn arrived (zero when no turn said).
+	Start time.Time `json:"start,omitzero"`
+	// KeyID and User are the first key and end user its turns named.
+	KeyID string `json:"key_id,omitempty"`
+	User  string `json:"user,omitempty"`
+	// Breakdown is what its turns said of themselves (session.go).
+	Breakdown Breakdown `json:"breakdown"`
 }
 
 // Duration is the time from its first turn's end to its last's.
@@ -133,6 +148,14 @@ func (c *Conversation) add(t *Turn) {
 	if len(c.TTFTs) < MaxTTFTs {
 		c.TTFTs = append(c.TTFTs, t.TTFT)
 	}
+	c.Start = sessionStart(c.Start, t.Start)
+	if c.KeyID == "" {
+		c.KeyID = t.KeyID
+	}
+	if c.User == "" {
+		c.User = t.User
+	}
+	c.Breakdown.addTurn(&t.Hints, callOf(t), t.Tokens.Input)
 }
 
 // Outcome is the application's verdict on a conversation.

@@ -75,6 +75,9 @@ type localState struct {
 type savedEntry struct {
 	Conversation
 	Seen time.Time `json:"seen"`
+	// Prompts are the breakdown's distinct prompts, so that a restart
+	// does not count them again.
+	Prompts []string `json:"prompt_ids,omitempty"`
 }
 
 const localStateVersion = 1
@@ -116,6 +119,10 @@ func (l *Local) restore(st *localState) {
 			continue
 		}
 		e := &entry{c: s.Conversation, seen: s.Seen}
+		for _, p := range s.Prompts {
+			e.c.Breakdown.addPrompt(p)
+		}
+		e.c.Breakdown.Prompts = max(e.c.Breakdown.Prompts, s.Conversation.Breakdown.Prompts)
 		l.insertBySeen(e)
 	}
 	for id, lk := range st.Links {
@@ -199,10 +206,11 @@ func (l *Local) Get(_ context.Context, key string) (Conversation, error) {
 	return clone(&el.Value.(*entry).c), nil
 }
 
-// clone copies c with its own TTFTs and outcome.
+// clone copies c with its own TTFTs, outcome and breakdown.
 func clone(c *Conversation) Conversation {
 	out := *c
 	out.TTFTs = append([]time.Duration(nil), c.TTFTs...)
+	out.Breakdown = c.Breakdown.clone()
 	if c.Outcome != nil {
 		o := *c.Outcome
 		if o.Score != nil {
@@ -346,7 +354,11 @@ func (l *Local) Flush(context.Context) error {
 		Links: make(map[string]link, len(l.links))}
 	for el := l.order.Front(); el != nil; el = el.Next() {
 		e := el.Value.(*entry)
-		st.Conversations = append(st.Conversations, savedEntry{Conversation: clone(&e.c), Seen: e.seen})
+		saved := savedEntry{Conversation: clone(&e.c), Seen: e.seen}
+		for p := range e.c.Breakdown.prompts {
+			saved.Prompts = append(saved.Prompts, p)
+		}
+		st.Conversations = append(st.Conversations, saved)
 	}
 	for id, lk := range l.links {
 		st.Links[id] = lk

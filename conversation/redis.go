@@ -122,6 +122,12 @@ type delta struct {
 	cost              int64
 	first, last, seen int64
 	ttfts             []time.Duration
+	// start is the first turn's arrival in µs (0: none said); keyID and
+	// user the first named; bd the turns' breakdown, its prompts those of
+	// these turns (Redis counts each prompt once across batches).
+	start       int64
+	keyID, user string
+	bd          Breakdown
 }
 
 func (d *delta) add(t *Turn, at, seen int64) {
@@ -138,6 +144,16 @@ func (d *delta) add(t *Turn, at, seen int64) {
 	if len(d.ttfts) < MaxTTFTs {
 		d.ttfts = append(d.ttfts, t.TTFT)
 	}
+	if !t.Start.IsZero() && (d.start == 0 || t.Start.UnixMicro() < d.start) {
+		d.start = t.Start.UnixMicro()
+	}
+	if d.keyID == "" {
+		d.keyID = t.KeyID
+	}
+	if d.user == "" {
+		d.user = t.User
+	}
+	d.bd.addTurn(&t.Hints, callOf(t), t.Tokens.Input)
 }
 
 // foldInto adds d to c (key's figures), as the batch script would.
@@ -159,6 +175,16 @@ func (d *delta) foldInto(c *Conversation, key string) {
 	if room := MaxTTFTs - len(c.TTFTs); room > 0 {
 		c.TTFTs = append(c.TTFTs, d.ttfts[:min(room, len(d.ttfts))]...)
 	}
+	if d.start != 0 {
+		c.Start = sessionStart(c.Start, time.UnixMicro(d.start).UTC())
+	}
+	if c.KeyID == "" {
+		c.KeyID = d.keyID
+	}
+	if c.User == "" {
+		c.User = d.user
+	}
+	c.Breakdown.merge(&d.bd)
 }
 
 // batch is one batch script call; its id and arguments never change once
@@ -322,6 +348,8 @@ func (b *batch) add(r *Redis, key string, d *delta) {
 	for _, v := range d.ttfts {
 		b.args = append(b.args, int64(v))
 	}
+	b.args = append(b.args, d.start, d.keyID, d.user)
+	b.args = appendBreakdown(b.args, &d.bd)
 }
 
 // sendQueueLocked sends the queued batches in order, stopping at the first
@@ -673,8 +701,28 @@ func parseRecord(v any) (Conversation, error) {
 	for i := 0; i < len(flat); i += 2 {
 		name, _ := flat[i].(string)
 		val, _ := flat[i+1].(string)
-		if name == "tm" {
+		switch name {
+		case "tm":
 			c.Team = val
+			continue
+		case "kid":
+			c.KeyID = val
+			continue
+		case "u":
+			c.User = val
+			continue
+		case "s":
+			us, err := strconv.ParseInt(val, 10, 64)
+			if err != nil {
+				return Conversation{}, fmt.Errorf("conversation: field s of %s in Redis: %w", key, err)
+			}
+			c.Start = time.UnixMicro(us).UTC()
+			continue
+		}
+		if ok, err := parseBreakdownField(&c, name, val); ok {
+			if err != nil {
+				return Conversation{}, fmt.Errorf("conversation: %s in Redis: %w", key, err)
+			}
 			continue
 		}
 		if name == "out" {

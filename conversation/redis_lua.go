@@ -12,9 +12,30 @@ import "github.com/redis/go-redis/v9"
 // Hash fields: n turns, e errors, i o cr cw rs tokens (input, output, cache
 // read, cache write, reasoning), c cost in micro-dollars, f and l the first
 // and last turn in µs since the epoch (doubles hold them exactly until the
-// year 2255, so Lua compares them without loss), tm the team of the first
-// turn, out the outcome as JSON. Counters move by HINCRBY with the decimal
-// strings the gateway sent, never through Lua numbers.
+// year 2255, so Lua compares them without loss), s the first turn's start
+// (µs), tm the team of the first turn, kid and u the first key and end user
+// named, out the outcome as JSON, and the breakdown's members (see
+// redis_breakdown.go: m|G|N, n|G, g|G|N|C, a|G|N|A). Counters move by
+// HINCRBY with the decimal strings the gateway sent, never through Lua
+// numbers.
+
+// luaMember is the Lua that names a breakdown member in hash h: name when
+// group g has it or has room for it (fewer than limit members), else the
+// overflow member '~' (which a replica's batch may name itself), marked
+// but not counted.
+const luaMember = `
+local function member(h, g, name, limit)
+  local mk = 'm|' .. g .. '|' .. name
+  if redis.call('HEXISTS', h, mk) == 1 then return name end
+  if name == '~' or tonumber(redis.call('HGET', h, 'n|' .. g) or '0') >= limit then
+    redis.call('HSET', h, 'm|' .. g .. '|~', '1')
+    return '~'
+  end
+  redis.call('HSET', h, mk, '1')
+  redis.call('HINCRBY', h, 'n|' .. g, 1)
+  return name
+end
+`
 
 // luaTake is the Lua that reads one conversation whole and deletes it.
 const luaTake = `
@@ -31,7 +52,9 @@ end
 // list. ARGV[1] is the marker's TTL in seconds, ARGV[2] MaxActive, ARGV[3]
 // MaxTTFTs, ARGV[4] the tag, then for each conversation: its key, n, e, i,
 // o, cr, cw, rs, c, first, last, seen (µs; its score), team, the number of
-// TTFTs and that many TTFTs (ns).
+// TTFTs and that many TTFTs (ns), start (µs, 0 for none), key id, end
+// user, and the breakdown's member operations (appendBreakdown): their
+// count, then each one's group, name, cap, counters and attributes.
 //
 // It returns {1, evicted} when it applied the batch, where evicted are the
 // conversations it removed (lowest score first) to keep at most MaxActive,
@@ -42,7 +65,7 @@ end
 // Redis does not undo a script that fails halfway, so key types are
 // checked before anything is written: a key of the wrong type fails the
 // batch whole, and it is sent again once repaired.
-var batchScript = redis.NewScript(luaTake + `
+var batchScript = redis.NewScript(luaTake + luaMember + `
 local prev = redis.call('GET', KEYS[1])
 if prev then
   if prev == '1' then return {0, {}} end
@@ -86,6 +109,31 @@ for k = 3, #KEYS, 2 do
     redis.call('RPUSH', l, unpack(ts))
   end
   a = a + 14 + nt
+  local start, kid, user = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  a = a + 3
+  if start ~= '0' then
+    local s = redis.call('HGET', h, 's')
+    if not s or tonumber(start) < tonumber(s) then redis.call('HSET', h, 's', start) end
+  end
+  if kid ~= '' then redis.call('HSETNX', h, 'kid', kid) end
+  if user ~= '' then redis.call('HSETNX', h, 'u', user) end
+  local nm = tonumber(ARGV[a])
+  a = a + 1
+  for m = 1, nm do
+    local g, name = ARGV[a], member(h, ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]))
+    local nc = tonumber(ARGV[a + 3])
+    a = a + 4
+    for c = 1, nc do
+      if ARGV[a + 1] ~= '0' then redis.call('HINCRBY', h, 'g|' .. g .. '|' .. name .. '|' .. ARGV[a], ARGV[a + 1]) end
+      a = a + 2
+    end
+    local na = tonumber(ARGV[a])
+    a = a + 1
+    for c = 1, na do
+      if ARGV[a + 1] ~= '' then redis.call('HSETNX', h, 'a|' .. g .. '|' .. name .. '|' .. ARGV[a], ARGV[a + 1]) end
+      a = a + 2
+    end
+  end
 end
 local ev = {}
 local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[2])

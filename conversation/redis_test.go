@@ -22,6 +22,10 @@ type sumOf struct {
 	turns, errors, cost, input, ttftCount int64
 	ttftSum                               time.Duration
 	first, last                           time.Time
+	// mainCost is the cost of the turns of class "main"; prompts the
+	// distinct prompts the turns named.
+	mainCost int64
+	prompts  map[string]bool
 }
 
 func (s *sumOf) add(t Turn) {
@@ -37,6 +41,15 @@ func (s *sumOf) add(t Turn) {
 	}
 	s.cost += t.CostMicros
 	s.input += t.Tokens.Input
+	if t.Hints.Class == "main" {
+		s.mainCost += t.CostMicros
+	}
+	if t.Hints.Prompt != "" {
+		if s.prompts == nil {
+			s.prompts = map[string]bool{}
+		}
+		s.prompts[t.Hints.Prompt] = true
+	}
 	if s.ttftCount < MaxTTFTs {
 		s.ttftCount++
 		s.ttftSum += t.TTFT
@@ -48,6 +61,13 @@ func (s *sumOf) check(c Conversation) string {
 	var sum time.Duration
 	for _, v := range c.TTFTs {
 		sum += v
+	}
+	var mainCost int64
+	if m := c.Breakdown.Classes["main"]; m != nil {
+		mainCost = m.CostMicros
+	}
+	if mainCost != s.mainCost {
+		return fmt.Sprintf("main calls cost %d, want %d", mainCost, s.mainCost)
 	}
 	if c.Turns != s.turns || c.Errors != s.errors || c.CostMicros != s.cost || c.Tokens.Input != s.input ||
 		!c.First.Equal(s.first) || !c.Last.Equal(s.last) || int64(len(c.TTFTs)) != s.ttftCount {
@@ -125,7 +145,7 @@ func TestRedisReplicasCountEveryTurnOnce(t *testing.T) {
 			for i := range perWorker {
 				tu := Turn{Key: keys[(i*7+w)%convs], Team: "research", At: clock.Now().Add(time.Duration(i) * time.Millisecond),
 					Tokens: Tokens{Input: int64(i + 1)}, CostMicros: int64(w*1000 + i), TTFT: time.Duration(i+1) * time.Microsecond,
-					Error: i%5 == 0}
+					Error: i%5 == 0, Hints: Hints{Class: []string{"main", "subagent", "main"}[i%3], Prompt: fmt.Sprint("p", i%11)}}
 				// Counted before it is recorded, so a Get never sees more.
 				mu.Lock()
 				if want[tu.Key] == nil {
@@ -187,6 +207,10 @@ func TestRedisReplicasCountEveryTurnOnce(t *testing.T) {
 		}
 		if diff := want[k].check(ends.last[k]); diff != "" {
 			t.Errorf("ended %s: %s", k, diff)
+		}
+		// Each prompt counts once, whichever replicas sent it.
+		if got := ends.last[k].Breakdown.Prompts; got != int64(len(want[k].prompts)) {
+			t.Errorf("ended %s: %d prompts, want %d", k, got, len(want[k].prompts))
 		}
 	}
 }
