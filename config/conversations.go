@@ -1,6 +1,11 @@
 package config
 
-import "time"
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
 
 // Conversations is the [conversations] table: turns, tokens and cost per
 // conversation, the outcome the application reports for it, and an
@@ -9,11 +14,19 @@ import "time"
 type Conversations struct {
 	// Enabled turns conversation tracking on. Default false.
 	Enabled bool `toml:"enabled"`
-	// Header is the request header that names a request's conversation.
-	// The W3C baggage entry session.id (OpenTelemetry's session
-	// convention) is read when the header is absent. Default
+	// Header is the application's request header that names a request's
+	// conversation: the "header" entry of Identity. Default
 	// "X-Conversation-Id".
 	Header string `toml:"header"`
+	// Identity is the order in which a request's conversation is looked
+	// for; the first that names one wins. Each entry is a request header's
+	// name, or one of: "header" (Header), "baggage" (the W3C baggage entry
+	// session.id, OpenTelemetry's session convention), "client_metadata"
+	// (the session_id of the body's client_metadata, which Codex sends on
+	// each turn of a socket), "responses" (on the Responses API, its
+	// conversation, else its previous_response_id's chain). Default: the
+	// coding agents' session headers, then the rest (DefaultIdentity).
+	Identity []string `toml:"identity"`
 	// IdleTimeoutSeconds ends a conversation that has had no turn for this
 	// long; its figures are observed then. Default 1800.
 	IdleTimeoutSeconds float64 `toml:"idle_timeout_seconds"`
@@ -37,8 +50,24 @@ func (c *Conversations) IdleTimeout() time.Duration { return Seconds(c.IdleTimeo
 // FlushInterval returns FlushIntervalSeconds as a duration.
 func (c *Conversations) FlushInterval() time.Duration { return Seconds(c.FlushIntervalSeconds) }
 
+// DefaultIdentity is Conversations.Identity's default: Claude Code's
+// session header, Codex's (and its older spelling), the headers other
+// clients send, then the application's header, baggage, Codex's body and
+// the Responses API's own chaining.
+var DefaultIdentity = []string{"x-claude-code-session-id", "session-id", "session_id", "x-session-id",
+	"x-session-affinity", IdentityHeader, IdentityBaggage, IdentityClientMetadata, IdentityResponses}
+
+// The entries of Conversations.Identity that are not header names.
+const (
+	IdentityHeader         = "header"
+	IdentityBaggage        = "baggage"
+	IdentityClientMetadata = "client_metadata"
+	IdentityResponses      = "responses"
+)
+
 func defaultConversations() Conversations {
 	return Conversations{
+		Identity:             slices.Clone(DefaultIdentity),
 		Header:               "X-Conversation-Id",
 		IdleTimeoutSeconds:   1800,
 		MaxActive:            100_000,
@@ -54,6 +83,21 @@ const maxActiveConversations = 10_000_000
 func (c *Conversations) validate(v *validator) {
 	if !validHeaderName(c.Header) {
 		v.add("conversations.header", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", c.Header)
+	}
+	if len(c.Identity) == 0 {
+		v.add("conversations.identity", "must name at least one source (default %q)", DefaultIdentity)
+	}
+	seen := map[string]bool{}
+	for i, e := range c.Identity {
+		key := fmt.Sprintf("conversations.identity[%d]", i)
+		switch {
+		case !validHeaderName(e):
+			v.add(key, "%q is neither a header name nor one of %q, %q, %q, %q", e,
+				IdentityHeader, IdentityBaggage, IdentityClientMetadata, IdentityResponses)
+		case seen[strings.ToLower(e)]:
+			v.add(key, "%q is listed twice", e)
+		}
+		seen[strings.ToLower(e)] = true
 	}
 	v.duration("conversations.idle_timeout_seconds", c.IdleTimeoutSeconds, time.Millisecond, false)
 	v.duration("conversations.flush_interval_seconds", c.FlushIntervalSeconds, time.Millisecond, false)

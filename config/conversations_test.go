@@ -21,6 +21,13 @@ func TestBadConversationsConfigs(t *testing.T) {
 			}},
 		{"empty header", up + "[conversations]\nheader = \"\"\n",
 			[]string{`gateway.toml:5: conversations.header: "" is not a header name (letters, digits and !#$%&'*+-.^_` + "`" + `|~)`}},
+		{"identity", up + "[conversations]\nidentity = [\"x-claude-code-session-id\", \"session id\", \"X-Claude-Code-Session-Id\"]\n",
+			[]string{
+				`gateway.toml:5: conversations.identity[1]: "session id" is neither a header name nor one of "header", "baggage", "client_metadata", "responses"`,
+				`gateway.toml:5: conversations.identity[2]: "X-Claude-Code-Session-Id" is listed twice`,
+			}},
+		{"no identity", up + "[conversations]\nidentity = []\n",
+			[]string{`gateway.toml:5: conversations.identity: must name at least one source (default ["x-claude-code-session-id" "session-id" "session_id" "x-session-id" "x-session-affinity" "header" "baggage" "client_metadata" "responses"])`}},
 		{"too many active", up + "[conversations]\nmax_active = 20000000\n",
 			[]string{`gateway.toml:5: conversations.max_active: 20000000 is too many (at most 10000000)`}},
 		{"budget without conversations", up + priced + "[[teams]]\nname = \"a\"\nmax_cost_per_conversation_usd = 1\n",
@@ -47,8 +54,9 @@ func TestBadConversationsConfigs(t *testing.T) {
 		})
 	}
 	// A good one parses.
-	c := mustParse(t, up+priced+"[conversations]\nenabled = true\nheader = \"X-Session-Id\"\n\n[[teams]]\nname = \"a\"\nmax_cost_per_conversation_usd = 2.5\n", nil)
-	if !c.Conversations.Enabled || c.Conversations.Header != "X-Session-Id" || *c.Teams[0].MaxCostPerConversationUSD != 2.5 {
+	c := mustParse(t, up+priced+"[conversations]\nenabled = true\nheader = \"X-Session-Id\"\nidentity = [\"header\", \"responses\"]\n\n[[teams]]\nname = \"a\"\nmax_cost_per_conversation_usd = 2.5\n", nil)
+	if !c.Conversations.Enabled || c.Conversations.Header != "X-Session-Id" || *c.Teams[0].MaxCostPerConversationUSD != 2.5 ||
+		len(c.Conversations.Identity) != 2 {
 		t.Errorf("parsed %+v %+v", c.Conversations, c.Teams[0])
 	}
 }

@@ -29,7 +29,7 @@ func TestDefault(t *testing.T) {
 			TimeoutSeconds: 60, Prompt: "Reply with the single word: ok"},
 		Tracing: Tracing{Protocol: "http/protobuf", SampleRatio: 1, ServiceName: "tollgate", QueueSize: 2048,
 			ExportTimeoutSeconds: 10},
-		Conversations: Conversations{Header: "X-Conversation-Id", IdleTimeoutSeconds: 1800, MaxActive: 100000,
+		Conversations: Conversations{Header: "X-Conversation-Id", Identity: DefaultIdentity, IdleTimeoutSeconds: 1800, MaxActive: 100000,
 			StateFile: "tollgate-conversations.json", FlushIntervalSeconds: 1},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -519,7 +519,7 @@ flush_interval_seconds = 0.5
 		Tracing: Tracing{Enabled: true, Protocol: "grpc", Endpoint: "otel-collector:4317", Insecure: true,
 			HeadersEnv: "OTLP_HEADERS", Headers: "authorization=Bearer otlp-secret", SampleRatio: 0.25,
 			ServiceName: "tollgate-eu", CaptureContent: true, QueueSize: 100, ExportTimeoutSeconds: 2.5},
-		Conversations: Conversations{Enabled: true, Header: "X-Session", IdleTimeoutSeconds: 600, MaxActive: 5000,
+		Conversations: Conversations{Enabled: true, Header: "X-Session", Identity: DefaultIdentity, IdleTimeoutSeconds: 600, MaxActive: 5000,
 			StateFile: "/var/lib/tollgate/conversations.json", FlushIntervalSeconds: 0.5},
 	}
 	if !reflect.DeepEqual(*c, want) {

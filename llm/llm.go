@@ -347,6 +347,19 @@ type Record struct {
 	Stream            bool
 	Status            int // status sent to the client
 
+	// Conversation is the conversation the request is a turn of: its key
+	// (a hash of its owner and id; never the id), "" for none.
+	// ConversationSource is the [conversations] identity entry that named
+	// it (a header's name, "baggage", "client_metadata", "responses").
+	Conversation       string
+	ConversationSource string
+	// RequestClass and Agent are what a coding agent said of the call, for
+	// reporting only: its request class ("main", "subagent", ...; "" when
+	// none said), and the agent that made it (a hash of the agent's id; ""
+	// for the main loop).
+	RequestClass string
+	Agent        string
+
 	Timing Timing
 
 	// Usage as reported by the upstream, or counted from events when

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,9 @@ type convTurn struct {
 	// unknown: a Responses request that names no conversation and continues
 	// none takes its new response's id (linkResponse).
 	key string
+	// source is the identity entry that named it ([conversations]
+	// identity); "responses" for the Responses API's own chaining.
+	source string
 	// fromResponse: the conversation is named by the Responses API (its
 	// own id or chain), so a turn without a key yet gets one from its
 	// response.
@@ -74,38 +78,95 @@ func (h *convHolds) release(key string, cost int64) {
 	}
 }
 
+// identitySource is one entry of [conversations] identity: a header (its
+// canonical name), or one of the other sources.
+type identitySource struct {
+	// name is the entry as configured, which the record names as its
+	// source; header the canonical header name to read ("" for the other
+	// sources).
+	name, header string
+}
+
+// identitySources resolves [conversations] identity once: "header" to the
+// application's header, each header name to its canonical form.
+func identitySources(cc *config.Conversations) []identitySource {
+	out := make([]identitySource, 0, len(cc.Identity))
+	for _, e := range cc.Identity {
+		switch e {
+		case config.IdentityBaggage, config.IdentityClientMetadata, config.IdentityResponses:
+			out = append(out, identitySource{name: e})
+		case config.IdentityHeader:
+			out = append(out, identitySource{name: strings.ToLower(cc.Header), header: http.CanonicalHeaderKey(cc.Header)})
+		default:
+			out = append(out, identitySource{name: strings.ToLower(e), header: http.CanonicalHeaderKey(e)})
+		}
+	}
+	return out
+}
+
 // identifyConversation names the conversation a governed model request is
-// a turn of, when [conversations] is on: the configured header, else the
-// W3C baggage entry session.id, else on the Responses API its
-// "conversation", else the chain of previous_response_id (the conversation
-// its previous response belongs to, else that response's own id: the
-// first of the chain). A Responses request that names none starts a
-// conversation named by its own new response. The id is the caller's:
+// a turn of, when [conversations] is on, from the first source of
+// [conversations] identity that names one: a header (a coding agent's
+// session, the application's), the W3C baggage entry session.id, the
+// body's client_metadata.session_id, or on the Responses API ("responses")
+// its "conversation", else the chain of previous_response_id (the
+// conversation its previous response belongs to, else that response's own
+// id: the first of the chain); a Responses request that names none starts
+// a conversation named by its own new response. The id is the caller's:
 // the key is scoped to the caller's team (conversation.Key).
 func (ex *exchange) identifyConversation() refusal {
 	g := ex.g
 	if g.conv == nil {
 		return refusal{}
 	}
-	cc := &ex.gen.cfg.Conversations
 	owner := ex.owner()
-	id, source := ex.r.Header.Get(cc.Header), cc.Header
-	if id == "" {
-		id, source = baggageSessionID(ex.r.Header.Values("Baggage")), "baggage session.id"
-	}
-	if id != "" {
+	responses := ex.rec.Route == llm.RouteResponses
+	for _, src := range g.identity {
+		var id string
+		switch {
+		case src.header != "":
+			if v := ex.r.Header[src.header]; len(v) > 0 {
+				id = v[0]
+			}
+		case src.name == config.IdentityBaggage:
+			id = baggageSessionID(ex.r.Header.Values("Baggage"))
+		case src.name == config.IdentityClientMetadata:
+			id = ex.info.agent.metaSession
+		case src.name == config.IdentityResponses && responses:
+			ex.conv.fromResponse = true
+			if ex.conv.key == "" {
+				ex.conv.source = src.name
+				ex.chainConversation(owner)
+			}
+			return refusal{}
+		}
+		if id == "" || ex.conv.key != "" {
+			continue // a later "responses" still links the new response
+		}
 		if !conversation.ValidID(id) {
-			return badRequest(errBadRequest("the conversation id in "+source+" must be 1 to "+
+			what := src.name
+			if src.header != "" {
+				what = "the " + src.header + " header"
+			}
+			return badRequest(errBadRequest("the conversation id in "+what+" must be 1 to "+
 				strconv.Itoa(conversation.MaxIDLen)+" bytes without control characters", ""))
 		}
-		ex.conv.key = conversation.Key(owner, id)
+		ex.conv.key, ex.conv.source = conversation.Key(owner, id), src.name
+		if !responses {
+			return refusal{}
+		}
 	}
-	if ex.rec.Route != llm.RouteResponses {
-		return refusal{}
-	}
-	ex.conv.fromResponse = true
+	return refusal{}
+}
+
+// chainConversation names a Responses request's conversation by the API's
+// own state: its "conversation", else the conversation its
+// previous_response_id belongs to (else that response's own id: the first
+// of the chain); none for a request that continues nothing, which its own
+// new response names (takeLink).
+func (ex *exchange) chainConversation(owner string) {
+	g := ex.g
 	switch {
-	case ex.conv.key != "":
 	case ex.info.Conversation != "":
 		ex.conv.key = conversation.Key(owner, ex.info.Conversation)
 	case ex.info.PreviousResponseID != "":
@@ -122,7 +183,6 @@ func (ex *exchange) identifyConversation() refusal {
 		}
 		ex.conv.key = key
 	}
-	return refusal{}
 }
 
 // linkName names a response in the store's links: scoped to its owner, as
@@ -253,6 +313,11 @@ func (ex *exchange) recordTurn(rec *llm.Record) {
 		CostMicros: rec.CostMicros,
 		TTFT:       rec.TTFT(),
 		Error:      rec.Outcome != llm.OutcomeOK,
+		Start:      rec.Timing.In,
+		E2E:        rec.E2E(),
+		KeyID:      rec.KeyID,
+		User:       ex.info.agent.endUser,
+		Hints:      ex.info.agent.hints,
 	})
 }
 
@@ -294,18 +359,110 @@ type ConversationReport struct {
 	// null for a turn without one (an error, a non-streamed answer).
 	TTFTMs  []*float64            `json:"ttft_ms"`
 	Outcome *conversation.Outcome `json:"outcome"`
+	// KeyID is the key of its first turn ([[keys]] name or key id), User
+	// the end user its turns named (hashed); "" when none.
+	KeyID string `json:"key_id,omitempty"`
+	User  string `json:"user,omitempty"`
+	// Session is what a coding agent's turns said of themselves.
+	Session SessionReport `json:"session"`
+}
+
+// SessionReport is a conversation's breakdown as the admin API shows it:
+// its calls by request class, its agents as a tree (each names its
+// parent), the tools its agents ran, its compactions, its user turns, and
+// where its time went.
+type SessionReport struct {
+	Classes     map[string]conversation.Calls       `json:"classes"`
+	Agents      []AgentReport                       `json:"agents"`
+	Tools       map[string]conversation.Tool        `json:"tools"`
+	Compactions map[string]conversation.Compactions `json:"compactions"`
+	// UserTurns counts the distinct user prompts its calls served (Claude
+	// Code's prompt id, Codex's turn id); capped says it stopped counting
+	// at conversation.MaxPrompts.
+	UserTurns       int64 `json:"user_turns"`
+	UserTurnsCapped bool  `json:"user_turns_capped,omitempty"`
+	// SubagentCostShare is the share of its cost its subagents' calls
+	// took (0 without any).
+	SubagentCostShare float64     `json:"subagent_cost_share"`
+	Time              SessionTime `json:"time"`
+}
+
+// AgentReport is one agent of a session: its id and its parent's (hashes
+// of the agent's own ids; no parent for one the main loop spawned).
+type AgentReport struct {
+	ID string `json:"id"`
+	conversation.Agent
+}
+
+// SessionTime is where a session's time went: its wall time from its first
+// call's arrival to its last call's end, the model's (the calls' summed
+// E2E, and of it their TTFTs), the tools' (the durations the agents
+// reported), and the rest (the user, the client), which is the wall time
+// less the other two, at least 0: parallel calls and tools (subagents,
+// parallel tool calls) overlap, so the parts may add up to more than the
+// wall time.
+type SessionTime struct {
+	WallSeconds  float64 `json:"wall_seconds"`
+	ModelSeconds float64 `json:"model_seconds"`
+	TTFTSeconds  float64 `json:"ttft_seconds"`
+	ToolSeconds  float64 `json:"tool_seconds"`
+	OtherSeconds float64 `json:"other_seconds"`
 }
 
 func reportOf(id string, c *conversation.Conversation) ConversationReport {
 	rep := ConversationReport{ID: id, Key: c.Key, Team: c.Team, Turns: c.Turns, Errors: c.Errors, Tokens: c.Tokens,
 		CostUSD: float64(c.CostMicros) / 1e6, CostMicros: c.CostMicros, FirstSeen: c.First, LastSeen: c.Last,
-		DurationSeconds: c.Duration().Seconds(), TTFTMs: make([]*float64, len(c.TTFTs)), Outcome: c.Outcome}
+		DurationSeconds: c.Duration().Seconds(), TTFTMs: make([]*float64, len(c.TTFTs)), Outcome: c.Outcome,
+		KeyID: c.KeyID, User: c.User, Session: sessionReport(c)}
 	for i, d := range c.TTFTs {
 		if d > 0 {
 			ms := float64(d) / float64(time.Millisecond)
 			rep.TTFTMs[i] = &ms
 		}
 	}
+	return rep
+}
+
+// sessionReport is c's breakdown as SessionReport shows it.
+func sessionReport(c *conversation.Conversation) SessionReport {
+	bd := &c.Breakdown
+	rep := SessionReport{Classes: map[string]conversation.Calls{}, Agents: []AgentReport{},
+		Tools: map[string]conversation.Tool{}, Compactions: map[string]conversation.Compactions{},
+		UserTurns: bd.Prompts, UserTurnsCapped: bd.PromptsCapped}
+	var model, ttft, subagents int64
+	for name, calls := range bd.Classes {
+		rep.Classes[name] = *calls
+		model += calls.E2EMicros
+		ttft += calls.TTFTMicros
+		if name == "subagent" {
+			subagents += calls.CostMicros
+		}
+	}
+	for id, a := range bd.Agents {
+		rep.Agents = append(rep.Agents, AgentReport{ID: id, Agent: *a})
+	}
+	slices.SortFunc(rep.Agents, func(a, b AgentReport) int { return strings.Compare(a.ID, b.ID) })
+	var tools int64
+	for name, t := range bd.Tools {
+		rep.Tools[name] = *t
+		tools += t.Millis
+	}
+	for kind, k := range bd.Compactions {
+		rep.Compactions[kind] = *k
+	}
+	if c.CostMicros > 0 {
+		rep.SubagentCostShare = float64(subagents) / float64(c.CostMicros)
+	}
+	wall := time.Duration(0)
+	if !c.Start.IsZero() {
+		wall = c.Last.Sub(c.Start)
+	}
+	t := &rep.Time
+	t.WallSeconds = wall.Seconds()
+	t.ModelSeconds = float64(model) / 1e6
+	t.TTFTSeconds = float64(ttft) / 1e6
+	t.ToolSeconds = float64(tools) / 1e3
+	t.OtherSeconds = max(0, t.WallSeconds-t.ModelSeconds-t.ToolSeconds)
 	return rep
 }
 

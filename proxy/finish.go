@@ -94,6 +94,11 @@ func (ex *exchange) closeRecord() {
 		rec.ErrorType = out.errType
 	}
 	rec.Timing.End = ex.end()
+	rec.Conversation, rec.ConversationSource = ex.conv.key, ex.conv.source
+	if rec.Conversation == "" {
+		rec.ConversationSource = ""
+	}
+	rec.RequestClass, rec.Agent = ex.info.agent.hints.Class, ex.info.agent.hints.Agent
 }
 
 // end is t_end: the last flush when the caller got the whole answer up to

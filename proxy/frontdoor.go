@@ -287,6 +287,9 @@ func (ex *exchange) inspect(raw []byte) ([]byte, refusal) {
 			return nil, badRequest(errCaseVariant(key, field))
 		}
 		info.decoded = decoded
+		if ex.kind == kindModelCall {
+			info.agent = readAgentCall(ex.r.Header, info.clientMeta, info.endUser)
+		}
 		ex.info = info
 		ex.rec.Model, ex.rec.Stream = info.Model, info.Stream
 		if aerr := ex.meterBackground(); aerr != nil {

@@ -127,6 +127,8 @@ type Gateway struct {
 	conv      conversation.Store
 	onOutcome func(team string, o conversation.Outcome, costMicros int64)
 	convHolds convHolds
+	// identity is [conversations] identity, each entry resolved once.
+	identity []identitySource
 	// adminToken is the SHA-256 of [admin] token, hasAdmin whether one is set.
 	adminToken [sha256.Size]byte
 	hasAdmin   bool
@@ -185,6 +187,7 @@ func New(opts Options) (*Gateway, error) {
 			return nil, errors.New("proxy: [conversations] is on and Options.Conversations is nil")
 		}
 		g.conv, g.onOutcome = opts.Conversations, opts.OnOutcome
+		g.identity = identitySources(&opts.Config.Conversations)
 	}
 	if token := opts.Config.Admin.Token.Reveal(); token != "" {
 		// Comparing digests keeps the comparison constant-time whatever

@@ -103,6 +103,9 @@ func fieldCases() []fieldCase {
 	socketTurn := *streamedRecord()
 	socketTurn.RequestID, socketTurn.Transport = "tg_ws", llm.TransportWebSocket
 	socketTurn.Route, socketTurn.Dialect = llm.RouteResponses, llm.DialectResponses
+	// A subagent's call of a coding agent's session.
+	socketTurn.Conversation, socketTurn.ConversationSource = "9253e8ff0c3a4b1d9253e8ff0c3a4b1d", "session-id"
+	socketTurn.RequestClass, socketTurn.Agent = "subagent", "4b1d9253e8ff"
 
 	return []fieldCase{
 		{name: "ok stream", path: "/v1/chat/completions", rec: okStream},

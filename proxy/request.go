@@ -133,6 +133,14 @@ type requestInfo struct {
 	PreviousResponseID string
 	Conversation       string
 	NoStore            bool
+	// clientMeta is the body's client_metadata (a span of it; Codex's
+	// per-turn attribution) and endUser the end user it names (Messages
+	// metadata.user_id, OpenAI's user or safety_identifier): read for the
+	// agent's hints (agent).
+	clientMeta []byte
+	endUser    string
+	// agent is what the call's agent said of it (agenthints.go).
+	agent agentCall
 }
 
 // requestFields are the few fields of a request body the gateway reads. The
@@ -146,6 +154,11 @@ type requestFields struct {
 	Background          json.RawMessage `json:"background"`        // Responses
 	storedRefs
 	StreamOptions *streamOptions `json:"stream_options"`
+	// Read for reporting only (agenthints.go): never judged.
+	Metadata         json.RawMessage `json:"metadata"`          // Messages: user_id
+	User             json.RawMessage `json:"user"`              // OpenAI
+	SafetyIdentifier json.RawMessage `json:"safety_identifier"` // OpenAI
+	ClientMetadata   json.RawMessage `json:"client_metadata"`   // Responses (Codex)
 }
 
 // streamOptions is the one field of stream_options the gateway reads.
@@ -212,7 +225,30 @@ func inspectRequest(d llm.Dialect, body []byte) (requestInfo, *apiError) {
 			info.IncludeUsage = on
 		}
 	}
+	info.endUser = endUserOf(d, &f)
+	if d == llm.DialectResponses && jsonscan.KindOf(f.ClientMetadata) == jsonscan.KindObject {
+		info.clientMeta = f.ClientMetadata
+	}
 	return info, nil
+}
+
+// endUserOf is the end user a request names, for reporting only: Messages'
+// metadata.user_id, else OpenAI's user, else its safety_identifier; "" when
+// none is a string.
+func endUserOf(d llm.Dialect, f *requestFields) string {
+	if d == llm.DialectAnthropic {
+		if v, ok := jsonscan.Get(f.Metadata, "user_id"); ok {
+			s, _ := jsonText(v)
+			return s
+		}
+		return ""
+	}
+	for _, v := range [][]byte{f.User, f.SafetyIdentifier} {
+		if s, ok := jsonText(v); ok && s != "" {
+			return s
+		}
+	}
+	return ""
 }
 
 // jsonText is the string the JSON value raw holds, as json.Unmarshal reads
@@ -311,6 +347,14 @@ func scanRequestFields(body []byte) (f requestFields, ok bool) {
 			f.Conversation = v
 		case asciiFoldEq(key, "store"):
 			f.Store = v
+		case asciiFoldEq(key, "metadata"):
+			f.Metadata = v
+		case asciiFoldEq(key, "user"):
+			f.User = v
+		case asciiFoldEq(key, "safety_identifier"):
+			f.SafetyIdentifier = v
+		case asciiFoldEq(key, "client_metadata"):
+			f.ClientMetadata = v
 		case asciiFoldEq(key, "stream_options"):
 			if seenOptions {
 				return f, false // a second object would merge into the first

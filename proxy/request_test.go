@@ -110,6 +110,19 @@ func TestInspectRequest(t *testing.T) {
 			want: requestInfo{Model: "gpt-4o", MaxTokens: -1}},
 		{name: "model with invalid UTF-8", d: llm.DialectOpenAI, body: "{\"model\":\"m\xff\"}",
 			want: requestInfo{Model: "m\ufffd", MaxTokens: -1}},
+		// The end user and Codex's client_metadata, read for reporting.
+		{name: "messages metadata.user_id", d: llm.DialectAnthropic,
+			body: `{"model":"c","metadata":{"user_id":"{\"device_id\":\"ab\"}"},"user":"ignored"}`,
+			want: requestInfo{Model: "c", MaxTokens: -1, endUser: `{"device_id":"ab"}`}},
+		{name: "openai user", d: llm.DialectOpenAI, body: `{"model":"m","user":"u-7","safety_identifier":"s"}`,
+			want: requestInfo{Model: "m", MaxTokens: -1, endUser: "u-7"}},
+		{name: "openai safety_identifier", d: llm.DialectOpenAI, body: `{"model":"m","user":42,"safety_identifier":"s-1"}`,
+			want: requestInfo{Model: "m", MaxTokens: -1, endUser: "s-1"}},
+		{name: "responses client_metadata", d: llm.DialectResponses,
+			body: `{"model":"m","client_metadata":{"session_id":"s1"}}`,
+			want: requestInfo{Model: "m", MaxTokens: -1, clientMeta: []byte(`{"session_id":"s1"}`)}},
+		{name: "responses client_metadata not an object", d: llm.DialectResponses,
+			body: `{"model":"m","client_metadata":"s1"}`, want: requestInfo{Model: "m", MaxTokens: -1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,7 +139,7 @@ func TestInspectRequest(t *testing.T) {
 			if err != nil {
 				t.Fatalf("unexpected error %v", err)
 			}
-			if got != tc.want {
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})

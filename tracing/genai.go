@@ -68,11 +68,19 @@ const (
 	UpstreamRequestID = attribute.Key("tollgate.upstream_request_id")
 	// Key is the caller's key as the access log names it: its [[keys]] name
 	// or the hash prefix id. Never the key.
-	Key          = attribute.Key("tollgate.key")
-	Team         = attribute.Key("tollgate.team")
-	Route        = attribute.Key("tollgate.route")
-	Upstream     = attribute.Key("tollgate.upstream")
-	Transport    = attribute.Key("tollgate.transport")
+	Key       = attribute.Key("tollgate.key")
+	Team      = attribute.Key("tollgate.team")
+	Route     = attribute.Key("tollgate.route")
+	Upstream  = attribute.Key("tollgate.upstream")
+	Transport = attribute.Key("tollgate.transport")
+	// Conversation is the key (a hash) of the conversation or agent
+	// session the request is a turn of; ConversationSource what named it.
+	Conversation       = attribute.Key("tollgate.conversation")
+	ConversationSource = attribute.Key("tollgate.conversation_source")
+	// RequestClass and Agent are what a coding agent said of the call
+	// (reporting only); Agent is a hash of the agent's id.
+	RequestClass = attribute.Key("tollgate.request_class")
+	Agent        = attribute.Key("tollgate.agent")
 	Outcome      = attribute.Key("tollgate.outcome")
 	Interruption = attribute.Key("tollgate.interruption")
 	Rejection    = attribute.Key("tollgate.rejection")
