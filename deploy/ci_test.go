@@ -38,13 +38,15 @@ func TestReadmeTestCommandInstallsWhatTheTestsNeed(t *testing.T) {
 }
 
 // TestSetupFindsWhatIsMissing runs .ci/setup --check with a PATH that has
-// every tool the tests need (nginx among them, for cmd/bench-compare) but
-// redis-server and redis-cli: it names
-// redis-server (whose package brings redis-cli), and installs nothing; with
-// a redis-server but no redis-cli, it names redis-tools.
+// every tool the tests need (nginx among them, for cmd/bench-compare, and
+// the pinned helm in Go's bin directory, for the chart) but redis-server
+// and redis-cli: it names redis-server (whose package brings redis-cli),
+// and installs nothing; with a redis-server but no redis-cli, it names
+// redis-tools; without helm, or with another version of it, it names helm
+// at the pinned version.
 func TestSetupFindsWhatIsMissing(t *testing.T) {
 	root := repoRoot(t)
-	bin := t.TempDir()
+	bin, gobin := t.TempDir(), t.TempDir()
 	tool := func(name string) {
 		t.Helper()
 		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
@@ -54,6 +56,22 @@ func TestSetupFindsWhatIsMissing(t *testing.T) {
 	for _, name := range []string{"gcc", "git", "prometheus", "promtool", "docker-compose", "chromium", "nginx"} {
 		tool(name)
 	}
+	// A go that answers what .ci/setup asks: GOBIN, and the module
+	// version in a binary's build information, here the stub helm's text.
+	// (Shell built-ins only: PATH holds nothing else.)
+	goStub := "#!/bin/sh\ncase \"$1\" in\nenv) echo " + gobin + " ;;\n" +
+		"version) [ -f \"$3\" ] || exit 1; read -r v < \"$3\"; printf '%s: go1\\n\\tmod\\thelm.sh/helm/v4\\t%s\\th1:x\\n' \"$3\" \"$v\" ;;\nesac\n"
+	if err := os.WriteFile(filepath.Join(bin, "go"), []byte(goStub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pin := helmPin(t)
+	helmStub := func(version string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(gobin, "helm"), []byte(version), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	helmStub(pin)
 	run := func(path string) (string, error) {
 		c := exec.Command("bash", filepath.Join(root, ".ci", "setup"), "--check")
 		c.Env = append(os.Environ(), "PATH="+path)
@@ -70,6 +88,16 @@ func TestSetupFindsWhatIsMissing(t *testing.T) {
 	tool("redis-cli")
 	if out, err := run(bin); err != nil || out != "nothing missing" {
 		t.Errorf("with every tool: %q (%v), want \"nothing missing\"", out, err)
+	}
+	helmStub("v4.0.0")
+	if out, err := run(bin); err == nil || out != "missing: helm@"+pin {
+		t.Errorf("with helm v4.0.0: %q (%v), want \"missing: helm@%s\" and a failure", out, err, pin)
+	}
+	if err := os.Remove(filepath.Join(gobin, "helm")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(bin); err == nil || out != "missing: helm@"+pin {
+		t.Errorf("without helm: %q (%v), want \"missing: helm@%s\" and a failure", out, err, pin)
 	}
 }
 

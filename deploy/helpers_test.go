@@ -17,7 +17,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		// The gateway binary gatewayBinary built, if a test asked for it.
+		if gatewayBuild.dir != "" {
+			os.RemoveAll(gatewayBuild.dir)
+		}
+		os.Exit(code)
+	}))
 }
 
 // repoRoot returns the module root: tests run in deploy.
@@ -69,7 +75,7 @@ func flagValue(args []string, name string) (string, bool) {
 
 // freeAddr returns a loopback address that nothing listens on, for a process
 // that takes its listen address as a flag or in its config.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
