@@ -49,9 +49,11 @@ const (
 	// are named chartFullname.
 	chartRelease  = "tg"
 	chartFullname = "tg-tollgate"
-	// serviceMonitorAPI is what a cluster with the Prometheus Operator's
-	// CRDs serves, as helm template --api-versions takes it.
+	// serviceMonitorAPI and prometheusRuleAPI are what a cluster with the
+	// Prometheus Operator's CRDs serves, as helm template --api-versions
+	// takes them.
 	serviceMonitorAPI = "monitoring.coreos.com/v1/ServiceMonitor"
+	prometheusRuleAPI = "monitoring.coreos.com/v1/PrometheusRule"
 )
 
 var helmPinRE = regexp.MustCompile(`(?m)^helm_version=(v[0-9][^\s]*)$`)
@@ -342,10 +344,15 @@ var chartCases = []chartCase{
 		},
 	},
 	{
-		name:        "ServiceMonitor when the CRD is served",
-		apiVersions: []string{serviceMonitorAPI},
-		objects:     withObjects("ServiceMonitor " + chartFullname),
+		name:        "ServiceMonitor and PrometheusRules when the CRDs are served",
+		apiVersions: []string{serviceMonitorAPI, prometheusRuleAPI},
+		objects: withObjects("ServiceMonitor "+chartFullname,
+			"PrometheusRule "+chartFullname+"-recording", "PrometheusRule "+chartFullname+"-alerts"),
 		check: func(t *testing.T, objs manifests, _ *config.Config) {
+			for _, f := range []string{"recording", "alerts"} {
+				checkPrometheusRule(t, get[*monitoringv1.PrometheusRule](t, objs, "PrometheusRule "+chartFullname+"-"+f),
+					"prometheus/rules/"+f+".yml")
+			}
 			sm := get[*monitoringv1.ServiceMonitor](t, objs, "ServiceMonitor "+chartFullname)
 			svc := get[*corev1.Service](t, objs, "Service "+chartFullname)
 			if !selects(sm.Spec.Selector.MatchLabels, svc.Labels) {
@@ -360,10 +367,10 @@ var chartCases = []chartCase{
 		},
 	},
 	{
-		name:        "no ServiceMonitor when turned off",
-		values:      "serviceMonitor:\n  enabled: false\n",
-		apiVersions: []string{serviceMonitorAPI},
-		objects:     defaultObjects,
+		name:        "no ServiceMonitor or rules when turned off",
+		values:      "serviceMonitor:\n  enabled: false\nprometheusRules:\n  enabled: false\n",
+		apiVersions: []string{serviceMonitorAPI, prometheusRuleAPI},
+		objects:     withoutObjects("ConfigMap " + chartFullname + "-prometheus-rules"),
 	},
 	{
 		name: "Redis beside the gateways",
@@ -531,6 +538,36 @@ goMemLimitPercent: 0
 			}
 		},
 	},
+}
+
+// checkPrometheusRule checks that rule holds the groups of the rule file
+// under deploy/: the same groups, rules and expressions, in order.
+func checkPrometheusRule(t *testing.T, rule *monitoringv1.PrometheusRule, file string) {
+	t.Helper()
+	var want struct {
+		Groups []struct {
+			Name  string
+			Rules []struct{ Record, Alert, Expr string }
+		}
+	}
+	if err := yaml.Unmarshal([]byte(readFile(t, ".", file)), &want); err != nil {
+		t.Fatal(err)
+	}
+	got := rule.Spec.Groups
+	if len(got) != len(want.Groups) || len(got) == 0 {
+		t.Fatalf("PrometheusRule %s has %d groups, deploy/%s %d", rule.Name, len(got), file, len(want.Groups))
+	}
+	for i, g := range want.Groups {
+		if got[i].Name != g.Name || len(got[i].Rules) != len(g.Rules) {
+			t.Errorf("PrometheusRule %s group %d: %s with %d rules, deploy/%s: %s with %d", rule.Name, i, got[i].Name, len(got[i].Rules), file, g.Name, len(g.Rules))
+			continue
+		}
+		for j, r := range g.Rules {
+			if gr := got[i].Rules[j]; gr.Record != r.Record || gr.Alert != r.Alert || gr.Expr.String() != r.Expr {
+				t.Errorf("PrometheusRule %s, group %s, rule %d differs from deploy/%s", rule.Name, g.Name, j, file)
+			}
+		}
+	}
 }
 
 // selects reports whether a selector's labels are all among labels.
