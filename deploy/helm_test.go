@@ -873,14 +873,18 @@ func TestHelmRestartChecksum(t *testing.T) {
 	}
 }
 
-// TestHelmRefuses: values the chart cannot honour fail the render with a
-// message naming them, instead of a gateway that does not start.
+// TestHelmRefuses: values the chart cannot honour, or does not know, fail
+// the render with a message naming them, instead of a gateway that does not
+// start or a setting silently left at its default.
 func TestHelmRefuses(t *testing.T) {
 	helmBin := needHelm(t)
 	for _, c := range []struct{ values, want string }{
 		{"config:\n  server:\n    listen: \":9000\"\n", "config.server.listen is set by the chart"},
 		{"redis:\n  enabled: true\nconfig:\n  redis:\n    addrs: [\"r:6379\"]\n", "config.redis.addrs is set with redis.enabled"},
 		{"resources:\n  limits:\n    memory: 1.5Gi\n", `resources.limits.memory "1.5Gi"`},
+		// values.schema.json: a misspelt key, a wrong type.
+		{"replica: 3\n", "additional properties 'replica' not allowed"},
+		{"shutdown:\n  preStopSleepSeconds: 2.5\n", "/shutdown/preStopSleepSeconds"},
 	} {
 		_, err := helm(helmBin, "template", chartRelease, chartDir, "-f", writeValues(t, c.values))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
