@@ -219,6 +219,8 @@ func decodeManifests(t *testing.T, out string) manifests {
 	return objs
 }
 
+// get returns the object "Kind name" as its API type, failing the test
+// when it was not rendered.
 func get[T runtime.Object](t *testing.T, objs manifests, key string) T {
 	t.Helper()
 	obj, ok := objs[key].(T)
@@ -259,6 +261,8 @@ func number(t *testing.T, m map[string]any, keys ...string) float64 {
 	return 0
 }
 
+// gatewayBuild is the gateway binary gatewayBinary builds, shared by the
+// package's tests.
 var gatewayBuild struct {
 	once      sync.Once
 	dir, path string
