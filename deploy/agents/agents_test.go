@@ -43,6 +43,13 @@ type scenario struct {
 	// calls (calls counts the admitted ones); those refusals, and only
 	// those, are expected in the access log.
 	refused *refusal
+	// session is the conversation source that names the run's calls as
+	// one session (the agent's own session header); "" when the agent
+	// sends none.
+	session string
+	// classes are the request classes its calls must name, one each, in
+	// order ("" for none said).
+	classes []string
 	prepare func(r *run) []string
 }
 
@@ -61,19 +68,27 @@ type refusal struct {
 }
 
 var scenarios = []scenario{
-	{name: "claude-api-key", agent: "claude", route: "messages",
+	{name: "claude-api-key", agent: "claude", route: "messages", session: "x-claude-code-session-id",
 		about:   "claude -p, ANTHROPIC_API_KEY (x-api-key)",
-		prepare: func(r *run) []string { return r.claude("ANTHROPIC_API_KEY", false) }},
-	{name: "claude-auth-token", agent: "claude", route: "messages",
+		prepare: func(r *run) []string { return r.claude("ANTHROPIC_API_KEY", false, false) }},
+	{name: "claude-auth-token", agent: "claude", route: "messages", session: "x-claude-code-session-id",
 		about:   "claude -p, ANTHROPIC_AUTH_TOKEN (Authorization: Bearer)",
-		prepare: func(r *run) []string { return r.claude("ANTHROPIC_AUTH_TOKEN", false) }},
+		prepare: func(r *run) []string { return r.claude("ANTHROPIC_AUTH_TOKEN", false, false) }},
+	// With its gateway hint headers on, Claude Code names each call's
+	// request class: `claude -p` makes one main call.
+	{name: "claude-hints", agent: "claude", route: "messages", session: "x-claude-code-session-id", calls: 1,
+		classes: []string{"main"},
+		about:   "claude -p, ANTHROPIC_AUTH_TOKEN, CLAUDE_CODE_GATEWAY_HINT_HEADERS=1",
+		prepare: func(r *run) []string { return r.claude("ANTHROPIC_AUTH_TOKEN", false, true) }},
 	// Claude Code's non-essential traffic includes its HEAD /api/hello
 	// warm-up (the gateway answers it), but also lookups of
 	// api.anthropic.com, which this machine cannot reach: so only on demand.
 	{name: "claude-warmup", agent: "claude", route: "messages", optIn: "TOLLGATE_AGENTS_WARMUP",
 		about:   "claude -p, ANTHROPIC_API_KEY, non-essential traffic on (its HEAD /api/hello)",
-		prepare: func(r *run) []string { return r.claude("ANTHROPIC_API_KEY", true) }},
-	{name: "codex-builtin", agent: "codex", route: "responses", websocket: true,
+		prepare: func(r *run) []string { return r.claude("ANTHROPIC_API_KEY", true, false) }},
+	// Codex opens its socket's session with a warm-up, then its turn.
+	{name: "codex-builtin", agent: "codex", route: "responses", websocket: true, session: "session-id",
+		calls: 2, classes: []string{"warmup", "main"},
 		about:   "codex exec, built-in OpenAI provider, openai_base_url (WebSocket)",
 		prepare: func(r *run) []string { return r.codex("builtin") }},
 	// rpm = 1 is a bucket of one call refilled in a minute: it admits
@@ -95,10 +110,11 @@ var scenarios = []scenario{
 		refused: &refusal{limits: "tokens_per_day = 100", rejection: "tokens_per_day", refused: 1, surfaced: "Quota exceeded"},
 		about:   "codex exec, built-in provider (WebSocket), [[keys]] tokens_per_day = 100: the turn refused, Codex prints it",
 		prepare: func(r *run) []string { return r.codex("refused") }},
-	{name: "codex-http", agent: "codex", route: "responses",
+	{name: "codex-http", agent: "codex", route: "responses", session: "session-id",
 		about:   "codex exec, [model_providers.tollgate] (HTTP)",
 		prepare: func(r *run) []string { return r.codex("http") }},
-	{name: "codex-custom-ws", agent: "codex", route: "responses", websocket: true,
+	{name: "codex-custom-ws", agent: "codex", route: "responses", websocket: true, session: "session-id",
+		calls: 2, classes: []string{"warmup", "main"},
 		about:   "codex exec, [model_providers.tollgate] supports_websockets = true",
 		prepare: func(r *run) []string { return r.codex("websocket") }},
 	{name: "opencode-chat", agent: "opencode", route: "chat_completions",
@@ -259,6 +275,10 @@ type result struct {
 	// ledger what the spend ledger holds for its key after the run.
 	seen, ledger usage
 	ledgerErr    error
+	// s is the stack the run ran on; sessionSeen what checkSession read of
+	// the run's session, for the report.
+	s           *stack
+	sessionSeen string
 }
 
 // execute runs the scenario in a home and folder of its own, with only the
@@ -276,7 +296,7 @@ func (r *run) execute(t *testing.T, ctx context.Context, s *stack) *result {
 	r.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + r.home, "TERM=dumb", "NO_COLOR=1", "LANG=C.UTF-8",
 		"XDG_CONFIG_HOME=" + filepath.Join(r.home, ".config"), "XDG_CACHE_HOME=" + filepath.Join(r.home, ".cache"),
 		"XDG_DATA_HOME=" + filepath.Join(r.home, ".local", "share"), "XDG_STATE_HOME=" + filepath.Join(r.home, ".local", "state")}
-	res := &result{r: r, args: r.sc.prepare(r)}
+	res := &result{r: r, args: r.sc.prepare(r), s: s}
 
 	before, err := s.sockets()
 	if err != nil {
@@ -421,6 +441,7 @@ func (res *result) check() {
 		}
 	}
 	res.checkLedger(len(calls))
+	res.checkSession(calls)
 	for result, n := range res.sockets {
 		if result != "accepted" {
 			bad("tollgate_websocket_connections_total{result=%q} rose by %v", result, n)
@@ -451,6 +472,63 @@ func (res *result) checkLedger(calls int) {
 	case res.ledger != res.seen:
 		bad("the ledger holds %v for key %s; %s was sent %v", res.ledger, res.r.keyID(), res.r.sc.agent, res.seen)
 	}
+}
+
+// checkSession holds a run whose agent names its session to being one
+// conversation: every admitted call's access-log line names the same
+// conversation, from the agent's session header, with the classes the
+// scenario expects; and the admin API's figures of that session are its
+// calls': as many turns, their cost summed, their classes counted.
+func (res *result) checkSession(calls []logLine) {
+	r, sc := res.r, res.r.sc
+	bad := func(format string, args ...any) { res.problems = append(res.problems, fmt.Sprintf(format, args...)) }
+	if sc.session == "" {
+		return
+	}
+	var id string
+	for _, e := range res.ex {
+		if e.session != "" && id == "" {
+			id = e.session
+		} else if e.session != "" && e.session != id {
+			bad("the agent sent two session ids: %q and %q", id, e.session)
+		}
+	}
+	if id == "" {
+		bad("no request carried a session header (%v)", sessionHeaders)
+		return
+	}
+	var cost int64
+	classes := map[string]int64{}
+	for i, l := range calls {
+		if l.str("conversation") == "" || l.str("conversation") != calls[0].str("conversation") || l.str("conversation_source") != sc.session {
+			bad("model call %s: conversation %q from %q; want the session's, from %s", l.str("request_id"),
+				l.str("conversation"), l.str("conversation_source"), sc.session)
+		}
+		class := l.str("request_class")
+		if i < len(sc.classes) && class != sc.classes[i] {
+			bad("model call %s: request_class %q, want %q", l.str("request_id"), class, sc.classes[i])
+		}
+		if class == "" {
+			class = "none"
+		}
+		classes[class]++
+		c, _ := l.num("cost_micros")
+		cost += int64(c)
+	}
+	rep, err := res.s.session(id, r.mode)
+	if err != nil {
+		bad("GET /admin/conversations for the session: %v", err)
+		return
+	}
+	if rep.Turns != int64(len(calls)) || rep.CostMicros != cost {
+		bad("the session has %d turns costing %d µ$; its %d calls in the access log cost %d", rep.Turns, rep.CostMicros, len(calls), cost)
+	}
+	for class, n := range classes {
+		if got := rep.Session.Classes[class].Calls; got != n {
+			bad("the session has %d calls of class %q, the access log %d", got, class, n)
+		}
+	}
+	res.sessionSeen = fmt.Sprintf("%d turns, $%.6f, classes %v", rep.Turns, float64(rep.CostMicros)/1e6, classes)
 }
 
 // checkCall holds one model call's access-log line to what the gateway
@@ -659,6 +737,9 @@ func printReport(results []*result) {
 				l.str("route"), transport, l.f["status"], l.str("outcome"), ttft, in, out, cost, l.str("key_id"))
 		}
 		fmt.Printf("    usage sent %v; ledger %v\n", res.seen, res.ledger)
+		if res.sessionSeen != "" {
+			fmt.Printf("    session %s\n", res.sessionSeen)
+		}
 		if len(res.sockets) > 0 {
 			b, _ := json.Marshal(res.sockets)
 			fmt.Printf("    sockets %s\n", b)

@@ -18,12 +18,16 @@ import (
 // CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC stops its telemetry, error
 // reports, update checks and lookups of api.anthropic.com; it also skips
 // its HEAD /api/hello warm-up, which nonessential keeps (and with it the
-// rest, on top of the three variables below).
-func (r *run) claude(credVar string, nonessential bool) []string {
+// rest, on top of the three variables below). hints turns on its gateway
+// hint headers (the request class and the rest).
+func (r *run) claude(credVar string, nonessential, hints bool) []string {
 	r.env = append(r.env, "ANTHROPIC_BASE_URL="+r.base, credVar+"="+r.key,
 		"DISABLE_TELEMETRY=1", "DISABLE_ERROR_REPORTING=1", "DISABLE_AUTOUPDATER=1")
 	if !nonessential {
 		r.env = append(r.env, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1")
+	}
+	if hints {
+		r.env = append(r.env, "CLAUDE_CODE_GATEWAY_HINT_HEADERS=1")
 	}
 	return []string{pins["claude"].command(r.dir), "-p", prompt}
 }

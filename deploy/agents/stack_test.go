@@ -70,7 +70,7 @@ func startStack(t *testing.T, bin, mode string, keys, limits map[string]string) 
 		fmt.Fprintf(&cfg, "api_key_env = %q\n", upstreamKeyEnv)
 	}
 	fmt.Fprintf(&cfg, "\n[log]\nlevel = \"info\"\naccess_log = true\n\n[admin]\ntoken_env = %q\n\n", adminTokenEnv)
-	fmt.Fprintf(&cfg, "[spend]\nstate_file = %q\n\n[ownership]\nstate_file = %q\n\n[conversations]\nstate_file = %q\n\n[redis]\nspill_dir = %q\n\n",
+	fmt.Fprintf(&cfg, "[spend]\nstate_file = %q\n\n[ownership]\nstate_file = %q\n\n[conversations]\nenabled = true\nstate_file = %q\n\n[redis]\nspill_dir = %q\n\n",
 		filepath.Join(dir, "spend.json"), filepath.Join(dir, "ownership.jsonl"), filepath.Join(dir, "conversations.json"), dir)
 	// One price for every model the agents ask for, so every call is billed.
 	fmt.Fprintf(&cfg, "[[models]]\npattern = \"*\"\ninput_usd_per_mtok = 3.0\noutput_usd_per_mtok = 15.0\n\n")
@@ -289,7 +289,13 @@ type exchange struct {
 	seenErr string
 	tap     *tap
 	answer  *http.Response
+	// session is the agent's session id, from the header that carries it
+	// (sessionHeaders), to ask the admin API for the session's figures.
+	session string
 }
+
+// sessionHeaders carry the agents' session ids: Claude Code's, Codex's.
+var sessionHeaders = []string{"X-Claude-Code-Session-Id", "Session-Id"}
 
 var showHeaders = []string{"User-Agent", "Upgrade", "Content-Encoding", "Openai-Beta", "Anthropic-Version"}
 
@@ -359,6 +365,11 @@ func startRecorder(t *testing.T, target string) *recorder {
 		for _, name := range showHeaders {
 			if v := req.Header.Get(name); v != "" {
 				e.shown = append(e.shown, name+"="+v)
+			}
+		}
+		for _, name := range sessionHeaders {
+			if v := req.Header.Get(name); v != "" && e.session == "" {
+				e.session = v
 			}
 		}
 		r.mu.Lock()

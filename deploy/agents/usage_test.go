@@ -289,6 +289,42 @@ func answerUsage(body []byte, in, out *int64) (bool, error) {
 	return a.Usage != nil && a.Usage.read(in, out), nil
 }
 
+// sessionReport is what checkSession reads of GET /admin/conversations/{id}.
+type sessionReport struct {
+	Turns      int64 `json:"turns"`
+	CostMicros int64 `json:"cost_micros"`
+	Session    struct {
+		Classes map[string]struct {
+			Calls int64 `json:"calls"`
+		} `json:"classes"`
+	} `json:"session"`
+}
+
+// session returns the figures of the session id names, as the admin API
+// has them: in mode keys the session is the agents team's.
+func (s *stack) session(id, mode string) (sessionReport, error) {
+	u := s.gateway + "/admin/conversations/" + url.PathEscape(id)
+	if mode == "keys" {
+		u += "?team=" + team
+	}
+	var rep sessionReport
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		return rep, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return rep, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return rep, fmt.Errorf("%d %s", resp.StatusCode, b)
+	}
+	return rep, json.NewDecoder(resp.Body).Decode(&rep)
+}
+
 // ledger returns what the gateway's spend ledger holds for keyID, from
 // GET /admin/spend, as usage.
 func (s *stack) ledger(keyID string) (usage, error) {
