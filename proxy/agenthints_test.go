@@ -133,3 +133,28 @@ func FuzzAgentHints(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkAgentHints reads a call's hints: none (a plain SDK call's
+// headers), Claude Code's hint headers, Codex's on a socket (the frame's
+// client_metadata with its turn metadata).
+func BenchmarkAgentHints(b *testing.B) {
+	plain := hdr("User-Agent", "OpenAI/Go 3.98.0", "X-Stainless-Lang", "go")
+	claude := hdr("X-Claude-Code-Session-Id", "0b9e7c1e-6a52-4d1c-9c6e-3b1f3f0d2a77",
+		"X-Claude-Code-Request-Class", "subagent", "X-Claude-Code-Agent-Id", "7b7f0a52-1c38-4c2e-9d2e-5b1b2e3c4d5e",
+		"X-Claude-Code-Agent-Type", "Explore", "X-Claude-Code-Prompt-Id", "1f4e0c9a-3b7d-4d58-a1a2-9e3c2b1a0f00",
+		"X-Claude-Code-Prev-Tool-Durations", "Bash=742;Read=9;Grep=31")
+	codexMeta := []byte(`{"session_id":"s-1","thread_id":"s-1","turn_id":"t-1","x-codex-turn-metadata":` +
+		`"{\"request_kind\":\"turn\",\"turn_id\":\"t-1\",\"workspaces\":{\"/home/dev/repo\":{\"associated_remote_urls\":{\"origin\":\"git@github.com:acme/app.git\"},\"has_changes\":true}}}"}`)
+	for _, c := range []struct {
+		name string
+		h    http.Header
+		meta []byte
+	}{{"none", plain, nil}, {"claude-code", claude, nil}, {"codex-socket", hdr("Session-Id", "s-1"), codexMeta}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = readAgentCall(c.h, c.meta, "")
+			}
+		})
+	}
+}

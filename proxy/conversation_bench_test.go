@@ -18,22 +18,28 @@ import (
 )
 
 // BenchmarkConversationTracking measures what conversation tracking adds
-// to one request: naming its conversation from the header, checking the
-// team's budget per conversation (with a budget: one Cost read from the
-// store) and recording the turn at finish. The store is in process
-// (local) or in Redis (redis: Record batches; Cost is a round trip);
-// "off" is the same request with tracking off.
+// to one request: reading its agent's hints, naming its conversation from
+// the header, checking the team's budget per conversation (with a budget:
+// one Cost read from the store) and recording the turn at finish. The
+// store is in process (local) or in Redis (redis: Record batches; Cost is
+// a round trip); "off" is the same request with tracking off. The
+// "-session" cases are a Claude Code session's call instead: its session
+// header and hint headers (class, agent, prompt, two tool runs), read and
+// folded into the session's breakdown.
 func BenchmarkConversationTracking(b *testing.B) {
 	for _, tc := range []struct {
 		name    string
 		backend string
 		budget  bool
+		session bool
 	}{
-		{"off", "", false},
-		{"local", "local", false},
-		{"local-budget", "local", true},
-		{"redis", "redis", false},
-		{"redis-budget", "redis", true},
+		{"off", "", false, false},
+		{"local", "local", false, false},
+		{"local-budget", "local", true, false},
+		{"local-session", "local", false, true},
+		{"redis", "redis", false, false},
+		{"redis-budget", "redis", true, false},
+		{"redis-session", "redis", false, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var store conversation.Store
@@ -62,9 +68,20 @@ func BenchmarkConversationTracking(b *testing.B) {
 			i := 0
 			b.ReportAllocs()
 			b.ResetTimer()
+			if tc.session {
+				r.Header.Set("X-Claude-Code-Request-Class", "subagent")
+				r.Header.Set("X-Claude-Code-Agent-Id", "7b7f0a52-1c38-4c2e-9d2e-5b1b2e3c4d5e")
+				r.Header.Set("X-Claude-Code-Prev-Tool-Durations", "Bash=742;Read=9")
+			}
 			for b.Loop() {
 				// 100 conversations of ever more turns.
-				r.Header.Set("X-Conversation-Id", "bench-"+strconv.Itoa(i%100))
+				id := "bench-" + strconv.Itoa(i%100)
+				if tc.session {
+					r.Header.Set("X-Claude-Code-Session-Id", id)
+					r.Header.Set("X-Claude-Code-Prompt-Id", "p-"+strconv.Itoa(i%1000))
+				} else {
+					r.Header.Set("X-Conversation-Id", id)
+				}
 				i++
 				trackOnce(b, g, w, r, now)
 			}
@@ -108,6 +125,7 @@ func trackOnce(tb testing.TB, g *Gateway, w *discardWriter, r *http.Request, in 
 	ex.rec.Route, ex.rec.Dialect, ex.rec.Model = llm.RouteChatCompletions, llm.DialectOpenAI, "gpt-4o"
 	ex.rec.Timing.In = in
 	ex.info.MaxTokens = 150
+	ex.info.agent = readAgentCall(r.Header, nil, "")
 	if _, aerr := ex.identify(presented{bearer: keyHash(keyAlpha)}); aerr != nil {
 		tb.Fatal(aerr)
 	}

@@ -343,3 +343,111 @@ func TestOutcomeReachesMetricsAndStats(t *testing.T) {
 		t.Errorf("/stats outcomes %+v; want 3 posted, rate 2/3, mean score 0.55, cost per completed %v", o, float64(completedCost)/2e6)
 	}
 }
+
+// sessionCall sends one call of a Claude Code session to r: its session
+// header, the hints hdr adds, a turn of n input tokens.
+func sessionCall(t *testing.T, r *replica, session string, hdr map[string]string, n int) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, r.url+"/v1/messages", strings.NewReader(messagesBody(n, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Api-Key", testKeyA)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Claude-Code-Session-Id", session)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode
+}
+
+// A coding agent's session whose calls go to three replicas on one Redis is
+// one session: each replica's admin API gives all of it (its calls by
+// class, the subagent, its tools, each user prompt counted once whichever
+// replica served it), and once idle it ends once across the three, its
+// turns and cost as its records say.
+func TestAgentSessionAcrossThreeReplicasIsOneSession(t *testing.T) {
+	_, cfg := redisGovConfig(t, mockllm.Options{OutputTokens: 3})
+	cfg.Conversations.Enabled = true
+	cfg.Conversations.FlushIntervalSeconds = 0.05
+	cfg.Conversations.IdleTimeoutSeconds = 2
+	var reps []*replica
+	for range 3 {
+		reps = append(reps, startReplica(t, cfg))
+	}
+	const session = "5f0c2a64-3d1e-4f8a-b6c1-0e9d7a2b4c11"
+	calls := []map[string]string{
+		{"X-Claude-Code-Request-Class": "main", "X-Claude-Code-Prompt-Id": "p1"},
+		{"X-Claude-Code-Request-Class": "main", "X-Claude-Code-Prompt-Id": "p1", "X-Claude-Code-Prev-Tool-Durations": "Bash=100"},
+		{"X-Claude-Code-Request-Class": "subagent", "X-Claude-Code-Agent-Id": "sub-1", "X-Claude-Code-Prompt-Id": "p1"},
+		{"X-Claude-Code-Request-Class": "subagent", "X-Claude-Code-Agent-Id": "sub-1", "X-Claude-Code-Prompt-Id": "p1",
+			"X-Claude-Code-Prev-Tool-Durations": "Read=7"},
+		{"X-Claude-Code-Request-Class": "main", "X-Claude-Code-Prompt-Id": "p2", "X-Claude-Code-Prev-Tool-Durations": "Bash=20"},
+		{"X-Claude-Code-Request-Class": "auxiliary"},
+	}
+	for i, h := range calls {
+		if st := sessionCall(t, reps[i%3], session, h, 990000+i); st != 200 {
+			t.Fatalf("call %d: status %d", i, st)
+		}
+	}
+	var cost int64
+	for _, r := range reps {
+		for _, rec := range r.records() {
+			cost += rec.CostMicros
+			if rec.ConversationSource != "x-claude-code-session-id" {
+				t.Errorf("record %s: conversation source %q", rec.RequestID, rec.ConversationSource)
+			}
+		}
+	}
+	// Each replica's view, once every replica has sent its turns: until
+	// then a view adds its own unsent turns to Redis's, and their prompts
+	// may count again.
+	for i, r := range reps {
+		var rep proxy.ConversationReport
+		for n := 0; ; n++ {
+			var status int
+			status, rep = adminConversation(t, r.url, session, "red")
+			if status == 200 && rep.Turns == int64(len(calls)) && rep.Session.UserTurns == 2 {
+				break
+			}
+			if n == 200 {
+				t.Fatalf("replica %d: the session has %d turns and %d user turns, want %d and 2",
+					i, rep.Turns, rep.Session.UserTurns, len(calls))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		s := rep.Session
+		if rep.CostMicros != cost || s.Classes["main"].Calls != 3 || s.Classes["subagent"].Calls != 2 ||
+			s.Classes["auxiliary"].Calls != 1 || len(s.Agents) != 1 || s.Agents[0].Calls.Calls != 2 ||
+			s.Tools["Bash"].Millis != 120 || s.Tools["Read"].Runs != 1 {
+			t.Errorf("replica %d: session cost %d (records %d), %+v", i, rep.CostMicros, cost, s)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for endedCount(t, reps) < 1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // a second end would have come by now
+	if got := endedCount(t, reps); got != 1 {
+		t.Fatalf("the session ended %v times across the replicas, want once", got)
+	}
+	var turns, costUSD float64
+	for _, r := range reps {
+		_, _, s := seriesSum(t, r, "tollgate_conversation_turns", map[string]string{"team": "red"})
+		turns += s
+		_, _, s = seriesSum(t, r, "tollgate_conversation_cost_usd", map[string]string{"team": "red"})
+		costUSD += s
+	}
+	if turns != float64(len(calls)) || costUSD-float64(cost)/1e6 > 1e-9 || float64(cost)/1e6-costUSD > 1e-9 {
+		t.Errorf("the ended session: %v turns, %v USD; its records %d turns, %v USD", turns, costUSD, len(calls), float64(cost)/1e6)
+	}
+}
