@@ -28,6 +28,11 @@ func TestBadConversationsConfigs(t *testing.T) {
 			}},
 		{"no identity", up + "[conversations]\nidentity = []\n",
 			[]string{`gateway.toml:5: conversations.identity: must name at least one source (default ["x-claude-code-session-id" "session-id" "session_id" "x-session-id" "x-session-affinity" "header" "baggage" "client_metadata" "responses"])`}},
+		{"class rpm", up + "[[teams]]\nname = \"a\"\nclass_rpm = { auxiliary = 0, chatty = 5, main = 100 }\n",
+			[]string{
+				`gateway.toml:6: teams[0].class_rpm.auxiliary: a limit of 0 would refuse every request; leave the key out for no limit`,
+				`gateway.toml:6: teams[0].class_rpm.chatty: "chatty" is not a request class (one of ["main" "subagent" "workflow" "compaction" "auxiliary" "warmup" "other"])`,
+			}},
 		{"too many active", up + "[conversations]\nmax_active = 20000000\n",
 			[]string{`gateway.toml:5: conversations.max_active: 20000000 is too many (at most 10000000)`}},
 		{"budget without conversations", up + priced + "[[teams]]\nname = \"a\"\nmax_cost_per_conversation_usd = 1\n",

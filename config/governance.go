@@ -47,6 +47,12 @@ type Team struct {
 	// ([conversations] must be on): a turn whose cost, estimated as for the
 	// other budgets, would take its conversation past it is refused.
 	MaxCostPerConversationUSD *float64 `toml:"max_cost_per_conversation_usd"`
+	// ClassRPM caps the team's requests per minute of a request class, as
+	// a coding agent names it (llm.RequestClasses: main, subagent,
+	// workflow, compaction, auxiliary, warmup, other), each a bucket of its
+	// own on top of the team's rpm: a class capped cannot take the whole
+	// team's rate (auxiliary calls starving main turns). Optional.
+	ClassRPM map[string]int64 `toml:"class_rpm"`
 }
 
 // Key is one [[keys]] table: a gateway key (mode "keys"), or in mode

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"path"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tollgate-llm/tollgate/llm"
 )
 
 const (
@@ -65,6 +68,15 @@ func (c *Config) validateGovernance(v *validator) {
 		v.costLimit(key+".max_cost_per_conversation_usd", t.MaxCostPerConversationUSD, priced)
 		if t.MaxCostPerConversationUSD != nil && !c.Conversations.Enabled {
 			v.add(key+".max_cost_per_conversation_usd", "needs [conversations] enabled = true: without it no conversation is tracked and the budget would never be spent")
+		}
+		for _, class := range slices.Sorted(maps.Keys(t.ClassRPM)) {
+			ck := key + ".class_rpm." + class
+			if !slices.Contains(llm.RequestClasses, class) {
+				v.add(ck, "%q is not a request class (one of %q)", class, llm.RequestClasses)
+				continue
+			}
+			n := t.ClassRPM[class]
+			v.limit(ck, &n)
 		}
 	}
 

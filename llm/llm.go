@@ -87,6 +87,15 @@ func (r Route) String() string {
 	}
 }
 
+// RequestClasses are the request classes a coding agent may name a call
+// by: Claude Code's five, and Codex's warm-up. A value outside them is
+// ClassOther; a call that names none has no class.
+var RequestClasses = []string{"main", "subagent", "workflow", "compaction", "auxiliary", "warmup", ClassOther}
+
+// ClassOther is the request class of a call whose agent named a class
+// outside RequestClasses.
+const ClassOther = "other"
+
 // Transport is how an exchange reached the gateway.
 type Transport uint8
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/internal/jsonscan"
+	"github.com/tollgate-llm/tollgate/llm"
 )
 
 // Coding agents say what each of their calls is, in headers of their own:
@@ -49,9 +50,9 @@ const (
 	hdrCodexThread      = "Thread-Id"
 )
 
-// The request classes a call may be in: Claude Code's five, Codex's
-// warm-up, "other" for a value outside them. "" is none said.
-var requestClasses = []string{"main", "subagent", "workflow", "compaction", "auxiliary", "warmup"}
+// requestClasses are the classes a call may name (llm.RequestClasses);
+// "" is none said.
+var requestClasses = llm.RequestClasses
 
 // The agent types kept by name: Claude Code's built-in types and kinds,
 // Codex's subagent labels.

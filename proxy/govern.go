@@ -55,6 +55,8 @@ type teamEntry struct {
 	counted  bool
 	// maxConvMicros is max_cost_per_conversation_usd, 0 for none.
 	maxConvMicros int64
+	// classes are the buckets of class_rpm, by request class.
+	classes map[string]ratelimit.Subject
 }
 
 // newGovernance indexes the configuration. The config is validated, so every
@@ -80,6 +82,14 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 			limited:  lim != (ratelimit.Limits{}),
 		}
 		gv.teams[t.Name].counts, gv.teams[t.Name].counted = countsSubject(ratelimit.ScopeTeam, t.Name, t.CountTokensRPM)
+		for class, rpm := range t.ClassRPM {
+			if gv.teams[t.Name].classes == nil {
+				gv.teams[t.Name].classes = make(map[string]ratelimit.Subject, len(t.ClassRPM))
+			}
+			// Like count_tokens', its id is no team's name.
+			gv.teams[t.Name].classes[class] = ratelimit.Subject{Scope: ratelimit.ScopeTeam, ID: t.Name + "/class:" + class,
+				Limits: ratelimit.Limits{RPM: rpm}}
+		}
 		if p := t.MaxCostPerConversationUSD; p != nil {
 			gv.teams[t.Name].maxConvMicros = config.USDToMicros(*p)
 		}
@@ -138,7 +148,7 @@ func (gv *governance) hasLimits() bool {
 		}
 	}
 	for _, t := range gv.teams {
-		if t.limited || t.counted {
+		if t.limited || t.counted || len(t.classes) > 0 {
 			return true
 		}
 	}
@@ -246,6 +256,13 @@ func (ex *exchange) subjects() []ratelimit.Subject {
 	}
 	if k.team != nil && k.team.limited {
 		out = append(out, k.team.subject)
+	}
+	if k.team != nil && len(k.team.classes) > 0 {
+		// The class is the agent's word: a cap on what it names, never
+		// a way around the team's own limits.
+		if s, ok := k.team.classes[ex.info.agent.hints.Class]; ok {
+			out = append(out, s)
+		}
 	}
 	return out
 }
