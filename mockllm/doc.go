@@ -119,7 +119,8 @@
 // loop thus ends after one round of calls. A request without tools gets text
 // whatever it asks.
 //
-// The call passes the arguments {"city": "Bergen"} (ToolArguments), cut into
+// The call passes the arguments {"city": "Bergen"} (ToolArguments; the
+// X-Mock-Tool-Arguments header, a JSON object, replaces them), cut into
 // fragments, one per token event: OpenAI sends the tool call's id, type and
 // name (arguments "") as the first token event and the fragments after it;
 // Anthropic opens a tool_use block and sends the fragments as input_json_delta

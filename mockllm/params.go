@@ -1,6 +1,7 @@
 package mockllm
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -21,6 +22,9 @@ type params struct {
 	noUsage           bool
 	// toolCall is the X-Mock-Tool-Call header, trimmed: "" when absent.
 	toolCall string
+	// toolArgs is the X-Mock-Tool-Arguments header: the JSON object a tool
+	// call passes (ToolArguments when absent).
+	toolArgs string
 	fault    fault
 }
 
@@ -87,6 +91,14 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 		}
 	}
 	p.toolCall = strings.TrimSpace(h.Get(toolCallHeader))
+	p.toolArgs = ToolArguments
+	if v := strings.TrimSpace(h.Get("X-Mock-Tool-Arguments")); v != "" {
+		var obj map[string]json.RawMessage
+		if json.Unmarshal([]byte(v), &obj) != nil || obj == nil {
+			return p, fmt.Errorf("mockllm: header X-Mock-Tool-Arguments %q: not a JSON object", v)
+		}
+		p.toolArgs = v
+	}
 	if v := h.Get("X-Mock-Fault"); v != "" {
 		if p.fault, err = parseFault(v, "header X-Mock-Fault"); err != nil {
 			return p, err

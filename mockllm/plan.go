@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ToolArguments is the JSON the mock passes to the tool it calls, when a
@@ -72,14 +73,18 @@ func newPlan(p params, maxTokens int64, tool string, toolHeader bool) plan {
 	if tool != "" {
 		full := ceilDiv(p.outputTokens, pl.tpc)
 		pl.toolHeader = toolHeader
+		args := p.toolArgs
+		if args == "" {
+			args = ToolArguments
+		}
 		if toolHeader {
 			if full <= 1 {
-				pl.toolArgs = []string{ToolArguments}
+				pl.toolArgs = []string{args}
 			} else {
-				pl.toolArgs = append([]string{""}, split(ToolArguments, full-1)...)
+				pl.toolArgs = append([]string{""}, split(args, full-1)...)
 			}
 		} else {
-			pl.toolArgs = split(ToolArguments, full)
+			pl.toolArgs = split(args, full)
 		}
 		pl.answerEvents = min(pl.answerEvents, len(pl.toolArgs))
 	}
@@ -119,12 +124,21 @@ func (pl *plan) toolText() string {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
-// split cuts s into n pieces of nearly equal length (at most one per byte).
+// split cuts s into n pieces of nearly equal length (at most one per byte),
+// never inside a UTF-8 sequence: each piece is sent as a JSON string of
+// its own. A piece may be empty when a sequence spans its share.
 func split(s string, n int) []string {
 	n = max(1, min(n, len(s)))
 	out := make([]string, n)
+	cut := func(i int) int {
+		b := i * len(s) / n
+		for b < len(s) && !utf8.RuneStart(s[b]) {
+			b++
+		}
+		return b
+	}
 	for i := range n {
-		out[i] = s[i*len(s)/n : (i+1)*len(s)/n]
+		out[i] = s[cut(i):cut(i+1)]
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	anthropic "github.com/anthropics/anthropic-sdk-go/v2"
@@ -173,6 +174,7 @@ func TestAnthropicSDK(t *testing.T) {
 		out     int64
 		cached  int64
 		toolArg bool
+		city    string // the tool call's argument; "" for ToolArguments'
 	}{
 		{name: "text", maxTokens: 1024, blocks: []string{"text"}, text: words(" tok", 1, 16), stop: "end_turn", out: 16},
 		{name: "text chunked cached", maxTokens: 1024,
@@ -182,6 +184,9 @@ func TestAnthropicSDK(t *testing.T) {
 		{name: "thinking then tool", tools: true, maxTokens: 1024,
 			hdr:    []string{"X-Mock-Reasoning-Tokens", "5", "X-Mock-Tool-Call", "get_weather"},
 			blocks: []string{"thinking", "tool_use"}, think: words(" think", 1, 5), stop: "tool_use", out: 21, toolArg: true},
+		{name: "tool with the arguments asked for", tools: true, maxTokens: 1024,
+			hdr:    []string{"X-Mock-Tool-Call", "get_weather", "X-Mock-Tool-Arguments", `{"city": "Tromsø"}`},
+			blocks: []string{"tool_use"}, stop: "tool_use", out: 16, toolArg: true, city: "Tromsø"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -259,7 +264,11 @@ func TestAnthropicSDK(t *testing.T) {
 						if err := json.Unmarshal(b.Input, &in); err != nil {
 							t.Fatalf("%s: input %q: %v", c.name, b.Input, err)
 						}
-						if b.Name != "get_weather" || b.ID == "" || len(in) != 1 || in["city"] != "Bergen" {
+						city := tc.city
+						if city == "" {
+							city = "Bergen"
+						}
+						if b.Name != "get_weather" || b.ID == "" || len(in) != 1 || in["city"] != city {
 							t.Errorf("%s: tool_use name %q id %q input %v", c.name, b.Name, b.ID, in)
 						}
 					}
@@ -292,6 +301,17 @@ func TestSDKErrors(t *testing.T) {
 		var apiErr *openai.Error
 		if !errors.As(err, &apiErr) || apiErr.Code != "insufficient_quota" || apiErr.Type != "insufficient_quota" {
 			t.Errorf("err %v", err)
+		}
+	})
+	t.Run("tool arguments that are not an object", func(t *testing.T) {
+		client := anthropicClient(ts, aoption.WithHeader("X-Mock-Tool-Arguments", `["Bergen"]`))
+		_, err := client.Messages.New(t.Context(), anthropic.MessageNewParams{
+			Model: "m", MaxTokens: 10,
+			Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))},
+		})
+		var apiErr *anthropic.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Error(), "X-Mock-Tool-Arguments") {
+			t.Errorf("err %v; want a 400 naming the header", err)
 		}
 	})
 	t.Run("anthropic 529", func(t *testing.T) {

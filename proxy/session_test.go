@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -276,5 +278,69 @@ func TestClassRPMCapsItsClassOnly(t *testing.T) {
 			t.Fatalf("call %d of another class after the cap: %v", i, err)
 		}
 		w.tg.record(t)
+	}
+}
+
+// TestRecordedClaudeCodeSessionReplays: the headers of a real Claude Code
+// session (testdata/claude-code-session.json: a main turn that ran an
+// Explore subagent, a manual compaction, and a turn after it), sent again
+// through the gateway, make the session's breakdown: the classes, the
+// subagent, the Agent tool's run, the compaction's calls and their input,
+// the two user prompts.
+func TestRecordedClaudeCodeSessionReplays(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "claude-code-session.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Calls []struct {
+			Headers map[string]string `json:"headers"`
+		} `json:"calls"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, false, func(c *config.Config) {
+		conversationsOn(c)
+		c.Admin.TokenEnv, c.Admin.Token = "ADMIN_TOKEN", adminToken
+	})
+	ctx := testCtx(t)
+	var session string
+	var compactionInput int64
+	for i, call := range doc.Calls {
+		var opts []aoption.RequestOption
+		for k, v := range call.Headers {
+			opts = append(opts, aoption.WithHeader(k, v))
+		}
+		session = call.Headers["x-claude-code-session-id"]
+		if _, err := w.anthropic(keyAlpha, opts...).Messages.New(ctx, messageParams(16)); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if rec := w.tg.record(t); rec.RequestClass == "compaction" {
+			compactionInput += rec.Usage.Input
+		}
+	}
+	var rep ConversationReport
+	status, body := send(t, "GET", w.tg.URL+"/admin/conversations/"+session+"?team=search", "",
+		map[string]string{"Authorization": "Bearer " + adminToken})
+	if status != http.StatusOK || json.Unmarshal(body, &rep) != nil {
+		t.Fatalf("admin GET: %d %s", status, body)
+	}
+	s := rep.Session
+	if rep.Turns != 6 || s.Classes["main"].Calls != 3 || s.Classes["subagent"].Calls != 1 || s.Classes["compaction"].Calls != 2 {
+		t.Errorf("turns %d, classes %+v", rep.Turns, s.Classes)
+	}
+	if len(s.Agents) != 1 || s.Agents[0].ID != keyID("a0c208974d88d6934") || s.Agents[0].Type != "Explore" ||
+		s.Agents[0].Parent != "" || s.Agents[0].Calls.Calls != 1 {
+		t.Errorf("agents %+v", s.Agents)
+	}
+	if s.Tools["Agent"] != (conversation.Tool{Runs: 1, Millis: 172}) || len(s.Tools) != 1 {
+		t.Errorf("tools %+v", s.Tools)
+	}
+	if c := s.Compactions["manual"]; c.Calls != 2 || c.TokensBefore != compactionInput || compactionInput == 0 {
+		t.Errorf("compactions %+v; the compaction calls' input %d", s.Compactions, compactionInput)
+	}
+	if s.UserTurns != 2 {
+		t.Errorf("%d user turns, want the 2 prompts", s.UserTurns)
 	}
 }

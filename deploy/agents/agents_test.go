@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,8 +49,10 @@ type scenario struct {
 	// sends none.
 	session string
 	// classes are the request classes its calls must name, one each, in
-	// order ("" for none said).
+	// order ("" for none said); agents the types of the subagents its
+	// session must show.
 	classes []string
+	agents  []string
 	prepare func(r *run) []string
 }
 
@@ -80,6 +83,12 @@ var scenarios = []scenario{
 		classes: []string{"main"},
 		about:   "claude -p, ANTHROPIC_AUTH_TOKEN, CLAUDE_CODE_GATEWAY_HINT_HEADERS=1",
 		prepare: func(r *run) []string { return r.claude("ANTHROPIC_AUTH_TOKEN", false, true) }},
+	// A main turn that runs a subagent through the Agent tool: the session
+	// is the main call, the subagent's, and the main call after it.
+	{name: "claude-subagent", agent: "claude", route: "messages", session: "x-claude-code-session-id", calls: 3,
+		classes: []string{"main", "subagent", "main"}, agents: []string{"Explore"},
+		about:   "claude -p, hint headers on, its Agent tool run (an Explore subagent)",
+		prepare: func(r *run) []string { return r.claudeSubagent() }},
 	// Claude Code's non-essential traffic includes its HEAD /api/hello
 	// warm-up (the gateway answers it), but also lookups of
 	// api.anthropic.com, which this machine cannot reach: so only on demand.
@@ -527,6 +536,13 @@ func (res *result) checkSession(calls []logLine) {
 		if got := rep.Session.Classes[class].Calls; got != n {
 			bad("the session has %d calls of class %q, the access log %d", got, class, n)
 		}
+	}
+	var types []string
+	for _, a := range rep.Session.Agents {
+		types = append(types, a.Type)
+	}
+	if !slices.Equal(types, sc.agents) {
+		bad("the session's subagents are of types %q, want %q", types, sc.agents)
 	}
 	res.sessionSeen = fmt.Sprintf("%d turns, $%.6f, classes %v", rep.Turns, float64(rep.CostMicros)/1e6, classes)
 }

@@ -32,6 +32,17 @@ func (r *run) claude(credVar string, nonessential, hints bool) []string {
 	return []string{pins["claude"].command(r.dir), "-p", prompt}
 }
 
+// claudeSubagent runs `claude -p` with its hint headers on, asking for its
+// Agent tool: the fake upstream calls it (the prompt names it) with the
+// arguments ANTHROPIC_CUSTOM_HEADERS gives it (X-Mock-Tool-Arguments), so
+// Claude Code runs an Explore subagent on "say hi", then answers.
+func (r *run) claudeSubagent() []string {
+	args := r.claude("ANTHROPIC_AUTH_TOKEN", false, true)
+	r.env = append(r.env, `ANTHROPIC_CUSTOM_HEADERS=X-Mock-Tool-Arguments: `+
+		`{"description":"look around","prompt":"say hi","subagent_type":"Explore","run_in_background":false}`)
+	return append(args[:len(args)-1], "Use the Agent tool.")
+}
+
 // codexCommon keeps Codex off the network but for the gateway: no update
 // check, analytics, feedback or OpenTelemetry export, and no plugin or app
 // catalogue (its curated-plugin sync clones github.com/openai/plugins and

@@ -297,6 +297,9 @@ type sessionReport struct {
 		Classes map[string]struct {
 			Calls int64 `json:"calls"`
 		} `json:"classes"`
+		Agents []struct {
+			Type string `json:"type"`
+		} `json:"agents"`
 	} `json:"session"`
 }
 
