@@ -423,46 +423,30 @@ func reportOf(id string, c *conversation.Conversation) ConversationReport {
 	return rep
 }
 
-// sessionReport is c's breakdown as SessionReport shows it.
+// sessionReport is c's breakdown as SessionReport shows it; its time split
+// and subagent share are the conversation's own (conversation.TimeSplit),
+// as the metrics and /stats have them.
 func sessionReport(c *conversation.Conversation) SessionReport {
 	bd := &c.Breakdown
 	rep := SessionReport{Classes: map[string]conversation.Calls{}, Agents: []AgentReport{},
 		Tools: map[string]conversation.Tool{}, Compactions: map[string]conversation.Compactions{},
-		UserTurns: bd.Prompts, UserTurnsCapped: bd.PromptsCapped}
-	var model, ttft, subagents int64
+		UserTurns: bd.Prompts, UserTurnsCapped: bd.PromptsCapped, SubagentCostShare: c.SubagentCostShare()}
 	for name, calls := range bd.Classes {
 		rep.Classes[name] = *calls
-		model += calls.E2EMicros
-		ttft += calls.TTFTMicros
-		if name == "subagent" {
-			subagents += calls.CostMicros
-		}
 	}
 	for id, a := range bd.Agents {
 		rep.Agents = append(rep.Agents, AgentReport{ID: id, Agent: *a})
 	}
 	slices.SortFunc(rep.Agents, func(a, b AgentReport) int { return strings.Compare(a.ID, b.ID) })
-	var tools int64
 	for name, t := range bd.Tools {
 		rep.Tools[name] = *t
-		tools += t.Millis
 	}
 	for kind, k := range bd.Compactions {
 		rep.Compactions[kind] = *k
 	}
-	if c.CostMicros > 0 {
-		rep.SubagentCostShare = float64(subagents) / float64(c.CostMicros)
-	}
-	wall := time.Duration(0)
-	if !c.Start.IsZero() {
-		wall = c.Last.Sub(c.Start)
-	}
-	t := &rep.Time
-	t.WallSeconds = wall.Seconds()
-	t.ModelSeconds = float64(model) / 1e6
-	t.TTFTSeconds = float64(ttft) / 1e6
-	t.ToolSeconds = float64(tools) / 1e3
-	t.OtherSeconds = max(0, t.WallSeconds-t.ModelSeconds-t.ToolSeconds)
+	s := c.TimeSplit()
+	rep.Time = SessionTime{WallSeconds: s.Wall.Seconds(), ModelSeconds: s.Model.Seconds(), TTFTSeconds: s.TTFT.Seconds(),
+		ToolSeconds: s.Tool.Seconds(), OtherSeconds: s.Other.Seconds()}
 	return rep
 }
 
