@@ -33,7 +33,7 @@ var ownLabels = []string{
 	"route", "model", "team", "upstream", "outcome", "input_bucket", "code",
 	"type", "estimated", "slo", "cause", "reason", "scope", "limit",
 	"result", "why", "from", "to", "component", "window", "completed", "errored",
-	"le", "quantile",
+	"class", "part", "le", "quantile",
 }
 
 // Validate checks every section and returns all the problems it finds,

@@ -99,14 +99,14 @@ func (c *Conversation) TimeSplit() TimeSplit {
 	return s
 }
 
-// Shares returns the model's and the tools' shares of the session's time,
-// each over Model + Tool + Other: the wall time or, when calls and tools
-// overlap past it, their sum; so each is from 0 to 1 and the two with the
-// rest's share add up to 1. Both are 0 for a session without any time.
-func (s TimeSplit) Shares() (model, tool float64) {
-	total := s.Model + s.Tool + s.Other
+// Shares returns the model's, the tools' and the rest's shares of the
+// session's time, each over Model + Tool + Other: the wall time or, when
+// calls and tools overlap past it, their sum; so each is from 0 to 1 and
+// the three add up to 1. All are 0 for a session without any time.
+func (s TimeSplit) Shares() (model, tool, other float64) {
+	total := float64(s.Model + s.Tool + s.Other)
 	if total <= 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
-	return float64(s.Model) / float64(total), float64(s.Tool) / float64(total)
+	return float64(s.Model) / total, float64(s.Tool) / total, float64(s.Other) / total
 }

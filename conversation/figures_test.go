@@ -42,8 +42,8 @@ func TestSessionFigures(t *testing.T) {
 	if s != want {
 		t.Errorf("time split %+v, want %+v", s, want)
 	}
-	if m, tl := s.Shares(); m != 0.45 || tl != 0.3 {
-		t.Errorf("shares %v, %v; want 0.45 and 0.3 of 100 s", m, tl)
+	if m, tl, o := s.Shares(); m != 0.45 || tl != 0.3 || o != 0.25 {
+		t.Errorf("shares %v, %v, %v; want 0.45, 0.3 and 0.25 of 100 s", m, tl, o)
 	}
 	if got := c.SubagentCostShare(); got != 0.3 {
 		t.Errorf("subagent cost share %v, want 300/1000", got)
@@ -55,11 +55,11 @@ func TestSessionFigures(t *testing.T) {
 	// Calls and tools that overlap past the wall time: the shares are over
 	// their sum, and the rest is 0.
 	over := TimeSplit{Wall: 10 * time.Second, Model: 12 * time.Second, Tool: 4 * time.Second}
-	if m, tl := over.Shares(); m != 0.75 || tl != 0.25 {
-		t.Errorf("overlapping shares %v, %v; want 0.75 and 0.25", m, tl)
+	if m, tl, o := over.Shares(); m != 0.75 || tl != 0.25 || o != 0 {
+		t.Errorf("overlapping shares %v, %v, %v; want 0.75, 0.25 and 0", m, tl, o)
 	}
-	if m, tl := (TimeSplit{}).Shares(); m != 0 || tl != 0 {
-		t.Errorf("a session without time has shares %v, %v", m, tl)
+	if m, tl, o := (TimeSplit{}).Shares(); m != 0 || tl != 0 || o != 0 {
+		t.Errorf("a session without time has shares %v, %v, %v", m, tl, o)
 	}
 }
 

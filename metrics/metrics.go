@@ -11,7 +11,10 @@
 // configured target (upstream and model), apart from every user figure.
 // The tollgate_conversation* families hold the figures of each ended
 // conversation (package conversation) and the outcomes applications report
-// for them, per team.
+// for them, per team; the tollgate_session_* families those of the ended
+// conversations that were coding agents' sessions, and the *_by_class
+// families every request by the request class its agent named (a closed
+// set, conversation.RequestClasses).
 package metrics
 
 import (
@@ -60,6 +63,11 @@ var (
 		14400, 28800, 86400}
 	// Outcome scores, 0 to 1 in tenths.
 	scoreBuckets = []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1}
+	// Shares of a session (of its time, of its cost): 0 on its own (no
+	// subagent, no tool time), then in tenths with 5% at both ends.
+	shareBuckets = []float64{0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1}
+	// Compactions of a session: none, then every count up to 6, then a few.
+	compactionBuckets = []float64{0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20}
 )
 
 // Label values used where a dimension is unknown.
@@ -129,6 +137,21 @@ type Metrics struct {
 	convOutcomes      *prometheus.CounterVec
 	convScore         *prometheus.HistogramVec
 	convCompletedCost *prometheus.CounterVec
+
+	// Ended sessions (conversations whose calls carried a coding agent's
+	// hints), per team.
+	sessCost          *prometheus.HistogramVec
+	sessCalls         *prometheus.HistogramVec
+	sessUserTurns     *prometheus.HistogramVec
+	sessDuration      *prometheus.HistogramVec
+	sessTimeShare     *prometheus.HistogramVec
+	sessCompactions   *prometheus.HistogramVec
+	sessSubagentShare *prometheus.HistogramVec
+
+	// Every request by team and request class.
+	classRequests *prometheus.CounterVec
+	classCost     *prometheus.CounterVec
+	classDuration *prometheus.HistogramVec
 
 	// circuit holds each upstream's last circuit state, so that a
 	// transition is counted from what was set rather than read back from
@@ -292,6 +315,37 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 			"Spend in US dollars of the conversations reported completed, up to the report; divided by tollgate_conversation_outcomes_total{completed=\"true\"} it is the cost per completed task.",
 			"team"),
 
+		sessCost: hist("session_cost_usd",
+			"Coding agents' sessions (conversations any of whose calls carried an agent's hints) that ended idle: their spend in US dollars, by the team of their first call.",
+			conversationCostBuckets, "team"),
+		sessCalls: hist("session_calls",
+			"Sessions that ended idle: their calls (requests) of every class.",
+			conversationTurnBuckets, "team"),
+		sessUserTurns: hist("session_user_turns",
+			"Sessions that ended idle: their user turns (the distinct prompts their calls served; 0 when the agent names none).",
+			conversationTurnBuckets, "team"),
+		sessDuration: hist("session_duration_seconds",
+			"Sessions that ended idle: their wall time, from their first call's arrival to their last call's end.",
+			conversationDurationBuckets, "team"),
+		sessTimeShare: hist("session_time_share",
+			"Sessions that ended idle: the share of their time each part took (part = model: the calls' summed E2E; tool: the tool durations the agents reported; other: the rest), over the wall time or, when calls and tools overlap past it, their sum.",
+			shareBuckets, "team", "part"),
+		sessCompactions: hist("session_compactions",
+			"Sessions that ended idle: their calls that compacted the context, of every kind, zeros included.",
+			compactionBuckets, "team"),
+		sessSubagentShare: hist("session_subagent_cost_share",
+			"Sessions that ended idle: the share of their cost their subagents' calls (class subagent) took, zeros included.",
+			shareBuckets, "team"),
+		classRequests: counter("requests_by_class_total",
+			"Requests by the request class their coding agent named: main, subagent, workflow, compaction, auxiliary, warmup, other (a value outside these), none (no class named).",
+			"team", "class"),
+		classCost: counter("cost_by_class_usd_total",
+			"Spend in US dollars by request class, priced by [[models]] as each request was billed.",
+			"team", "class"),
+		classDuration: hist("request_duration_by_class_seconds",
+			"End-to-end latency of every request, by request class: the model's share of a session's time, call by call.",
+			latencyBuckets, "team", "class"),
+
 		circuit:      make(map[string]int, len(cfg.Upstreams)),
 		probeTargets: map[[2]string]bool{},
 
@@ -304,7 +358,9 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
 		m.probeRequests, m.probeTTFT, m.probeTPOT, m.probeE2E, m.probeSuccess, m.probeLastRound, m.probeInterval,
-		m.convTurns, m.convCost, m.convTokens, m.convDuration, m.convEnded, m.convOutcomes, m.convScore, m.convCompletedCost} {
+		m.convTurns, m.convCost, m.convTokens, m.convDuration, m.convEnded, m.convOutcomes, m.convScore, m.convCompletedCost,
+		m.sessCost, m.sessCalls, m.sessUserTurns, m.sessDuration, m.sessTimeShare, m.sessCompactions, m.sessSubagentShare,
+		m.classRequests, m.classCost, m.classDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -450,9 +506,11 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 		inputBucket = "unknown"
 	}
 	outcome := rec.Outcome.String()
+	class := conversation.ClassLabel(rec.RequestClass)
 
 	if e2e := rec.E2E(); e2e > 0 {
 		m.duration.WithLabelValues(route, model, team, outcome, inputBucket).Observe(e2e.Seconds())
+		m.classDuration.WithLabelValues(team, class).Observe(e2e.Seconds())
 	}
 	if rec.Stream && !rec.Timing.FirstTokenOut.IsZero() {
 		m.ttft.WithLabelValues(route, model, team, inputBucket).Observe(rec.TTFT().Seconds())
@@ -486,8 +544,10 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 
 	if rec.CostMicros > 0 {
 		m.cost.WithLabelValues(route, model, team).Add(float64(rec.CostMicros) / 1e6)
+		m.classCost.WithLabelValues(team, class).Add(float64(rec.CostMicros) / 1e6)
 	}
 	m.requests.WithLabelValues(route, model, team, statusCode(rec.Status), outcome).Inc()
+	m.classRequests.WithLabelValues(team, class).Inc()
 	if rec.Route != llm.RouteOther {
 		m.goodput.WithLabelValues(route, model, team, rec.Goodput.String()).Inc()
 	}
@@ -667,10 +727,12 @@ func (m *Metrics) ProbeRound(upstream, model string, successRatio float64, at ti
 // ConversationEnded records a conversation that ended (the store's
 // Options.OnEnd). Every one is counted by reason and by whether any of its
 // turns failed; one that ended idle also has its turns, cost, tokens by
-// type and duration observed. An evicted one is only counted: its figures
-// are partial (it may go on as a new conversation), and would pull the
-// distributions down. Its team label is c.Team, "none" for "": the team of
-// a [[keys]] entry, so from the configuration.
+// type and duration observed, and, when it was a coding agent's session
+// (conversation.IsSession), its session figures (sessionEnded). An evicted
+// one is only counted: its figures are partial (it may go on as a new
+// conversation), and would pull the distributions down. Its team label is
+// c.Team, "none" for "": the team of a [[keys]] entry, so from the
+// configuration.
 func (m *Metrics) ConversationEnded(c conversation.Conversation, why conversation.Reason) {
 	team := c.Team
 	if team == "" {
@@ -691,6 +753,27 @@ func (m *Metrics) ConversationEnded(c conversation.Conversation, why conversatio
 		{"cache_write", tk.CacheWrite}, {"reasoning", tk.Reasoning}} {
 		m.convTokens.WithLabelValues(team, v.typ).Observe(float64(max(v.n, 0)))
 	}
+	if c.IsSession() {
+		m.sessionEnded(&c, team)
+	}
+}
+
+// sessionEnded observes the figures of a session that ended idle: its cost,
+// calls, user turns, wall time, the shares of its time, its compactions
+// and its subagents' share of its cost, as package conversation defines
+// them.
+func (m *Metrics) sessionEnded(c *conversation.Conversation, team string) {
+	split := c.TimeSplit()
+	model, tool, other := split.Shares()
+	m.sessCost.WithLabelValues(team).Observe(float64(max(c.CostMicros, 0)) / 1e6)
+	m.sessCalls.WithLabelValues(team).Observe(float64(max(c.Turns, 0)))
+	m.sessUserTurns.WithLabelValues(team).Observe(float64(max(c.Breakdown.Prompts, 0)))
+	m.sessDuration.WithLabelValues(team).Observe(max(split.Wall, 0).Seconds())
+	m.sessTimeShare.WithLabelValues(team, "model").Observe(model)
+	m.sessTimeShare.WithLabelValues(team, "tool").Observe(tool)
+	m.sessTimeShare.WithLabelValues(team, "other").Observe(other)
+	m.sessCompactions.WithLabelValues(team).Observe(float64(c.Breakdown.CompactionCalls()))
+	m.sessSubagentShare.WithLabelValues(team).Observe(c.SubagentCostShare())
 }
 
 // ConversationOutcome records the outcome an application reported for a

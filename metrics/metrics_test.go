@@ -362,6 +362,8 @@ func TestOwnLabelsRefusedAsConstantLabels(t *testing.T) {
 	m.Rejected("key", "rpm", "none")
 	m.SetCircuitState("mock", CircuitOpen)
 	m.ConversationEnded(conversation.Conversation{Team: "t", Turns: 1, Errors: 1}, conversation.EndEvicted)
+	m.ConversationEnded(conversation.Conversation{Team: "t", Turns: 1, Breakdown: conversation.Breakdown{
+		Classes: map[string]*conversation.Calls{"main": {Calls: 1}}}}, conversation.EndIdle)
 	m.ConversationOutcome("t", conversation.Outcome{Completed: true}, 1)
 	rec := llm.Record{Route: llm.RouteChatCompletions, Stream: true, Status: 200, Interruption: llm.InterruptUpstreamEOF}
 	m.Observe(&rec, "m")
