@@ -80,6 +80,8 @@ type convTeam struct {
 	total  convCounters
 	sample []convEntry // a ring once full; next is the oldest
 	next   int
+	// sess are its sessions (sessions.go), nil until one ends.
+	sess *sessTeam
 }
 
 // add applies f to the counters of the slice at elapsed time e and to the
@@ -133,9 +135,11 @@ func (w *Windows) convTeamOf(team string) *convTeam {
 // store's Options.OnEnd), at the clock's time. Every one counts as ended,
 // and as errored when any turn failed; one that ended idle also gives its
 // turns and cost to the means and percentiles. An evicted one is counted
-// only: its figures are partial, as in package metrics.
+// only: its figures are partial, as in package metrics. A coding agent's
+// session is also counted as a session (sessions.go).
 func (w *Windows) ObserveConversation(c conversation.Conversation, why conversation.Reason) {
-	e := w.elapsed(w.now())
+	at := w.now()
+	e := w.elapsed(at)
 	idle := why == conversation.EndIdle
 	turns, cost := max(c.Turns, 0), max(c.CostMicros, 0)
 	w.convMu.Lock()
@@ -157,6 +161,7 @@ func (w *Windows) ObserveConversation(c conversation.Conversation, why conversat
 	if idle {
 		t.keep(convEntry{stamp: k, turns: turns, costMicros: cost})
 	}
+	observeSession(t, k, &c, idle, at)
 }
 
 // ObserveOutcome adds the outcome an application reported for a
@@ -262,13 +267,13 @@ func (w *Windows) conversations(f *filter, e int64) []ConversationGroup {
 		}
 		s.total.merge(&t.total)
 		for i := range t.slots {
-			if sl := &t.slots[i]; sl.stamp > cur-convSlices && sl.stamp <= cur {
+			if sl := &t.slots[i]; inLastHour(sl.stamp, cur) {
 				s.hour.merge(&sl.convCounters)
 			}
 		}
 		for _, en := range t.sample {
 			s.allSample = append(s.allSample, en)
-			if en.stamp > cur-convSlices && en.stamp <= cur {
+			if inLastHour(en.stamp, cur) {
 				s.hourSample = append(s.hourSample, en)
 			}
 		}
@@ -285,6 +290,10 @@ func (w *Windows) conversations(f *filter, e int64) []ConversationGroup {
 	slices.SortFunc(out, func(a, b ConversationGroup) int { return cmp.Compare(a.Team, b.Team) })
 	return out
 }
+
+// inLastHour reports whether the 1 min slice stamp is one of the last
+// hour's at the current slice cur.
+func inLastHour(stamp, cur int64) bool { return stamp > cur-convSlices && stamp <= cur }
 
 func convFigures(c *convCounters, sample []convEntry, seconds float64) ConversationFigures {
 	ratio := func(a, b float64) float64 {

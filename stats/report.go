@@ -23,6 +23,9 @@ type Report struct {
 	// outcomes, by team; window=, route= and model= do not narrow them
 	// (a conversation spans routes and models), team= and merge=team do.
 	Conversations []ConversationGroup `json:"conversations"`
+	// Sessions are the figures of the ended conversations that were coding
+	// agents' sessions (sessions.go), by team, narrowed as Conversations.
+	Sessions []SessionGroup `json:"sessions"`
 }
 
 // SketchInfo names the quantile sketch and its error bound, so that a
@@ -238,6 +241,7 @@ func (w *Windows) snapshot(f filter) Report {
 		}
 	}
 	rep.Conversations = w.conversations(&f, e)
+	rep.Sessions = w.sessions(&f, e)
 	sc := getScratch()
 	defer putScratch(sc)
 	for _, st := range w.sets(&f, e) {

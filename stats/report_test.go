@@ -60,7 +60,7 @@ func TestHTTPShape(t *testing.T) {
 		slices.Sort(ks)
 		return strings.Join(ks, ",")
 	}
-	if got := keys(doc); got != "conversations,generated,sketch,windows" {
+	if got := keys(doc); got != "conversations,generated,sessions,sketch,windows" {
 		t.Errorf("report keys %s", got)
 	}
 	if got := keys(doc["sketch"]); got != "kind,relative_error" {
