@@ -1,6 +1,7 @@
 package dashboard_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -334,6 +335,7 @@ func TestDashboardRendersStats(t *testing.T) {
 		t.Fatalf("team ads (rpm 3) had %d of 6 requests refused, want 3", refused)
 	}
 	w.endConversations()
+	w.endSessions()
 	// That traffic is in the first 10 s slice; 12 s on, it is closed and
 	// the current one is 2 s old (its rates are not charted yet).
 	w.clock.advance(12 * time.Second)
@@ -392,6 +394,7 @@ func TestDashboardRendersStats(t *testing.T) {
 	checkTeams(t, tags, teams)
 	checkModels(t, tags, models)
 	checkConversations(t, dom, tags, teams)
+	checkSessions(t, dom, tags, teams)
 }
 
 // endConversations hands the live windows ended conversations and
@@ -482,11 +485,154 @@ func checkConversations(t *testing.T, dom string, tags []tag, rep stats.Report) 
 			}
 		}
 	}
-	// The figures are those observed: search's 8 idle of 9, ads' one.
+	// The figures are those observed: search's 8 idle of 9 and its 12
+	// sessions (one evicted), ads' one and its 2 sessions.
 	search := rows["search"]
-	if search["data-ended"] != "9" || search["data-evicted"] != "1" || rows["ads"]["data-cost-per-completed"] != "" {
+	if search["data-ended"] != "21" || search["data-evicted"] != "2" || rows["ads"]["data-ended"] != "3" ||
+		rows["ads"]["data-cost-per-completed"] != "" {
 		t.Errorf("search %v, ads %v", search, rows["ads"])
 	}
+}
+
+// endSessions hands the live windows ended coding agents' sessions, as
+// the conversation store does: search has twelve (eleven that ended idle,
+// more than the ten costliest shown, with wall times from seconds to
+// hours, and one evicted), ads two, one of them without subagents, tools or
+// prompts.
+func (w *world) endSessions() {
+	t0 := time.Date(2026, 9, 1, 9, 0, 0, 0, time.UTC)
+	session := func(team, key, keyID string, n int64, wall time.Duration) conversation.Conversation {
+		cost := 40_000 + 173_000*n
+		c := conversation.Conversation{Team: team, Key: key, KeyID: keyID, Turns: 3 + n, CostMicros: cost,
+			Start: t0, First: t0.Add(wall / 4), Last: t0.Add(wall)}
+		c.Breakdown.Classes = map[string]*conversation.Calls{
+			"main": {Calls: 2 + n, CostMicros: cost - 10_000*n, E2EMicros: int64(wall/time.Microsecond) / 3}}
+		if n > 0 {
+			c.Breakdown.Classes["subagent"] = &conversation.Calls{Calls: 1, CostMicros: 10_000 * n, E2EMicros: 2_000_000}
+			c.Breakdown.Tools = map[string]*conversation.Tool{"Bash": {Runs: n, Millis: int64(wall/time.Millisecond) / (2 + n)}}
+			c.Breakdown.Compactions = map[string]*conversation.Compactions{"auto": {Calls: n % 3}}
+			c.Breakdown.Prompts = 1 + n/2
+		}
+		return c
+	}
+	for i := range int64(12) {
+		why := conversation.EndIdle
+		if i == 7 {
+			why = conversation.EndEvicted
+		}
+		wall := []time.Duration{8 * time.Second, 45 * time.Second, 7 * time.Minute, 95 * time.Minute}[i%4]
+		w.stats.ObserveConversation(session("search", sha(fmt.Sprint("search-session-", i))[:32], "searcher", i, wall), why)
+	}
+	w.stats.ObserveConversation(session("ads", sha("ads-session-1")[:32], "advertiser", 0, 3*time.Second), conversation.EndIdle)
+	w.stats.ObserveConversation(session("ads", sha("ads-session-2")[:32], "tg-1a2b3c4d5e6f", 20, 2*time.Hour), conversation.EndIdle)
+}
+
+// checkSessions: one row per team with sessions in the last hour, holding
+// in its data attributes exactly the P50 and P95 /stats reports of each
+// figure and showing them, read back; and one row per costliest session
+// of every team, costliest first, with its key, as /stats lists them.
+func checkSessions(t *testing.T, dom string, tags []tag, rep stats.Report) {
+	t.Helper()
+	rows := map[string]map[string]string{}
+	var costly []map[string]string
+	for _, tg := range tags {
+		switch {
+		case tg.name == "tr" && tg.attrs["data-session-team"] != "":
+			rows[tg.attrs["data-session-team"]] = tg.attrs
+		case tg.name == "tr" && tg.attrs["data-costly-key"] != "":
+			costly = append(costly, tg.attrs)
+		}
+	}
+	if len(rep.Sessions) != 2 || len(rows) != 2 {
+		t.Fatalf("%d session rows, /stats has %d teams with sessions", len(rows), len(rep.Sessions))
+	}
+	cells := rowCells(dom, "data-session-team")
+	var wantCostly []stats.CostlySession
+	for _, g := range rep.Sessions {
+		f := g.LastHour
+		wantCostly = append(wantCostly, f.Costliest...)
+		row, texts := rows[g.Team], cells[g.Team]
+		figs := []struct {
+			attr string
+			d    stats.Distribution
+			unit float64 // what readTile's reading is of the figure
+		}{{"cost", f.CostUSD, 1}, {"calls", f.Calls, 1}, {"user-turns", f.UserTurns, 1},
+			{"duration", f.DurationSeconds, 1000}, {"model-share", f.ModelShare, 1}, {"tool-share", f.ToolShare, 1},
+			{"compactions", f.Compactions, 1}, {"subagent-share", f.SubagentCostShare, 1}}
+		if row == nil || len(texts) != 3+len(figs) || texts[0] != g.Team || row["data-ended"] != strconv.FormatInt(f.Ended, 10) ||
+			row["data-evicted"] != strconv.FormatInt(f.Evicted, 10) {
+			t.Errorf("team %s: row %v, cells %q; /stats %d ended, %d evicted", g.Team, row, texts, f.Ended, f.Evicted)
+			continue
+		}
+		for i, fg := range figs {
+			shown := strings.Split(texts[3+i], " / ")
+			if len(shown) != 2 {
+				t.Errorf("team %s %s shows %q, want P50 / P95", g.Team, fg.attr, texts[3+i])
+				continue
+			}
+			for j, q := range []struct {
+				name string
+				v    float64
+			}{{"p50", fg.d.P50}, {"p95", fg.d.P95}} {
+				if got, has := num(t, row["data-"+fg.attr+"-"+q.name]); !has || got != q.v {
+					t.Errorf("team %s %s-%s holds %q, /stats says %v", g.Team, fg.attr, q.name, row["data-"+fg.attr+"-"+q.name], q.v)
+				}
+				v, tol, err := readTile(shown[j])
+				if want := q.v * fg.unit; err != nil || math.Abs(v-want) > max(tol, 0.005*math.Abs(want)) {
+					t.Errorf("team %s %s %s shows %q (read %v, %v), /stats says %v", g.Team, fg.attr, q.name, shown[j], v, err, q.v)
+				}
+			}
+		}
+	}
+	// Costliest first across the teams, each team's ten at most.
+	slices.SortStableFunc(wantCostly, func(a, b stats.CostlySession) int {
+		return cmp.Or(cmp.Compare(b.CostUSD, a.CostUSD), strings.Compare(a.Team, b.Team), strings.Compare(a.Key, b.Key))
+	})
+	if len(costly) != len(wantCostly) || len(wantCostly) != 12 {
+		t.Fatalf("%d costliest rows, /stats lists %d (want 10 of search's 11, and ads' 2)", len(costly), len(wantCostly))
+	}
+	costlyCells := rowCells(dom, "data-costly-key")
+	for i, c := range wantCostly {
+		row := costly[i]
+		texts := costlyCells[c.Key]
+		if row["data-costly-key"] != c.Key || row["data-costly-team"] != c.Team || row["data-key-id"] != c.KeyID ||
+			row["data-cost"] != strconv.FormatFloat(c.CostUSD, 'g', -1, 64) || row["data-calls"] != strconv.FormatInt(c.Calls, 10) ||
+			row["data-duration"] != strconv.FormatFloat(c.DurationSeconds, 'g', -1, 64) ||
+			row["data-user-turns"] != strconv.FormatInt(c.UserTurns, 10) {
+			t.Errorf("costliest row %d is %v, /stats says %+v", i, row, c)
+			continue
+		}
+		if len(texts) != 7 || texts[0] != c.Team || texts[1] != c.KeyID || texts[2] != c.Key[:12] {
+			t.Errorf("costliest row %d shows %q, /stats says %+v", i, texts, c)
+			continue
+		}
+		for j, fg := range []struct {
+			v, unit float64
+		}{{c.CostUSD, 1}, {c.DurationSeconds, 1000}, {float64(c.Calls), 1}, {float64(c.UserTurns), 1}} {
+			v, tol, err := readTile(texts[3+j])
+			if want := fg.v * fg.unit; err != nil || math.Abs(v-want) > max(tol, 0.005*math.Abs(want)) {
+				t.Errorf("costliest row %d cell %d shows %q (read %v, %v), /stats says %v", i, 3+j, texts[3+j], v, err, fg.v)
+			}
+		}
+	}
+	// The costliest of all is ads' 20-call session of two hours.
+	if c := wantCostly[0]; c.Team != "ads" || c.KeyID != "tg-1a2b3c4d5e6f" || c.DurationSeconds != 7200 || c.Calls != 23 {
+		t.Errorf("costliest session %+v", c)
+	}
+}
+
+// rowCells returns the cell texts of the table rows carrying attribute
+// attr, by its value, in column order.
+func rowCells(dom, attr string) map[string][]string {
+	out := map[string][]string{}
+	re := regexp.MustCompile(`<tr ` + attr + `="([^"]*)"[^>]*>(.*?)</tr>`)
+	for _, m := range re.FindAllStringSubmatch(dom, -1) {
+		k := html.UnescapeString(m[1])
+		for _, td := range regexp.MustCompile(`<td[^>]*>([^<]*)</td>`).FindAllStringSubmatch(m[2], -1) {
+			out[k] = append(out[k], html.UnescapeString(td[1]))
+		}
+	}
+	return out
 }
 
 // checkTiles: the tiles hold exactly the values of the whole-gateway group
@@ -553,6 +699,8 @@ func readTile(text string) (v, tol float64, err error) {
 	}{
 		{`^([\d,.]+) ms$`, 1, 0.005},
 		{`^([\d,.]+) s$`, 1000, 5},
+		{`^([\d,.]+) min$`, 60_000, 300},
+		{`^([\d,.]+) h$`, 3_600_000, 18_000},
 		{`^([\d,.]+)%(?: of \d+)?$`, 0.01, 0.0005},
 		{`^\$([\d,.]+)$`, 1, 0.00005},
 		{`^([\d,.]+)$`, 1, 0.05},
@@ -840,6 +988,9 @@ func TestDashboardWindow(t *testing.T) {
 	checkCharts(t, tags, series)
 	if !strings.Contains(dom, "No conversation ended in the last hour.") {
 		t.Error("no conversation ended, and the page does not say so")
+	}
+	if !strings.Contains(dom, "No agent session ended in the last hour.") {
+		t.Error("no session ended, and the page does not say so")
 	}
 }
 

@@ -72,6 +72,14 @@
   function fmtPct(v) {
     return v === null || v === undefined || !isFinite(v) ? '–' : (v * 100).toFixed(1) + '%';
   }
+  // fmtSeconds writes a duration in seconds: as fmtMs under a minute, in
+  // minutes under an hour, else in hours.
+  function fmtSeconds(v) {
+    if (v === null || v === undefined || !isFinite(v)) return '–';
+    if (v < 60) return fmtMs(v * 1000);
+    if (v < 3600) return (v / 60).toFixed(2) + ' min';
+    return (v / 3600).toFixed(2) + ' h';
+  }
   function fmtTime(iso) {
     const d = new Date(iso);
     return isNaN(d) ? '' : d.toLocaleTimeString('en-GB', { hour12: false });
@@ -307,6 +315,64 @@
     $('conversations').replaceChildren(table);
   }
 
+  // The session figures shown, by /stats field: their data attribute
+  // prefix, column title and format.
+  const SESSION_FIGURES = [
+    ['cost_usd', 'cost', 'Cost', fmtUSD],
+    ['calls', 'calls', 'Calls', (v) => fmtNum(v)],
+    ['user_turns', 'user-turns', 'User turns', (v) => fmtNum(v)],
+    ['duration_seconds', 'duration', 'Duration', fmtSeconds],
+    ['model_share', 'model-share', 'Model share', fmtPct],
+    ['tool_share', 'tool-share', 'Tool share', fmtPct],
+    ['compactions', 'compactions', 'Compactions', (v) => fmtNum(v)],
+    ['subagent_cost_share', 'subagent-share', 'Subagent cost', fmtPct],
+  ];
+
+  // renderSessions lists each team's coding agents' sessions of the last
+  // hour: ended, evicted, and the P50 / P95 of each figure per session
+  // ("–" and an empty data attribute without a sample); then the costliest
+  // sessions of every team, costliest first, with the key that ran them.
+  function renderSessions(report) {
+    const rows = (report.sessions || []).filter((s) => s.last_hour.ended > 0);
+    if (!rows.length) {
+      $('sessions').replaceChildren(el('p', { class: 'empty' }, 'No agent session ended in the last hour.'));
+      $('costliest').replaceChildren();
+      return;
+    }
+    const table = el('table', { id: 'session-table' },
+      el('tr', {}, ...['Team', 'Ended', 'Evicted', ...SESSION_FIGURES.map((f) => f[2] + ' P50 / P95')].map((h) => el('th', {}, h))));
+    for (const s of rows) {
+      const f = s.last_hour;
+      const has = f.sampled > 0;
+      const attrs = { 'data-session-team': s.team, 'data-ended': f.ended, 'data-evicted': f.evicted };
+      const cells = [];
+      for (const [field, name, , fmt] of SESSION_FIGURES) {
+        const p50 = has ? f[field].p50 : null, p95 = has ? f[field].p95 : null;
+        attrs['data-' + name + '-p50'] = p50 === null ? '' : p50;
+        attrs['data-' + name + '-p95'] = p95 === null ? '' : p95;
+        cells.push(el('td', {}, (has ? fmt(p50) : '–') + ' / ' + (has ? fmt(p95) : '–')));
+      }
+      table.append(el('tr', attrs, el('td', {}, s.team), el('td', {}, fmtNum(f.ended, 0)), el('td', {}, fmtNum(f.evicted, 0)), ...cells));
+    }
+    const costly = rows.flatMap((s) => s.last_hour.costliest || [])
+      .sort((a, b) => b.cost_usd - a.cost_usd || a.team.localeCompare(b.team) || a.key.localeCompare(b.key));
+    const top = el('table', { id: 'costliest-table' },
+      el('tr', {}, ...['Team', 'Key', 'Session', 'Cost', 'Duration', 'Calls', 'User turns'].map((h) => el('th', {}, h))));
+    for (const c of costly) {
+      top.append(el('tr', { 'data-costly-key': c.key, 'data-costly-team': c.team, 'data-key-id': c.key_id, 'data-cost': c.cost_usd,
+        'data-duration': c.duration_seconds, 'data-calls': c.calls, 'data-user-turns': c.user_turns },
+      el('td', {}, c.team),
+      el('td', {}, c.key_id || '–'),
+      el('td', { title: c.key }, c.key.slice(0, 12)),
+      el('td', {}, fmtUSD(c.cost_usd)),
+      el('td', {}, fmtSeconds(c.duration_seconds)),
+      el('td', {}, fmtNum(c.calls, 0)),
+      el('td', {}, fmtNum(c.user_turns, 0))));
+    }
+    $('sessions').replaceChildren(table);
+    $('costliest').replaceChildren(top);
+  }
+
   function setStatus(kind, text) {
     const s = $('status');
     s.className = 'status' + (kind === 'error' ? ' error' : '');
@@ -330,6 +396,7 @@
       renderTeams(teams);
       renderModels(models);
       renderConversations(teams);
+      renderSessions(teams);
       document.body.setAttribute('data-generated', all.generated);
       document.body.setAttribute('data-window', w);
       document.body.setAttribute('data-seconds', all.windows[0].seconds);
