@@ -13,6 +13,8 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 
+	"github.com/tollgate-llm/tollgate/config"
+	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/mockllm"
 	"github.com/tollgate-llm/tollgate/stats"
 )
@@ -24,20 +26,38 @@ import (
 // compactions and subagent share are what its records add up to, with
 // its key among the costliest; every request is counted and priced by
 // its class; and the plain conversation is a conversation, not a session.
+// On one gateway, and on three replicas sharing Redis, each call sent to
+// the next: the session is still one, observed by one replica.
 func TestSessionReachesMetricsAndStats(t *testing.T) {
-	mock := mockllm.New(mockllm.Options{OutputTokens: 4, RequireKey: upKey})
-	up := httptest.NewServer(mock)
-	t.Cleanup(up.Close)
-	cfg := govConfig(up.URL)
-	cfg.Spend.StateFile = ""
-	cfg.Conversations.Enabled, cfg.Conversations.StateFile = true, ""
+	t.Run("one gateway", func(t *testing.T) {
+		mock := mockllm.New(mockllm.Options{OutputTokens: 4, RequireKey: upKey})
+		up := httptest.NewServer(mock)
+		t.Cleanup(up.Close)
+		cfg := govConfig(up.URL)
+		cfg.Spend.StateFile = ""
+		cfg.Conversations.StateFile = ""
+		sessionThrough(t, cfg, 1)
+	})
+	t.Run("three replicas on one Redis", func(t *testing.T) {
+		_, cfg := redisGovConfig(t, mockllm.Options{OutputTokens: 4})
+		sessionThrough(t, cfg, 3)
+	})
+}
+
+func sessionThrough(t *testing.T, cfg config.Config, replicas int) {
+	cfg.Conversations.Enabled = true
 	cfg.Conversations.FlushIntervalSeconds = 0.05
 	cfg.Conversations.IdleTimeoutSeconds = 0.5
-	r := startReplica(t, cfg)
-
-	client := anthropic.NewClient(aoption.WithBaseURL(r.url), aoption.WithAPIKey(testKeyA), aoption.WithMaxRetries(0))
+	var reps []*replica
+	for range replicas {
+		reps = append(reps, startReplica(t, cfg))
+	}
+	sent := 0
 	send := func(stream bool, headers ...string) {
 		t.Helper()
+		client := anthropic.NewClient(aoption.WithBaseURL(reps[sent%len(reps)].url), aoption.WithAPIKey(testKeyA),
+			aoption.WithMaxRetries(0))
+		sent++
 		opts := []aoption.RequestOption{}
 		for i := 0; i < len(headers); i += 2 {
 			opts = append(opts, aoption.WithHeader(headers[i], headers[i+1]))
@@ -75,15 +95,21 @@ func TestSessionReachesMetricsAndStats(t *testing.T) {
 	send(false, "X-Conversation-Id", "plain-1")
 
 	deadline := time.Now().Add(20 * time.Second)
-	for endedCount(t, []*replica{r}) < 2 && time.Now().Before(deadline) {
+	for endedCount(t, reps) < 2 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if n := endedCount(t, []*replica{r}); n != 2 {
-		t.Fatalf("%v conversations ended, want the session and the plain one", n)
+	// Longer than several intervals and another idle timeout: a second
+	// observation would have come by now.
+	time.Sleep(time.Second)
+	if n := endedCount(t, reps); n != 2 {
+		t.Fatalf("%v conversations ended, want the session and the plain one, once each", n)
 	}
 
 	// What the records add up to.
-	recs := r.records()
+	var recs []llm.Record
+	for _, r := range reps {
+		recs = append(recs, r.records()...)
+	}
 	var sessKey, keyID string
 	var sessCost, subCost int64
 	var sessCalls int
@@ -128,13 +154,13 @@ func TestSessionReachesMetricsAndStats(t *testing.T) {
 		{"tollgate_session_compactions", 1},
 		{"tollgate_session_subagent_cost_share", float64(subCost) / float64(sessCost)},
 	} {
-		if _, n, sum := seriesSum(t, r, h.name, red); n != 1 || !near(sum, h.sum) {
+		if n, sum := sumOver(t, reps, h.name, red); n != 1 || !near(sum, h.sum) {
 			t.Errorf("%s{team=red}: %d sessions summing %v, want 1 of %v", h.name, n, sum, h.sum)
 		}
 	}
 	var shares float64
 	for _, part := range []string{"model", "tool", "other"} {
-		_, n, sum := seriesSum(t, r, "tollgate_session_time_share", map[string]string{"team": "red", "part": part})
+		n, sum := sumOver(t, reps, "tollgate_session_time_share", map[string]string{"team": "red", "part": part})
 		if n != 1 || (part != "other" && sum <= 0) {
 			t.Errorf("time share %s: %d sessions, %v", part, n, sum)
 		}
@@ -143,30 +169,45 @@ func TestSessionReachesMetricsAndStats(t *testing.T) {
 	if !near(shares, 1) {
 		t.Errorf("the session's time shares add up to %v", shares)
 	}
-	if _, n, _ := seriesSum(t, r, "tollgate_conversation_turns", red); n != 2 {
+	if n, _ := sumOver(t, reps, "tollgate_conversation_turns", red); n != 2 {
 		t.Errorf("%d conversations observed, want 2: a session is a conversation too", n)
 	}
 	for class, n := range byClass {
 		labels := map[string]string{"team": "red", "class": class}
-		v, _, _ := seriesSum(t, r, "tollgate_requests_by_class_total", labels)
-		cost, _, _ := seriesSum(t, r, "tollgate_cost_by_class_usd_total", labels)
-		_, timed, _ := seriesSum(t, r, "tollgate_request_duration_by_class_seconds", labels)
+		var v, cost float64
+		var timed uint64
+		for _, r := range reps {
+			rv, _, _ := seriesSum(t, r, "tollgate_requests_by_class_total", labels)
+			rc, _, _ := seriesSum(t, r, "tollgate_cost_by_class_usd_total", labels)
+			_, rt, _ := seriesSum(t, r, "tollgate_request_duration_by_class_seconds", labels)
+			v, cost, timed = v+rv, cost+rc, timed+rt
+		}
 		if v != float64(n) || timed != uint64(n) || !near(cost, float64(costByClass[class])/1e6) {
 			t.Errorf("class %s: %v requests, %d timed, $%v; the records: %d, $%v", class, v, timed, cost, n, float64(costByClass[class])/1e6)
 		}
 	}
 
-	resp, err := http.Get(r.url + "/stats?team=red")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	// Each replica's /stats has what it observed: the session in one.
 	var doc stats.Report
-	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
-		t.Fatal(err)
+	var found int
+	for _, r := range reps {
+		resp, err := http.Get(r.url + "/stats?team=red")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d stats.Report
+		err = json.NewDecoder(resp.Body).Decode(&d)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Sessions) > 0 {
+			doc = d
+			found++
+		}
 	}
-	if len(doc.Sessions) != 1 || doc.Sessions[0].Team != "red" || len(doc.Conversations) != 1 {
-		t.Fatalf("/stats: sessions %+v, conversations %+v", doc.Sessions, doc.Conversations)
+	if found != 1 || len(doc.Sessions) != 1 || doc.Sessions[0].Team != "red" {
+		t.Fatalf("/stats: %d replicas with sessions; %+v", found, doc.Sessions)
 	}
 	f := doc.Sessions[0].LastHour
 	if f.Ended != 1 || f.Sampled != 1 || !near(f.CostUSD.P50, float64(sessCost)/1e6) || f.Calls.P95 != 6 ||
@@ -181,7 +222,15 @@ func TestSessionReachesMetricsAndStats(t *testing.T) {
 		c.UserTurns != 2 || !near(c.CostUSD, float64(sessCost)/1e6) || !near(c.DurationSeconds, f.DurationSeconds.P50) {
 		t.Errorf("costliest session %+v; its records: key %s, key id %s, $%v", c, sessKey, keyID, float64(sessCost)/1e6)
 	}
-	if c := doc.Conversations[0].LastHour; c.Ended != 2 {
-		t.Errorf("/stats: %d conversations ended, want 2", c.Ended)
+}
+
+// sumOver adds up the sample counts and sums of histogram name{labels}
+// over the replicas.
+func sumOver(t *testing.T, reps []*replica, name string, labels map[string]string) (count uint64, sum float64) {
+	t.Helper()
+	for _, r := range reps {
+		_, c, s := seriesSum(t, r, name, labels)
+		count, sum = count+c, sum+s
 	}
+	return count, sum
 }
