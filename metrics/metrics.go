@@ -14,7 +14,7 @@
 // for them, per team; the tollgate_session_* families those of the ended
 // conversations that were coding agents' sessions, and the *_by_class
 // families every request by the request class its agent named (a closed
-// set, conversation.RequestClasses).
+// set, llm.RequestClasses and none).
 package metrics
 
 import (

@@ -165,7 +165,7 @@ func TestRequestsByClass(t *testing.T) {
 		}
 		checkHistogram(t, reg, "tollgate_request_duration_by_class_seconds", labels, w.e2e...)
 	}
-	classes := append(slices.Clone(conversation.RequestClasses), "other", "none")
+	classes := append(slices.Clone(llm.RequestClasses), "none")
 	for _, name := range []string{"tollgate_requests_by_class_total", "tollgate_cost_by_class_usd_total",
 		"tollgate_request_duration_by_class_seconds"} {
 		for _, s := range gatherFamily(t, reg, name) {
