@@ -54,8 +54,13 @@ func (c *Conversations) FlushInterval() time.Duration { return Seconds(c.FlushIn
 // session header, Codex's (and its older spelling), the headers other
 // clients send, then the application's header, baggage, Codex's body and
 // the Responses API's own chaining.
-var DefaultIdentity = []string{"x-claude-code-session-id", "session-id", "session_id", "x-session-id",
-	"x-session-affinity", IdentityHeader, IdentityBaggage, IdentityClientMetadata, IdentityResponses}
+var DefaultIdentity = append(slices.Clone(AgentSessionHeaders), "x-session-id",
+	"x-session-affinity", IdentityHeader, IdentityBaggage, IdentityClientMetadata, IdentityResponses)
+
+// AgentSessionHeaders are the headers in which coding agents name their own
+// sessions: Claude Code's, Codex's (and its older spelling). A
+// conversation one of them names is an agent's session.
+var AgentSessionHeaders = []string{"x-claude-code-session-id", "session-id", "session_id"}
 
 // The entries of Conversations.Identity that are not header names.
 const (

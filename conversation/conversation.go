@@ -94,6 +94,10 @@ type Turn struct {
 	KeyID, User string
 	// Hints are what the turn's agent said of it (session.go).
 	Hints Hints
+	// AgentSession: a coding agent's own session header named the
+	// conversation (Claude Code's, Codex's), so it is a session whether
+	// or not the call carried hints.
+	AgentSession bool
 }
 
 // MaxTTFTs bounds the per-turn TTFTs a conversation keeps: its first
@@ -123,6 +127,9 @@ type Conversation struct {
 	User  string `json:"user,omitempty"`
 	// Breakdown is what its turns said of themselves (session.go).
 	Breakdown Breakdown `json:"breakdown"`
+	// AgentSession: a turn's conversation was named by a coding agent's
+	// own session header (Turn.AgentSession).
+	AgentSession bool `json:"agent_session,omitempty"`
 }
 
 // Duration is the time from its first turn's end to its last's.
@@ -155,6 +162,7 @@ func (c *Conversation) add(t *Turn) {
 	if c.User == "" {
 		c.User = t.User
 	}
+	c.AgentSession = c.AgentSession || t.AgentSession
 	c.Breakdown.addTurn(&t.Hints, callOf(t), t.Tokens.Input)
 }
 

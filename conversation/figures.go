@@ -35,6 +35,9 @@ func ClassLabel(class string) string {
 // The sessions' figures (metrics, /stats) are over these only, so that
 // conversations whose calls carry no agent's hints do not dilute them.
 func (c *Conversation) IsSession() bool {
+	if c.AgentSession {
+		return true
+	}
 	b := &c.Breakdown
 	if b.Prompts > 0 || len(b.Agents) > 0 || len(b.Tools) > 0 || len(b.Compactions) > 0 {
 		return true

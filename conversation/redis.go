@@ -127,6 +127,7 @@ type delta struct {
 	// these turns (Redis counts each prompt once across batches).
 	start       int64
 	keyID, user string
+	agent       bool
 	bd          Breakdown
 }
 
@@ -153,6 +154,7 @@ func (d *delta) add(t *Turn, at, seen int64) {
 	if d.user == "" {
 		d.user = t.User
 	}
+	d.agent = d.agent || t.AgentSession
 	d.bd.addTurn(&t.Hints, callOf(t), t.Tokens.Input)
 }
 
@@ -184,6 +186,7 @@ func (d *delta) foldInto(c *Conversation, key string) {
 	if c.User == "" {
 		c.User = d.user
 	}
+	c.AgentSession = c.AgentSession || d.agent
 	c.Breakdown.merge(&d.bd)
 }
 
@@ -348,7 +351,11 @@ func (b *batch) add(r *Redis, key string, d *delta) {
 	for _, v := range d.ttfts {
 		b.args = append(b.args, int64(v))
 	}
-	b.args = append(b.args, d.start, d.keyID, d.user)
+	agent := 0
+	if d.agent {
+		agent = 1
+	}
+	b.args = append(b.args, d.start, d.keyID, d.user, agent)
 	b.args = appendBreakdown(b.args, &d.bd)
 }
 
@@ -710,6 +717,9 @@ func parseRecord(v any) (Conversation, error) {
 			continue
 		case "u":
 			c.User = val
+			continue
+		case "as":
+			c.AgentSession = val == "1"
 			continue
 		case "s":
 			us, err := strconv.ParseInt(val, 10, 64)

@@ -14,7 +14,7 @@ import "github.com/redis/go-redis/v9"
 // and last turn in µs since the epoch (doubles hold them exactly until the
 // year 2255, so Lua compares them without loss), s the first turn's start
 // (µs), tm the team of the first turn, kid and u the first key and end user
-// named, out the outcome as JSON, and the breakdown's members (see
+// named, as set once an agent's session header named it, out the outcome as JSON, and the breakdown's members (see
 // redis_breakdown.go: m|G|N, n|G, g|G|N|C, a|G|N|A). Counters move by
 // HINCRBY with the decimal strings the gateway sent, never through Lua
 // numbers.
@@ -53,7 +53,8 @@ end
 // MaxTTFTs, ARGV[4] the tag, then for each conversation: its key, n, e, i,
 // o, cr, cw, rs, c, first, last, seen (µs; its score), team, the number of
 // TTFTs and that many TTFTs (ns), start (µs, 0 for none), key id, end
-// user, and the breakdown's member operations (appendBreakdown): their
+// user, 1 when an agent's session header named it (else 0), and the
+// breakdown's member operations (appendBreakdown): their
 // count, then each one's group, name, cap, counters and attributes.
 //
 // It returns {1, evicted} when it applied the batch, where evicted are the
@@ -109,8 +110,9 @@ for k = 3, #KEYS, 2 do
     redis.call('RPUSH', l, unpack(ts))
   end
   a = a + 14 + nt
-  local start, kid, user = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  a = a + 3
+  local start, kid, user, agent = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  a = a + 4
+  if agent == '1' then redis.call('HSET', h, 'as', '1') end
   if start ~= '0' then
     local s = redis.call('HGET', h, 's')
     if not s or tonumber(start) < tonumber(s) then redis.call('HSET', h, 's', start) end

@@ -134,7 +134,7 @@ type ToolRun struct {
 func (b *Breakdown) addTurn(h *Hints, call Calls, input int64) {
 	class := cleanName(h.Class)
 	if class == "" {
-		class = "none"
+		class = ClassNone
 	}
 	addCalls(&b.Classes, class, MaxClasses, call)
 	if h.Agent != "" {

@@ -140,3 +140,24 @@ func TestSessionBreakdownIsBounded(t *testing.T) {
 		}
 	})
 }
+
+// TestAgentSessionHeaderMakesASession: a conversation an agent's own
+// session header named is a session though its calls carry no hints, in
+// every store; one without either is not.
+func TestAgentSessionHeaderMakesASession(t *testing.T) {
+	forEachStore(t, Options{}, func(t *testing.T, s *subject) {
+		ctx := context.Background()
+		agent, plain := Key("", "claude-session"), Key("", "app-conversation")
+		tu := s.turn(agent, 10)
+		tu.AgentSession = true
+		s.Record(tu)
+		s.Record(s.turn(plain, 10))
+		s.tick(ctx)
+		if c := s.get(t, agent); !c.AgentSession || !c.IsSession() {
+			t.Errorf("the agent's session: agent %v, session %v", c.AgentSession, c.IsSession())
+		}
+		if c := s.get(t, plain); c.AgentSession || c.IsSession() {
+			t.Errorf("a plain conversation: agent %v, session %v", c.AgentSession, c.IsSession())
+		}
+	})
+}

@@ -318,6 +318,7 @@ func (ex *exchange) recordTurn(rec *llm.Record) {
 		KeyID:      rec.KeyID,
 		User:       ex.info.agent.endUser,
 		Hints:      ex.info.agent.hints,
+		AgentSession: slices.Contains(config.AgentSessionHeaders, ex.conv.source),
 	})
 }
 
