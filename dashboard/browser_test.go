@@ -649,7 +649,7 @@ func checkTiles(t *testing.T, dom string, tags []tag, g stats.Group, seconds flo
 	}
 	want := map[string]float64{
 		"requests": float64(g.Requests), "goodput": g.Goodput.Ratio, "cost": g.CostUSD,
-		"rejected":          float64(g.Outcomes["rejected"]),
+		"rejected":          float64(g.Populations["refused"]),
 		"tokens-per-second": g.OutputTokensPerSecond,
 		"overhead-p50":      g.Overhead.P50, "overhead-p99": g.Overhead.P99,
 	}
@@ -681,6 +681,16 @@ func checkTiles(t *testing.T, dom string, tags []tag, g stats.Group, seconds flo
 			t.Errorf("tile %s shows %q (read %v, %v), /stats says %v", id, texts[id], shown, err, v)
 		}
 	}
+	// The refused tile names the most frequent reason.
+	top := ""
+	for reason, n := range g.Rejections {
+		if top == "" || n > g.Rejections[top] || n == g.Rejections[top] && reason < top {
+			top = reason
+		}
+	}
+	if top != "" && !strings.HasSuffix(texts["rejected"], " · "+top) {
+		t.Errorf("the refused tile shows %q; its top reason is %s", texts["rejected"], top)
+	}
 	body := tags[slices.IndexFunc(tags, func(tg tag) bool { return tg.name == "body" })]
 	if secs, ok := num(t, body.attrs["data-seconds"]); !ok || secs != seconds {
 		t.Errorf("page's window spans %q s, /stats says %v", body.attrs["data-seconds"], seconds)
@@ -703,7 +713,7 @@ func readTile(text string) (v, tol float64, err error) {
 		{`^([\d,.]+) h$`, 3_600_000, 18_000},
 		{`^([\d,.]+)%(?: of \d+)?$`, 0.01, 0.0005},
 		{`^\$([\d,.]+)$`, 1, 0.00005},
-		{`^([\d,.]+)$`, 1, 0.05},
+		{`^([\d,.]+)(?: · [a-z_]+)?$`, 1, 0.05}, // a count, and for the refused the top reason
 	} {
 		if m := regexp.MustCompile(f.re).FindStringSubmatch(text); m != nil {
 			n, err := parse(m[1])
@@ -786,7 +796,7 @@ func checkCharts(t *testing.T, tags []tag, series stats.SeriesReport) {
 			return float64(p.Requests) / p.Seconds, settled(p)
 		},
 		"requests/rejected/s": func(p stats.Point) (float64, bool) {
-			return float64(p.Outcomes["rejected"]) / p.Seconds, settled(p)
+			return float64(p.Populations["refused"]) / p.Seconds, settled(p)
 		},
 		"spend/USD/min": func(p stats.Point) (float64, bool) { return p.CostUSD / p.Seconds * 60, settled(p) },
 	}
@@ -873,7 +883,7 @@ func checkTeams(t *testing.T, tags []tag, rep stats.Report) {
 			reasons = append(reasons, fmt.Sprintf("%s:%d", k, v))
 		}
 		slices.Sort(reasons)
-		if cost != g.CostUSD || reqs != float64(g.Requests) || rej != float64(g.Outcomes["rejected"]) ||
+		if cost != g.CostUSD || reqs != float64(g.Requests) || rej != float64(g.Populations["refused"]) ||
 			row["data-reasons"] != strings.Join(reasons, " ") {
 			t.Errorf("team %s row %v, /stats %+v", g.Team, row, g.Figures)
 		}

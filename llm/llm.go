@@ -87,6 +87,68 @@ func (r Route) String() string {
 	}
 }
 
+// RejectionOfStatus names the refusal of a request no rule refused by the
+// status the gateway answered it with.
+func RejectionOfStatus(status int) Rejection {
+	switch status {
+	case 400:
+		return RejectBadRequest
+	case 401:
+		return RejectUnauthorized
+	case 404:
+		return RejectNotFound
+	case 405:
+		return RejectMethodNotAllowed
+	case 413:
+		return RejectTooLarge
+	case 415:
+		return RejectUnsupportedEncoding
+	case 426:
+		return RejectUpgradeRequired
+	case 431:
+		return RejectHeadersTooLarge
+	}
+	return RejectOther
+}
+
+// Population is which requests a record is counted among: each figure the
+// gateway exports is over one population (docs/metrics.md, "Which
+// requests"), decided once per record as it ends.
+type Population uint8
+
+const (
+	// PopModelCall: a request on a model route (chat completions,
+	// messages, the Responses API, over HTTP or a socket) that the gateway
+	// admitted. TTFT, TPOT, ITL, E2E, tokens and goodput are over these.
+	PopModelCall Population = iota
+	// PopRefused: a request the gateway answered itself, before any
+	// upstream attempt, with an error: identity, limits, budgets, bad
+	// input, ownership (its Rejection says which).
+	PopRefused
+	// PopForward: any other request sent upstream: /v1/models, files,
+	// token counts, stored objects, embeddings, a background response
+	// streamed again.
+	PopForward
+	// PopProbe: the gateway's own synthetic probe.
+	PopProbe
+)
+
+// NumPopulations is the number of populations.
+const NumPopulations = int(PopProbe) + 1
+
+// String returns the population's label value.
+func (p Population) String() string {
+	switch p {
+	case PopRefused:
+		return "refused"
+	case PopForward:
+		return "forward"
+	case PopProbe:
+		return "probe"
+	}
+	return "model_call"
+}
+
 // RequestClasses are the request classes a coding agent may name a call
 // by: Claude Code's five, and Codex's warm-up. A value outside them is
 // ClassOther; a call that names none has no class.
@@ -212,6 +274,17 @@ const (
 	// RejectCostPerConversation: the turn would take its conversation past
 	// its team's max_cost_per_conversation_usd.
 	RejectCostPerConversation
+	// The refusals of a request the gateway could not take, by what its
+	// answer says (RejectionOfStatus): no rule refused it, the request
+	// itself was wrong (a key missing or unknown, a malformed body, a
+	// path no route serves).
+	RejectUnauthorized
+	RejectBadRequest
+	RejectNotFound
+	RejectMethodNotAllowed
+	RejectTooLarge
+	RejectUnsupportedEncoding
+	RejectUpgradeRequired
 	// RejectOther is any other refusal.
 	RejectOther
 )
@@ -233,6 +306,13 @@ var rejectionNames = [...]string{
 	RejectNonCanonicalPath:     "non_canonical_path",
 	RejectHeadersTooLarge:      "headers_too_large",
 	RejectCostPerConversation:  "cost_per_conversation",
+	RejectUnauthorized:         "unauthorized",
+	RejectBadRequest:           "bad_request",
+	RejectNotFound:             "not_found",
+	RejectMethodNotAllowed:     "method_not_allowed",
+	RejectTooLarge:             "too_large",
+	RejectUnsupportedEncoding:  "unsupported_encoding",
+	RejectUpgradeRequired:      "upgrade_required",
 	RejectOther:                "other",
 }
 
@@ -302,6 +382,9 @@ const (
 	SLOE2E
 	// SLOFailed marks a request that did not succeed; it is not good.
 	SLOFailed
+	// SLOExcluded marks a request that is not a model call
+	// (Population): it is in no goodput figure.
+	SLOExcluded
 )
 
 // String returns the SLO's label value.
@@ -315,6 +398,8 @@ func (s SLO) String() string {
 		return "e2e"
 	case SLOFailed:
 		return "failed"
+	case SLOExcluded:
+		return "excluded"
 	}
 	return "met"
 }
@@ -405,10 +490,13 @@ type Record struct {
 	// answer is still a success.
 	IncompleteReason string
 	Goodput          SLO
-	// Rejection says why the gateway refused the request when Outcome is
-	// OutcomeRejected.
+	// Rejection says why the gateway refused the request: the rule, for
+	// OutcomeRejected, else (a request of population PopRefused) what its
+	// answer's status says (RejectionOfStatus).
 	Rejection Rejection
-	BytesOut  int64
+	// Population is which requests the record is counted among.
+	Population Population
+	BytesOut   int64
 
 	// AttemptLog lists the upstream attempts (Attempts, AttemptCount).
 	// RetryWait is the time spent waiting between attempts (backoff and
@@ -504,10 +592,14 @@ type SLOTargets struct {
 
 // Classify returns whether the record meets the targets, and if not which
 // objective it broke first (in the order TTFT, TPOT, E2E). A request that did
-// not succeed is SLOFailed. TTFT and TPOT apply only to streams that produced
+// not succeed is SLOFailed; a request that is not a model call (Population)
+// is SLOExcluded, in no goodput figure. TTFT and TPOT apply only to streams that produced
 // tokens; a target is met when the figure is at or under it (as vLLM counts
 // goodput).
 func (t SLOTargets) Classify(r *Record) SLO {
+	if r.Population != PopModelCall {
+		return SLOExcluded
+	}
 	if r.Outcome != OutcomeOK {
 		return SLOFailed
 	}

@@ -89,10 +89,14 @@ type Metrics struct {
 	goodput      *prometheus.CounterVec
 	inflight     *prometheus.GaugeVec
 	interrupts   *prometheus.CounterVec
-	cost         *prometheus.CounterVec
-	rejections   *prometheus.CounterVec
-	degraded     *prometheus.GaugeVec
-	replicas     prometheus.Gauge
+	// refusals counts the requests the gateway refused (population
+	// refused) by reason; refusalTime is how long it took to say so.
+	refusals    *prometheus.CounterVec
+	refusalTime prometheus.Histogram
+	cost        *prometheus.CounterVec
+	rejections  *prometheus.CounterVec
+	degraded    *prometheus.GaugeVec
+	replicas    prometheus.Gauge
 	// claimsDeferred counts streams the relay did not hold for the record
 	// of their new stored response.
 	claimsDeferred prometheus.Counter
@@ -186,7 +190,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 	}
 	m := &Metrics{
 		duration: hist("request_duration_seconds",
-			"End-to-end latency: from the request's arrival to its last byte flushed (gen_ai.client.operation.duration).",
+			"End-to-end latency: from the request's arrival to its last byte flushed (gen_ai.client.operation.duration); model calls and forwarded requests, each route its own, never a refusal (refusal_duration_seconds).",
 			latencyBuckets, "route", "model", "team", "outcome", "input_bucket"),
 		ttft: hist("time_to_first_token_seconds",
 			"Streamed requests: from arrival to the first token-bearing event flushed to the client (gen_ai.client.operation.time_to_first_chunk).",
@@ -214,6 +218,12 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "inflight_requests",
 			Help: "Exchanges open now."}, []string{"route"}),
 		interrupts: counter("stream_interruptions_total", "Streams that ended early, and non-streamed answers that were not JSON (protocol_error), by cause.", "route", "cause"),
+		refusals: counter("refusals_total",
+			"Requests the gateway answered itself with an error before any upstream attempt (identity, limits, budgets, bad input, ownership), by reason (the access log's rejection). They are in no latency or goodput figure.",
+			"reason", "team"),
+		refusalTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "refusal_duration_seconds",
+			Help:    "How long the gateway took to refuse a request (population refused): arrival to the error's last byte.",
+			Buckets: overheadBuckets}),
 		cost: counter("cost_usd_total",
 			"Spend in US dollars, priced by [[models]] from the usage of each billable exchange.",
 			"route", "model", "team"),
@@ -353,7 +363,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		models:  newModelSet(mc.Models, mc.MaxModels, labelPatterns(cfg)),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
-		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.cost, m.rejections, m.degraded, m.replicas,
+		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.refusals, m.refusalTime, m.cost, m.rejections, m.degraded, m.replicas,
 		m.claimsDeferred, m.sockets, m.socketsOpen, m.reloads, m.reloadOK, m.reloadSuccessful,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
@@ -508,7 +518,14 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 	outcome := rec.Outcome.String()
 	class := conversation.ClassLabel(rec.RequestClass)
 
-	if e2e := rec.E2E(); e2e > 0 {
+	if rec.Population == llm.PopRefused {
+		// A refusal is in no latency or goodput figure: counted and timed
+		// apart.
+		m.refusals.WithLabelValues(rec.Rejection.String(), team).Inc()
+		if e2e := rec.E2E(); e2e > 0 {
+			m.refusalTime.Observe(e2e.Seconds())
+		}
+	} else if e2e := rec.E2E(); e2e > 0 {
 		m.duration.WithLabelValues(route, model, team, outcome, inputBucket).Observe(e2e.Seconds())
 		m.classDuration.WithLabelValues(team, class).Observe(e2e.Seconds())
 	}
@@ -548,7 +565,7 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 	}
 	m.requests.WithLabelValues(route, model, team, statusCode(rec.Status), outcome).Inc()
 	m.classRequests.WithLabelValues(team, class).Inc()
-	if rec.Route != llm.RouteOther {
+	if rec.Goodput != llm.SLOExcluded { // a model call
 		m.goodput.WithLabelValues(route, model, team, rec.Goodput.String()).Inc()
 	}
 	if rec.Interruption != llm.InterruptNone {

@@ -390,3 +390,30 @@ func TestOwnLabelsRefusedAsConstantLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalsAreCountedApart: a refused request (population refused) is
+// counted by reason and timed in its own histogram, and is in neither the
+// E2E histogram nor goodput; a model call is in both, and a forward in E2E
+// (its own route) but not goodput.
+func TestRefusalsAreCountedApart(t *testing.T) {
+	m, _ := newTest(t, nil)
+	at := time.Unix(1700000000, 0)
+	rec := func(route llm.Route, p llm.Population, slo llm.SLO, rej llm.Rejection) *llm.Record {
+		r := &llm.Record{Route: route, Population: p, Goodput: slo, Rejection: rej, Status: 200, Outcome: llm.OutcomeOK}
+		r.Timing.In, r.Timing.End = at, at.Add(3*time.Millisecond)
+		return r
+	}
+	m.Observe(rec(llm.RouteMessages, llm.PopRefused, llm.SLOExcluded, llm.RejectUnauthorized), "other")
+	m.Observe(rec(llm.RouteMessages, llm.PopRefused, llm.SLOExcluded, llm.RejectUnauthorized), "other")
+	m.Observe(rec(llm.RouteMessages, llm.PopModelCall, llm.SLOMet, llm.RejectNone), "other")
+	m.Observe(rec(llm.RouteOther, llm.PopForward, llm.SLOExcluded, llm.RejectNone), "other")
+	if got := testutil.ToFloat64(m.refusals.WithLabelValues("unauthorized", "none")); got != 2 {
+		t.Errorf("refusals{unauthorized} = %v, want 2", got)
+	}
+	if n := testutil.CollectAndCount(m.refusalTime); n != 1 {
+		t.Errorf("refusal histogram series %d", n)
+	}
+	if e2e, goodput := testutil.CollectAndCount(m.duration), testutil.CollectAndCount(m.goodput); e2e != 2 || goodput != 1 {
+		t.Errorf("E2E series %d, goodput series %d; want the model call's and the forward's E2E, the model call's goodput", e2e, goodput)
+	}
+}

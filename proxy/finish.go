@@ -26,6 +26,10 @@ func (ex *exchange) finish() *llm.Record {
 		input = rec.Usage.Input
 	}
 	rec.InputBucket = g.metrics.Buckets().Label(input)
+	rec.Population = ex.population(rec)
+	if rec.Population == llm.PopRefused && rec.Rejection == llm.RejectNone {
+		rec.Rejection = llm.RejectionOfStatus(rec.Status)
+	}
 	rec.Goodput = ex.gen.slo.Classify(rec)
 	caller := ex.kind.caller()
 	if caller {
@@ -49,6 +53,26 @@ func (ex *exchange) finish() *llm.Record {
 		}
 	}
 	return rec
+}
+
+// population is the one place that decides which requests a finished
+// record is counted among (llm.Population): the probe's own; a request the
+// gateway answered itself with an error before any upstream attempt
+// (outcome rejected or bad_request), refused; a request on a model route
+// that was not, a model call (whether the upstream then answered it well
+// or not); any other request, a forward.
+func (ex *exchange) population(rec *llm.Record) llm.Population {
+	switch {
+	case ex.kind == kindProbe:
+		return llm.PopProbe
+	case rec.AttemptCount == 0 && (rec.Outcome == llm.OutcomeRejected || rec.Outcome == llm.OutcomeBadRequest):
+		return llm.PopRefused
+	}
+	switch rec.Route {
+	case llm.RouteChatCompletions, llm.RouteMessages, llm.RouteResponses:
+		return llm.PopModelCall
+	}
+	return llm.PopForward
 }
 
 // closeRecord completes the record from what the request's stages handed

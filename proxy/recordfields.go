@@ -123,6 +123,8 @@ var recordFields = [...]recordField{
 
 	{log: "input_bucket", span: tracing.InputBucket,
 		value: func(r *llm.Record) slog.Value { return slog.StringValue(r.InputBucket) }},
+	{log: "population", span: tracing.Population,
+		value: func(r *llm.Record) slog.Value { return slog.StringValue(r.Population.String()) }},
 	{log: "goodput", span: tracing.Goodput,
 		value: func(r *llm.Record) slog.Value { return slog.StringValue(r.Goodput.String()) }},
 

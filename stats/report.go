@@ -86,13 +86,19 @@ type Figures struct {
 	OutputTokensPerSecond float64 `json:"output_tokens_per_second"`
 	// CostUSD is the spend priced by [[models]], as billed to the ledger.
 	CostUSD float64 `json:"cost_usd"`
-	// Rejections counts the requests the gateway refused (outcome
-	// "rejected") by reason: the limit ("rpm", "tpm", "concurrency",
-	// "tokens_per_day", "cost_per_day", "cost_per_month") or the rule
-	// ("model_not_allowed", "unpriced_model", "limiter_unavailable",
-	// "not_meterable", "other"). Only reasons seen are listed.
+	// Rejections counts the requests the gateway refused (population
+	// "refused") by reason: the limit ("rpm", "tpm", "concurrency",
+	// "tokens_per_day", "cost_per_day", "cost_per_month"), the rule
+	// ("model_not_allowed", "not_owner", ...), or what was wrong with the
+	// request ("unauthorized", "bad_request", "not_found", "too_large",
+	// ...). Only reasons seen are listed.
 	Rejections map[string]int64 `json:"rejections"`
-	Goodput    Goodput          `json:"goodput"`
+	// Populations counts the requests by population: "model_call",
+	// "refused", "forward" (llm.Population). TTFT, TPOT, ITL, E2E and
+	// goodput are over the model calls (and the forwards' routes their
+	// own), never the refused.
+	Populations map[string]int64 `json:"populations"`
+	Goodput     Goodput          `json:"goodput"`
 }
 
 // Quantiles summarises one figure in milliseconds. Count, Mean and Max are
@@ -360,7 +366,13 @@ func figuresOf(c *counters, qs *[nFigures]Quantiles, seconds float64) Figures {
 		OutputTokens: c.outputTokens,
 		CostUSD:      float64(c.costMicros) / 1e6,
 		Rejections:   map[string]int64{},
+		Populations:  map[string]int64{},
 		Goodput:      Goodput{Broken: make(map[string]int64, nSLOs-1)},
+	}
+	for p, n := range c.populations {
+		if n > 0 {
+			out.Populations[llm.Population(p).String()] = n
+		}
 	}
 	if seconds > 0 {
 		out.OutputTokensPerSecond = float64(c.outputTokens) / seconds

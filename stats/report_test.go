@@ -81,7 +81,7 @@ func TestHTTPShape(t *testing.T) {
 		t.Errorf("windows %v", names)
 	}
 	g := wins[0].(map[string]any)["groups"].([]any)[0]
-	if got := keys(g); got != "cost_usd,e2e,goodput,input_tokens,itl,model,outcomes,output_tokens,output_tokens_per_second,overhead,rejections,requests,route,team,tpot,ttft" {
+	if got := keys(g); got != "cost_usd,e2e,goodput,input_tokens,itl,model,outcomes,output_tokens,output_tokens_per_second,overhead,populations,rejections,requests,route,team,tpot,ttft" {
 		t.Errorf("group keys %s", got)
 	}
 	gm := g.(map[string]any)

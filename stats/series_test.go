@@ -79,13 +79,14 @@ func TestCostTokensRejections(t *testing.T) {
 	ok.CostMicros = 2_500_000
 	w.Observe(ok, "gpt")
 	for i, r := range []llm.Rejection{llm.RejectRPM, llm.RejectRPM, llm.RejectCostPerDay, llm.RejectNone, llm.Rejection(200)} {
-		rec := &llm.Record{Route: llm.RouteChatCompletions, Team: "alpha", Outcome: llm.OutcomeRejected, Rejection: r, Status: 429}
+		rec := &llm.Record{Route: llm.RouteChatCompletions, Team: "alpha", Outcome: llm.OutcomeRejected, Rejection: r, Status: 429,
+			Population: llm.PopRefused}
 		rec.Timing.In = clk.now().Add(-time.Millisecond)
 		rec.Timing.End = clk.now()
 		if i == 0 {
-			// A rejection set on a record with another outcome is not one.
+			// A rejection set on a record of another population is not one.
 			other := *rec
-			other.Outcome = llm.OutcomeOK
+			other.Outcome, other.Population = llm.OutcomeOK, llm.PopModelCall
 			w.Observe(&other, "gpt")
 		}
 		w.Observe(rec, "gpt")

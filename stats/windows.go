@@ -85,11 +85,13 @@ var windowSpecs = [...]windowSpec{
 type counters struct {
 	requests     int64
 	outcomes     [nOutcomes]int64
-	goodput      [nSLOs]int64 // by llm.SLO; only for the chat and messages routes
+	goodput      [nSLOs]int64 // by llm.SLO; model calls only
 	inputTokens  int64
 	outputTokens int64
 	costMicros   int64
-	rejections   [llm.NumRejections]int64 // by llm.Rejection, for outcome rejected
+	rejections   [llm.NumRejections]int64 // by llm.Rejection, for the refused
+	// populations counts the requests by llm.Population.
+	populations [llm.NumPopulations]int64
 }
 
 func (c *counters) merge(o *counters) {
@@ -105,6 +107,9 @@ func (c *counters) merge(o *counters) {
 	c.costMicros += o.costMicros
 	for i, n := range o.rejections {
 		c.rejections[i] += n
+	}
+	for i, n := range o.populations {
+		c.populations[i] += n
 	}
 }
 
@@ -405,6 +410,12 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 	var buckets [nFigures]int
 	var has [nFigures]bool
 	set := func(f figure, d time.Duration) {
+		// The latency figures are over model calls and forwards (each
+		// route its own group); a refusal's are the gateway's answer
+		// time, counted apart (rejections), never in them.
+		if rec.Population == llm.PopRefused {
+			return
+		}
 		d = max(d, 0)
 		vals[f], buckets[f], has[f] = d, bucketOf(d), true
 	}
@@ -428,7 +439,7 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 		input = rec.Usage.Input
 	}
 	rej := -1
-	if rec.Outcome == llm.OutcomeRejected {
+	if rec.Population == llm.PopRefused {
 		rej = int(rec.Rejection)
 		if rej == int(llm.RejectNone) || rej >= llm.NumRejections {
 			rej = int(llm.RejectOther)
@@ -454,8 +465,11 @@ func (w *Windows) Observe(rec *llm.Record, model string) {
 		if o := int(rec.Outcome); o < nOutcomes {
 			c.outcomes[o]++
 		}
-		if rec.Route != llm.RouteOther && int(rec.Goodput) < nSLOs {
+		if int(rec.Goodput) < nSLOs { // not SLOExcluded: a model call
 			c.goodput[rec.Goodput]++
+		}
+		if p := int(rec.Population); p < llm.NumPopulations {
+			c.populations[p]++
 		}
 		c.outputTokens += tokens
 		c.inputTokens += input

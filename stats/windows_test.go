@@ -59,6 +59,14 @@ func record(now time.Time, o recordOpts, slo llm.SLOTargets) *llm.Record {
 	if o.output > 0 {
 		rec.Usage = llm.Usage{Output: o.output, HasOutput: true}
 	}
+	// The population, as the gateway decides it: refused before any
+	// attempt, else by route.
+	switch {
+	case (o.outcome == llm.OutcomeRejected || o.outcome == llm.OutcomeBadRequest) && o.upSent == 0:
+		rec.Population = llm.PopRefused
+	case o.route == llm.RouteOther:
+		rec.Population = llm.PopForward
+	}
 	rec.Goodput = slo.Classify(rec)
 	return rec
 }
@@ -291,9 +299,10 @@ func TestGoodputAndOutcomes(t *testing.T) {
 	if g.Requests != 14 {
 		t.Errorf("requests = %d, want 14", g.Requests)
 	}
-	// Met: 3 streams and the 2 unstreamed answers.
-	wantGood := Goodput{Good: 5, Total: 14, Ratio: 5.0 / 14,
-		Broken: map[string]int64{"ttft": 3, "tpot": 1, "e2e": 1, "failed": 4}}
+	// Met: 3 streams and the 2 unstreamed answers; the refused one is no
+	// model call, in no goodput figure.
+	wantGood := Goodput{Good: 5, Total: 13, Ratio: 5.0 / 13,
+		Broken: map[string]int64{"ttft": 3, "tpot": 1, "e2e": 1, "failed": 3}}
 	if fmt.Sprint(g.Goodput) != fmt.Sprint(wantGood) {
 		t.Errorf("goodput = %+v, want %+v", g.Goodput, wantGood)
 	}
@@ -303,10 +312,10 @@ func TestGoodputAndOutcomes(t *testing.T) {
 		t.Errorf("outcomes = %v, want %v", g.Outcomes, wantOut)
 	}
 	// TTFT: streams whose first token went out (3+2+1+1+1+2); TPOT: those
-	// with ≥ 2 tokens, cancelled ones included; E2E: all 14; overhead: all
-	// but the rejected one, which never went upstream.
+	// with ≥ 2 tokens, cancelled ones included; E2E and overhead: all but
+	// the refused one (a refusal's time is not a model call's).
 	for name, got := range map[string]int64{"ttft": g.TTFT.Count, "tpot": g.TPOT.Count, "e2e": g.E2E.Count, "overhead": g.Overhead.Count, "itl": g.ITL.Count} {
-		want := map[string]int64{"ttft": 10, "tpot": 10, "e2e": 14, "overhead": 13, "itl": 0}[name]
+		want := map[string]int64{"ttft": 10, "tpot": 10, "e2e": 13, "overhead": 13, "itl": 0}[name]
 		if got != want {
 			t.Errorf("%s count = %d, want %d", name, got, want)
 		}
@@ -326,7 +335,8 @@ func TestGoodputAndOutcomes(t *testing.T) {
 	}
 
 	other, ok := findGroup(win, "other", "gpt", "a")
-	if !ok || other.Requests != 4 || other.Outcomes["ok"] != 4 || other.Goodput.Total != 0 || other.Overhead.Count != 4 {
+	if !ok || other.Requests != 4 || other.Outcomes["ok"] != 4 || other.Goodput.Total != 0 || other.Overhead.Count != 4 ||
+		other.Populations["forward"] != 4 {
 		t.Errorf("other route group = %+v (found %v)", other, ok)
 	}
 	if b, ok := findGroup(win, "chat_completions", "gpt", "b"); !ok || b.Goodput.Good != 1 || b.Requests != 1 {

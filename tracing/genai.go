@@ -96,10 +96,13 @@ const (
 	CostMicros      = attribute.Key("tollgate.cost_micros")
 	InputBucket     = attribute.Key("tollgate.input_bucket")
 	Goodput         = attribute.Key("tollgate.goodput")
-	BytesOut        = attribute.Key("tollgate.bytes_out")
-	AttemptCount    = attribute.Key("tollgate.attempt_count")
-	RetryWaitMs     = attribute.Key("tollgate.retry_wait_ms")
-	QueueWaitMs     = attribute.Key("tollgate.queue_wait_ms")
+	// Population is which requests the record is counted among
+	// (model_call, refused, forward).
+	Population   = attribute.Key("tollgate.population")
+	BytesOut     = attribute.Key("tollgate.bytes_out")
+	AttemptCount = attribute.Key("tollgate.attempt_count")
+	RetryWaitMs  = attribute.Key("tollgate.retry_wait_ms")
+	QueueWaitMs  = attribute.Key("tollgate.queue_wait_ms")
 
 	// TerminalSeen: the stream's terminal marker ([DONE], message_stop, a
 	// Responses terminal event) was read.

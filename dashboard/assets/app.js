@@ -89,7 +89,16 @@
     const w = report.windows && report.windows[0];
     return w && w.groups.length ? w.groups[0] : null;
   }
-  function rejectedOf(g) { return g && g.outcomes ? (g.outcomes.rejected || 0) : 0; }
+  // rejectedOf is the requests the gateway refused itself (population
+  // "refused": a key missing or unknown, a limit, a bad body), which no
+  // latency or goodput figure counts.
+  function rejectedOf(g) { return g && g.populations ? (g.populations.refused || 0) : 0; }
+
+  // topReason is the most frequent refusal reason, "" for none.
+  function topReason(g) {
+    const m = (g && g.rejections) || {};
+    return Object.keys(m).sort((a, b) => m[b] - m[a] || a.localeCompare(b))[0] || '';
+  }
 
   // Tiles: the window's figures for the whole gateway. A quantile of a
   // figure with no sample is shown as "–" and its data-v is empty.
@@ -110,7 +119,8 @@
     tile('goodput', 'Goodput', gp, fmtPct(gp) + (g && g.goodput.total ? ' of ' + g.goodput.total : ''));
     tile('tokens-per-second', 'Output tokens/s', g ? g.output_tokens_per_second : 0, fmtNum(g ? g.output_tokens_per_second : 0));
     tile('cost', 'Spend', g ? g.cost_usd : 0, fmtUSD(g ? g.cost_usd : 0));
-    tile('rejected', 'Rejected', rejectedOf(g), fmtNum(rejectedOf(g), 0));
+    const top = topReason(g);
+    tile('rejected', 'Refused', rejectedOf(g), fmtNum(rejectedOf(g), 0) + (top ? ' · ' + top : ''));
     q('TTFT', 'ttft');
     q('TPOT', 'tpot');
     q('ITL', 'itl');
