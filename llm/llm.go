@@ -412,6 +412,7 @@ type Timing struct {
 	UpFirstByte   time.Time // upstream's first response byte
 	FirstToken    time.Time // first token-bearing event read
 	FirstTokenOut time.Time // that event flushed to the client
+	HeadersOut    time.Time // an upstream answer's headers written to the client
 	LastToken     time.Time // last token-bearing event read
 	End           time.Time // last byte flushed, or the exchange ended otherwise
 }
@@ -615,6 +616,30 @@ func (t SLOTargets) Classify(r *Record) SLO {
 		return SLOE2E
 	}
 	return SLOMet
+}
+
+// TimeToHeaders is how long the caller waited for an upstream answer's
+// response headers: from arrival to their writing. ok is false when no
+// upstream answer's headers were written (a refusal, a gateway error, a
+// WebSocket turn).
+func (r *Record) TimeToHeaders() (d time.Duration, ok bool) {
+	if r.Timing.HeadersOut.IsZero() || r.Timing.In.IsZero() {
+		return 0, false
+	}
+	return max(r.Timing.HeadersOut.Sub(r.Timing.In), 0), true
+}
+
+// Hold is how long a stream's answer was held back before its headers
+// went to the caller: from the upstream's first byte to the headers'
+// writing. The gateway holds a stream's headers and opening events until
+// its first token, so that a failure before it can be retried unseen
+// (DESIGN 1); this is what that costs the caller in time to headers. ok is
+// false for an answer that was not a stream, or had no headers written.
+func (r *Record) Hold() (d time.Duration, ok bool) {
+	if !r.Stream || r.Timing.HeadersOut.IsZero() || r.Timing.UpFirstByte.IsZero() {
+		return 0, false
+	}
+	return max(r.Timing.HeadersOut.Sub(r.Timing.UpFirstByte), 0), true
 }
 
 // Buckets maps an input-token count to a bucket label. Edges are ascending

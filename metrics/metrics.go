@@ -93,10 +93,13 @@ type Metrics struct {
 	// refused) by reason; refusalTime is how long it took to say so.
 	refusals    *prometheus.CounterVec
 	refusalTime prometheus.Histogram
-	cost        *prometheus.CounterVec
-	rejections  *prometheus.CounterVec
-	degraded    *prometheus.GaugeVec
-	replicas    prometheus.Gauge
+	// hold is how long model-call streams were held before their headers
+	// went out (llm.Record.Hold).
+	hold       *prometheus.HistogramVec
+	cost       *prometheus.CounterVec
+	rejections *prometheus.CounterVec
+	degraded   *prometheus.GaugeVec
+	replicas   prometheus.Gauge
 	// claimsDeferred counts streams the relay did not hold for the record
 	// of their new stored response.
 	claimsDeferred prometheus.Counter
@@ -221,6 +224,9 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		refusals: counter("refusals_total",
 			"Requests the gateway answered itself with an error before any upstream attempt (identity, limits, budgets, bad input, ownership), by reason (the access log's rejection). They are in no latency or goodput figure.",
 			"reason", "team"),
+		hold: hist("stream_hold_seconds",
+			"Streamed model calls: how long the answer's headers and opening events were held back, from the upstream's first byte to the headers written to the caller, so that a failure before the first token could be retried unseen.",
+			latencyBuckets, "route"),
 		refusalTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "refusal_duration_seconds",
 			Help:    "How long the gateway took to refuse a request (population refused): arrival to the error's last byte.",
 			Buckets: overheadBuckets}),
@@ -363,7 +369,7 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		models:  newModelSet(mc.Models, mc.MaxModels, labelPatterns(cfg)),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.ttft, m.upstreamTTFT, m.tpot, m.itl, m.overhead,
-		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.refusals, m.refusalTime, m.cost, m.rejections, m.degraded, m.replicas,
+		m.tokens, m.requests, m.goodput, m.inflight, m.interrupts, m.refusals, m.refusalTime, m.hold, m.cost, m.rejections, m.degraded, m.replicas,
 		m.claimsDeferred, m.sockets, m.socketsOpen, m.reloads, m.reloadOK, m.reloadSuccessful,
 		m.attempts, m.retries, m.retriesSkipped, m.fallbacks, m.circuitState, m.circuitTransitions, m.breakerBypass,
 		m.retryWait, m.queueWait, m.queueWaiting,
@@ -531,6 +537,9 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 	}
 	if rec.Stream && !rec.Timing.FirstTokenOut.IsZero() {
 		m.ttft.WithLabelValues(route, model, team, inputBucket).Observe(rec.TTFT().Seconds())
+	}
+	if hold, ok := rec.Hold(); ok && rec.Population == llm.PopModelCall {
+		m.hold.WithLabelValues(route).Observe(hold.Seconds())
 	}
 	if rec.Stream && !rec.Timing.FirstToken.IsZero() && !rec.Timing.UpSent.IsZero() {
 		up := rec.Upstream

@@ -118,6 +118,7 @@ func (ex *exchange) closeRecord() {
 		rec.ErrorType = out.errType
 	}
 	rec.Timing.End = ex.end()
+	rec.Timing.HeadersOut = out.headersAt
 	rec.Conversation, rec.ConversationSource = ex.conv.key, ex.conv.source
 	if rec.Conversation == "" {
 		rec.ConversationSource = ""

@@ -83,6 +83,12 @@ var recordFields = [...]recordField{
 		value:   func(r *llm.Record) slog.Value { return slog.StringValue(r.TraceID) }},
 
 	// A stream's figures.
+	{log: "headers_ms", span: tracing.HeadersMs,
+		present: func(r *llm.Record) bool { _, ok := r.TimeToHeaders(); return ok },
+		value:   func(r *llm.Record) slog.Value { d, _ := r.TimeToHeaders(); return msValue(d) }},
+	{log: "hold_ms", span: tracing.HoldMs,
+		present: func(r *llm.Record) bool { _, ok := r.Hold(); return ok },
+		value:   func(r *llm.Record) slog.Value { d, _ := r.Hold(); return msValue(d) }},
 	{log: "ttft_ms", span: tracing.TTFTMs, present: hasTTFT,
 		value: func(r *llm.Record) slog.Value { return msValue(r.TTFT()) }},
 	{log: "upstream_ttft_ms", span: tracing.UpstreamTTFT,

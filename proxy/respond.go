@@ -28,6 +28,9 @@ type reply struct {
 	// usage is what a relayed failure reported (a held stream's opening
 	// events); the record takes it when it has a count.
 	usage llm.Usage
+	// headersAt is when an upstream's answer's headers were written to the
+	// caller (writeHeader): for a held stream, when the hold ended.
+	headersAt time.Time
 }
 
 // sent reports whether the status has been sent.
@@ -86,7 +89,7 @@ func (ex *exchange) relayFailure(f *failure) {
 // writeHeader sends the answer's status: from here on an error can no
 // longer be reported as a status.
 func (ex *exchange) writeHeader(status int) {
-	ex.out.status = status
+	ex.out.status, ex.out.headersAt = status, ex.g.now()
 	ex.w.WriteHeader(status)
 }
 

@@ -85,6 +85,10 @@ const (
 	Interruption = attribute.Key("tollgate.interruption")
 	Rejection    = attribute.Key("tollgate.rejection")
 	TTFTMs       = attribute.Key("tollgate.ttft_ms")
+	// HeadersMs is the time to the upstream answer's response headers;
+	// HoldMs how long a stream was held before them (llm.Record.Hold).
+	HeadersMs    = attribute.Key("tollgate.headers_ms")
+	HoldMs       = attribute.Key("tollgate.hold_ms")
 	UpstreamTTFT = attribute.Key("tollgate.upstream_ttft_ms")
 	TPOTMs       = attribute.Key("tollgate.tpot_ms")
 	E2EMs        = attribute.Key("tollgate.e2e_ms")
