@@ -41,7 +41,7 @@ func streamedRecord() *llm.Record {
 		Timing: llm.Timing{In: t0, UpSent: t0.Add(400 * time.Microsecond), UpFirstByte: t0.Add(200 * time.Millisecond),
 			FirstToken: t0.Add(201 * time.Millisecond), FirstTokenOut: t0.Add(201*time.Millisecond + 30*time.Microsecond),
 			HeadersOut: t0.Add(201*time.Millisecond + 20*time.Microsecond),
-			LastToken: t0.Add(2181 * time.Millisecond), End: t0.Add(2188 * time.Millisecond)},
+			LastToken:  t0.Add(2181 * time.Millisecond), End: t0.Add(2188 * time.Millisecond)},
 		Usage:      llm.Usage{Input: 42, Output: 100, HasInput: true, HasOutput: true},
 		CostMicros: 66, TokenEvents: 100, ITLCount: 99, ITLSum: 1980 * time.Millisecond, ITLMax: 22 * time.Millisecond,
 		InputBucket: "0-500", TerminalSeen: true, BytesOut: 18234, RetryWait: 5 * time.Millisecond,
