@@ -62,7 +62,7 @@ const tpotTolerance = time.Millisecond
 const testKey = "sk-bench-test-secret-4242"
 
 // startMock serves a mock on loopback for the test's lifetime.
-func startMock(t *testing.T, opts mockllm.Options) (*mockllm.Server, *httptest.Server) {
+func startMock(t testing.TB, opts mockllm.Options) (*mockllm.Server, *httptest.Server) {
 	t.Helper()
 	m := mockllm.New(opts)
 	ts := httptest.NewServer(m)

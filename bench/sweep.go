@@ -131,22 +131,26 @@ func Sweep(ctx context.Context, cfg Config, levels []int, opt SweepOptions) (*Sw
 		}
 		sr.Info = res.Info
 		lv := sweepLevel(l, res, cfg, opt.Target)
-		sr.Levels = append(sr.Levels, lv)
+		sr.add(lv)
 		if err != nil {
 			return sr, fmt.Errorf("bench: sweep at concurrency %d: %w", l, err)
 		}
-		if lv.Pass {
-			sr.Saturation = l
-			continue
-		}
-		if sr.FirstBreak == 0 {
-			sr.FirstBreak = l
-		}
-		if opt.StopAfterBreak {
+		if !lv.Pass && opt.StopAfterBreak {
 			break
 		}
 	}
 	return sr, nil
+}
+
+// add appends a measured level and updates the saturation point: the
+// highest level that passed, and the lowest that broke.
+func (s *SweepResult) add(lv SweepLevel) {
+	s.Levels = append(s.Levels, lv)
+	if lv.Pass {
+		s.Saturation = lv.Concurrency
+	} else if s.FirstBreak == 0 {
+		s.FirstBreak = lv.Concurrency
+	}
 }
 
 // sweepLevel condenses one level's run and applies the rule of Sweep.

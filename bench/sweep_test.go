@@ -45,7 +45,16 @@ func kneeConfig(url string) bench.Config {
 	}
 }
 
-func TestSweepFindsKnee(t *testing.T) {
+// TestSweepRunsEveryLevel runs the knee schedule through real sockets and
+// checks what does not depend on the machine's speed: every level sent its
+// requests at its concurrency and all succeeded, the mock never generated
+// more than its slots and queued the level past them, that level broke (a
+// queued request's first token comes 235 ms or more after it was sent,
+// past the 170 ms SLO, however busy the machine), and the saturation point
+// and the table follow from the levels' verdicts. Whether the levels up to
+// the slots pass depends on how fast an idle machine answers: the rule is
+// TestSweepRuleFindsKnee's, and the timed knee is BenchmarkSweepKnee.
+func TestSweepRunsEveryLevel(t *testing.T) {
 	m, ts := startMock(t, mockllm.Options{TTFT: kneeTTFT, ITL: kneeITL, OutputTokens: kneeTokens, MaxConcurrent: kneeSlots})
 	sr, err := bench.Sweep(runCtx(t), kneeConfig(ts.URL), []int{1, 2, 4, 8}, bench.SweepOptions{})
 	if err != nil {
@@ -56,12 +65,10 @@ func TestSweepFindsKnee(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + b.String())
-	if sr.Saturation != kneeSlots || sr.FirstBreak != 8 {
-		t.Errorf("saturation %d, first break %d; want %d and 8", sr.Saturation, sr.FirstBreak, kneeSlots)
-	}
 	if sr.Target != bench.DefaultSweepTarget || len(sr.Levels) != 4 {
 		t.Fatalf("target %v, %d levels; want the default and 4", sr.Target, len(sr.Levels))
 	}
+	saturation, firstBreak := 0, 0
 	for i, want := range []int{1, 2, 4, 8} {
 		l := sr.Levels[i]
 		if l.Concurrency != want || l.Requests != kneeRequests || l.Succeeded != kneeRequests || l.Errors != 0 {
@@ -73,16 +80,24 @@ func TestSweepFindsKnee(t *testing.T) {
 		if l.TTFTP50 < toMs(kneeTTFT) || l.TPOTP50 <= 0 || l.OutputTokensPerSecond <= 0 || l.RequestsPerSecond <= 0 {
 			t.Errorf("level %d: figures %+v below the schedule", i, l)
 		}
+		if l.Pass {
+			saturation = want
+		} else if firstBreak == 0 {
+			firstBreak = want
+		}
 	}
 	if top := sr.Levels[3]; top.Pass || !strings.Contains(top.Broke, "ttft_p99") || top.TTFTP99 < toMs(kneeTTFT+kneeTTFT+(kneeTokens-1)*kneeITL) {
 		t.Errorf("level 8: pass %v broke %q P99 %.2f ms; want a P99 break at 235 ms or more", top.Pass, top.Broke, top.TTFTP99)
+	}
+	if sr.Saturation != saturation || sr.FirstBreak != firstBreak {
+		t.Errorf("saturation %d, first break %d; the levels' verdicts say %d and %d", sr.Saturation, sr.FirstBreak, saturation, firstBreak)
 	}
 	// Only level 8 exceeds the slots: its 24 requests but the first 4 queue
 	// (the client refills a freed slot before the mock's queue drains).
 	if st := m.Stats(); st.PeakInFlight > kneeSlots || st.Queued < kneeRequests/2 {
 		t.Errorf("mock peak in flight %d, queued %d; want at most %d and level 8 queueing", st.PeakInFlight, st.Queued, kneeSlots)
 	}
-	if !strings.Contains(b.String(), "saturation: concurrency 4 (first break at 8)") {
+	if !strings.Contains(b.String(), "saturation: ") {
 		t.Errorf("table has no saturation line:\n%s", b.String())
 	}
 	var j strings.Builder
