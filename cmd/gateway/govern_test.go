@@ -132,10 +132,13 @@ type loadResult struct {
 	firstSend          time.Time
 	lastSend           atomic.Int64 // unix nanos of the last request sent
 	// firstLimited is when the first 429 arrived (unix nanos): the bucket
-	// was empty then. steadyOK and steadyTokens count what was admitted
-	// among the requests sent after it, i.e. only what the bucket refilled.
-	firstLimited           atomic.Int64
-	steadyOK, steadyTokens atomic.Int64
+	// was empty then.
+	firstLimited atomic.Int64
+	// firstOK is when the first 200 arrived, lastLimitedSend when the last
+	// request that got a 429 was sent, and lastAnswer when the last answer
+	// arrived (unix nanos): the instants that bracket the limiter's
+	// decisions (see withinBucket).
+	firstOK, lastLimitedSend, lastAnswer atomic.Int64
 	// maxLatency is the longest time from a send to its answer (nanos)
 	// among the answers that came after the first 429: how long after its
 	// send stamp a request at the steady window's edges may have met the
@@ -143,16 +146,18 @@ type loadResult struct {
 	maxLatency atomic.Int64
 }
 
-// noteLatency records the time from sent (unix nanos) to now.
-func (r *loadResult) noteLatency(sent int64) {
-	d := time.Now().UnixNano() - sent
+// storeMax raises v to x.
+func storeMax(v *atomic.Int64, x int64) {
 	for {
-		cur := r.maxLatency.Load()
-		if d <= cur || r.maxLatency.CompareAndSwap(cur, d) {
+		cur := v.Load()
+		if x <= cur || v.CompareAndSwap(cur, x) {
 			return
 		}
 	}
 }
+
+// noteLatency records the time from sent (unix nanos) to now.
+func (r *loadResult) noteLatency(sent int64) { storeMax(&r.maxLatency, time.Now().UnixNano()-sent) }
 
 // load sends non-streamed requests with key from workers goroutines,
 // round-robin over the replicas, for d (and at most max requests), or, when
@@ -208,14 +213,13 @@ func (res *loadResult) run(reps []*replica, key string, workers int, max int64, 
 					// would loosen the bound.
 					res.noteLatency(sent)
 				}
+				answered := time.Now().UnixNano()
+				storeMax(&res.lastAnswer, answered)
 				switch resp.StatusCode {
 				case http.StatusOK:
 					res.ok.Add(1)
 					res.tokens.Add(reserved(body))
-					if fl := res.firstLimited.Load(); fl != 0 && sent >= fl {
-						res.steadyOK.Add(1)
-						res.steadyTokens.Add(reserved(body))
-					}
+					res.firstOK.CompareAndSwap(0, answered)
 					var m struct {
 						Usage struct {
 							InputTokens  int64 `json:"input_tokens"`
@@ -229,7 +233,8 @@ func (res *loadResult) run(reps []*replica, key string, workers int, max int64, 
 					res.output.Add(m.Usage.OutputTokens)
 				case http.StatusTooManyRequests:
 					res.limited.Add(1)
-					res.firstLimited.CompareAndSwap(0, time.Now().UnixNano())
+					res.firstLimited.CompareAndSwap(0, answered)
+					storeMax(&res.lastLimitedSend, sent)
 				default:
 					res.other.Add(1)
 				}
@@ -239,38 +244,41 @@ func (res *loadResult) run(reps []*replica, key string, workers int, max int64, 
 	wg.Wait()
 }
 
-// within1pct checks what a bucket of burst limit, refilling limit per
-// minute, admitted: over the whole run never more than it held (the burst
-// plus the refill until the last send), and, once it was empty (the first
-// 429), within 1% of its refill rate over the rest of the run. unit is one
-// request's worth: a request needs its whole reservation, so up to one may
-// be refused at the edges. A request meets the bucket between its send and
-// its answer, so the longest such time after the first 429 (a few ms on an
-// idle machine, more on a loaded one) widens both bounds by its refill.
-func within1pct(t *testing.T, what string, admitted, steady, limit int64, res *loadResult, unit int64) {
+// withinBucket checks what a GCRA bucket of burst limit, refilling limit
+// per minute, admitted over a load run that emptied it, in units of one
+// request's cost (unit). The bucket was full at its first admission t0 and
+// never full again, so after n admissions its theoretical arrival time is
+// t0 + n·cost. It admits only while that stays within a minute of the
+// present, so by the last admission n ≤ limit + refill(last − t0); and it
+// refused at t_r only because one more would not fit, so before t_r it had
+// admitted at least limit + refill(t_r − t0) − unit. The clients bracket
+// those instants without knowing them: t0 is after the first send and
+// before the first 200 arrived, the last admission before the last answer,
+// the last refusal after its request was sent. Both bounds hold however
+// slowly the machine answers; on an idle one they are a few milliseconds
+// of refill apart, so the check is as tight as the old 1% window.
+func withinBucket(t *testing.T, what string, admitted, limit int64, res *loadResult, unit int64) {
 	t.Helper()
-	last := time.Unix(0, res.lastSend.Load())
-	lag := time.Duration(res.maxLatency.Load())
-	active := last.Sub(res.firstSend)
-	allowed := float64(limit) + float64(limit)*(active+lag).Minutes()
-	window := last.Sub(time.Unix(0, res.firstLimited.Load()))
-	refill := float64(limit) * window.Minutes()
-	slack := float64(limit) * lag.Minutes()
-	t.Logf("%s: admitted %d over %v (the bucket held %.1f); after it emptied, %d over %v (refill %.1f, %+.2f%%; longest answer %v, worth %.1f)",
-		what, admitted, active.Round(time.Millisecond), allowed, steady, window.Round(time.Millisecond), refill,
-		100*(float64(steady)-refill)/refill, lag.Round(time.Millisecond), slack)
-	if float64(admitted) > allowed+float64(unit) {
-		t.Errorf("%s: admitted %d, more than the bucket held (%.1f)", what, admitted, allowed)
+	refill := func(from, to int64) float64 { return float64(limit) * time.Duration(to-from).Minutes() }
+	hi := float64(limit) + refill(res.firstSend.UnixNano(), res.lastAnswer.Load()) + float64(unit)
+	lo := float64(limit) + refill(res.firstOK.Load(), res.lastLimitedSend.Load()) - float64(unit)
+	t.Logf("%s: admitted %d; the bucket held at least %.1f and at most %.1f (%.2f%% apart) over %v",
+		what, admitted, lo, hi, 100*(hi-lo)/hi, time.Duration(res.lastAnswer.Load()-res.firstSend.UnixNano()).Round(time.Millisecond))
+	if res.firstOK.Load() == 0 || res.lastLimitedSend.Load() < res.firstOK.Load() {
+		t.Fatalf("%s: no refusal after the first admission: the load never emptied the bucket", what)
 	}
-	if d := float64(steady) - refill; d > 0.01*refill+slack+float64(unit) || -d > 0.01*refill+slack+float64(unit) {
-		t.Errorf("%s: admitted %d after the bucket emptied, want within 1%% of the refill %.1f (± %.1f for the longest answer)",
-			what, steady, refill, slack)
+	if float64(admitted) > hi {
+		t.Errorf("%s: admitted %d, more than the bucket held (%.1f)", what, admitted, hi)
+	}
+	if float64(admitted) < lo {
+		t.Errorf("%s: admitted %d, less than the bucket gave before its last refusal (%.1f)", what, admitted, lo)
 	}
 }
 
 // TestReplicasShareLimits: three gateways on one real redis-server, under
-// concurrent load, admit within 1% of the key's RPM and the team's TPM over
-// the window, and never more streams at once than the concurrency cap.
+// concurrent load, admit what one bucket of the key's RPM and the team's
+// TPM admits (withinBucket), and never more streams at once than the
+// concurrency cap.
 func TestReplicasShareLimits(t *testing.T) {
 	srv := redistest.Start(t)
 	mock := mockllm.New(mockllm.Options{OutputTokens: 1000, RequireKey: upKey})
@@ -280,10 +288,9 @@ func TestReplicasShareLimits(t *testing.T) {
 	// overLimit runs 12 clients against three replicas sharing srv under
 	// prefix until 4 s after the bucket first refused (at most 30 s or 60,000
 	// requests), and checks the load went past the limit cleanly. The
-	// limits below are small enough that a loaded machine (~250 requests/s
-	// under -race beside other packages) empties the bucket in about 10 s,
-	// and the 4 s after it refill enough (160 requests, 16,000 tokens) for
-	// one request to be under 1%.
+	// limits below are small enough that a machine busy with other work
+	// (under 50 requests/s) still empties the bucket within the 30 s;
+	// withinBucket's bounds do not depend on how fast it answers.
 	overLimit := func(t *testing.T, prefix string, limit func(*config.Config)) ([]*replica, *loadResult) {
 		t.Helper()
 		cfg := govConfig(up.URL)
@@ -310,12 +317,12 @@ func TestReplicasShareLimits(t *testing.T) {
 	}
 
 	t.Run("rpm", func(t *testing.T) {
-		_, res := overLimit(t, "t-rpm:", func(c *config.Config) { c.Keys[0].RPM = p64(2400) })
-		within1pct(t, "RPM 2400", res.ok.Load(), res.steadyOK.Load(), 2400, res, 1)
+		_, res := overLimit(t, "t-rpm:", func(c *config.Config) { c.Keys[0].RPM = p64(600) })
+		withinBucket(t, "RPM 600", res.ok.Load(), 600, res, 1)
 	})
 
 	t.Run("tpm", func(t *testing.T) {
-		reps, res := overLimit(t, "t-tpm:", func(c *config.Config) { c.Teams[0].TPM = p64(240000) })
+		reps, res := overLimit(t, "t-tpm:", func(c *config.Config) { c.Teams[0].TPM = p64(60000) })
 		// The premise: every admitted request used exactly what it
 		// reserved (the bodies all have one length), so admitted tokens
 		// are what the bucket gave out.
@@ -327,7 +334,7 @@ func TestReplicasShareLimits(t *testing.T) {
 				}
 			}
 		}
-		within1pct(t, "TPM 240000", res.tokens.Load(), res.steadyTokens.Load(), 240000, res, each)
+		withinBucket(t, "TPM 60000", res.tokens.Load(), 60000, res, each)
 	})
 
 	t.Run("concurrency", func(t *testing.T) {
