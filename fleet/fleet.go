@@ -54,7 +54,9 @@ type Fleet struct {
 	log      *slog.Logger
 	onLive   func(int)
 
-	live    atomic.Int64 // last count read; 1 until the first heartbeat
+	live atomic.Int64 // last count read; 1 until the first heartbeat
+	// recent is the largest count the heartbeats read lately (see Recent).
+	recent  recentPeak
 	beats   atomic.Uint64
 	failing atomic.Bool
 
@@ -122,6 +124,44 @@ func (f *Fleet) ID() string { return f.id }
 // reached Redis, this one included; 1 if none has.
 func (f *Fleet) Live() int { return int(f.live.Load()) }
 
+// Recent returns the largest count read by the heartbeats of the last
+// RecentWindow or so (between one and two windows), this replica included;
+// Live if larger. After Redis restarted empty or failed over, the first
+// heartbeats find only the replicas that have beaten since, however many
+// share it: Recent is the fleet as it was before, which a fallback divides
+// limits by and a refill waits for. A replica that stopped is still
+// counted for up to two windows, which errs on the safe side (a smaller
+// share, a longer wait).
+func (f *Fleet) Recent() int { return max(f.recent.get(), f.Live()) }
+
+// RecentWindow is the period over which Recent keeps the largest count.
+const RecentWindow = 10 * time.Second
+
+// recentPeak keeps the largest count of the current window and of the one
+// before it. Without heartbeats (Redis down) no window closes, so the count
+// from before an outage is kept through it.
+type recentPeak struct {
+	mu        sync.Mutex
+	cur, prev int
+	curStart  time.Time
+}
+
+func (p *recentPeak) note(n int, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.Sub(p.curStart) >= RecentWindow {
+		p.prev, p.cur, p.curStart = p.cur, n, now
+		return
+	}
+	p.cur = max(p.cur, n)
+}
+
+func (p *recentPeak) get() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return max(p.cur, p.prev)
+}
+
 // Beats returns how many heartbeats reached Redis.
 func (f *Fleet) Beats() uint64 { return f.beats.Load() }
 
@@ -158,6 +198,7 @@ func (f *Fleet) beat(ctx context.Context) {
 	if n < 1 {
 		n = 1
 	}
+	f.recent.note(int(n), time.Now())
 	if old := f.live.Swap(n); old != n && f.beats.Load() > 1 {
 		f.log.Info("fleet: replicas sharing Redis", "replicas", n, "was", old)
 	}

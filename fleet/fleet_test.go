@@ -120,3 +120,23 @@ func TestNewRefusesAPrefixThatMovesTheHashTag(t *testing.T) {
 		t.Fatal("a nil client was accepted")
 	}
 }
+
+// TestRecentKeepsTheFleetFromBefore: once two of three replicas are gone
+// from the heartbeats (as after a Redis restarted empty, before the others
+// beat again), Live counts one and Recent still three.
+func TestRecentKeepsTheFleetFromBefore(t *testing.T) {
+	srv := redistest.Start(t)
+	a := newTestFleet(t, srv.Client(t), "a")
+	b := newTestFleet(t, srv.Client(t), "b")
+	c := newTestFleet(t, srv.Client(t), "c")
+	waitLive(t, a, 3)
+	for _, f := range []*Fleet{b, c} {
+		if err := f.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLive(t, a, 1)
+	if got := a.Recent(); got != 3 {
+		t.Errorf("Recent = %d after two replicas left, want the 3 of before", got)
+	}
+}
