@@ -50,6 +50,13 @@ type FailoverOptions struct {
 	// with the Failover's lock held: it must be quick and must not call the
 	// Failover.
 	OnDegraded func(degraded bool)
+	// OnDataLost, if set, is called when the primary refuses to decide on
+	// data of another generation than it was told is whole (ErrDataLost:
+	// Redis restarted empty, and its refill is not done), so that the
+	// caller starts that refill now rather than at its next flush. It is
+	// called without the Failover's lock, on the admitting goroutine, and
+	// must not block.
+	OnDataLost func()
 	// Logger receives the transitions and dropped settlements; nil discards.
 	Logger *slog.Logger
 	// Replicas returns how many replicas share the primary (this one
@@ -79,7 +86,9 @@ type FailoverOptions struct {
 // outage: it does not mark the primary down.
 type Failover struct {
 	primary, fallback Limiter
-	charger           Charger // the primary, if it takes charges; else nil
+	charger           Charger    // the primary, if it takes charges; else nil
+	raiser            RateRaiser // the primary, if its rates can be raised; else nil
+	onDataLost        func()
 	deny              bool
 	retryAfter        time.Duration
 	maxPending        int
@@ -111,9 +120,20 @@ type Failover struct {
 	retryAt   time.Time // when degraded: no probe before it
 	probing   bool      // a probe of the primary is in flight
 	replaying bool      // the replay goroutine runs
-	pending   []pendingOp
-	dropped   uint64
-	fullSaid  bool // the queue's overflow was logged in this degraded period
+	// returning says that a probe is charging the primary with what waited
+	// for it (returnLocked), which does not end the outage by itself: the
+	// probe's admission does, once the primary has counted everything.
+	returning bool
+	// recoveredAt is when the primary last came back, and flaps how many
+	// times in a row it failed again within flapWindow of that: each such
+	// flap doubles the wait before the next probe (hysteresis), so that a
+	// primary that answers one call in two (a Cluster during a failover)
+	// is not switched to and from every RetryAfter.
+	recoveredAt time.Time
+	flaps       int
+	pending     []pendingOp
+	dropped     uint64
+	fullSaid    bool // the queue's overflow was logged in this degraded period
 	// spillOnDisk says that SpillFile exists; spillLeft counts the
 	// operations read from it that are still queued or in flight. The file
 	// is removed when both say it holds nothing left to apply.
@@ -201,6 +221,7 @@ func NewFailover(o FailoverOptions) (*Failover, error) {
 		o.Replicas = func() int { return 1 }
 	}
 	charger, _ := o.Primary.(Charger)
+	raiser, _ := o.Primary.(RateRaiser)
 	var ops []pendingOp
 	if o.SpillFile != "" {
 		sf, err := readSpill(o.SpillFile)
@@ -222,7 +243,7 @@ func NewFailover(o FailoverOptions) (*Failover, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Failover{
-		charger: charger,
+		charger: charger, raiser: raiser, onDataLost: o.OnDataLost,
 		primary: o.Primary, fallback: o.Fallback, deny: o.Deny,
 		retryAfter: o.RetryAfter, maxPending: o.MaxPending, now: o.Now,
 		onDegraded: o.OnDegraded, log: o.Logger, spillFile: o.SpillFile, replicas: o.Replicas,
@@ -251,7 +272,19 @@ func (f *Failover) Admit(ctx context.Context, req Request) (Decision, error) {
 	if !usePrimary {
 		return f.degradedAdmit(ctx, req)
 	}
+	if probe {
+		if err := f.returnTo(ctx); err != nil {
+			if !f.primaryFailed(ctx, err, probe) {
+				return Decision{}, err
+			}
+			return f.degradedAdmit(ctx, req)
+		}
+	}
 	d, err := f.primary.Admit(ctx, req)
+	if errors.Is(err, ErrDataLost) {
+		f.primaryLost(err, probe)
+		return f.degradedAdmit(ctx, req)
+	}
 	if err != nil {
 		if d.Lease != nil {
 			// The primary may have admitted before failing to answer (or its
@@ -300,8 +333,57 @@ func (f *Failover) degradedAdmit(ctx context.Context, req Request) (Decision, er
 		if n > 1 {
 			d.Lease.whole = append([]Subject(nil), whole...)
 		}
+		// Remembered, so that the primary's rates count this admission
+		// when it returns (raiseRates).
+		f.view.learn(whole, Decision{}, f.now())
 	}
 	return d, err
+}
+
+// returnTo prepares the primary for the probe's admission, the first it
+// decides after an outage: it raises its rate buckets to the fallback's
+// state (what the fallback admitted of every rate, and, on a Redis that
+// came back empty, what the fleet had used of it before) and replays what
+// waited for it, the fallback's budget usage among it. Other admissions
+// stay on the fallback meanwhile (the probe is in flight). Its error is the
+// primary's: the outage goes on.
+func (f *Failover) returnTo(ctx context.Context) error {
+	if err := f.raiseRates(ctx); err != nil {
+		return err
+	}
+	if f.pendingN.Load() == 0 {
+		return nil
+	}
+	f.mu.Lock()
+	f.returning = true
+	f.mu.Unlock()
+	err := f.replay(ctx)
+	f.mu.Lock()
+	f.returning = false
+	f.mu.Unlock()
+	if operationFault(err) {
+		return nil // dropped and logged; the primary answered
+	}
+	return err
+}
+
+// raiseRates raises the primary's rate buckets to the fallback's state of
+// every subject it knows (generation.go's RateRaiser).
+func (f *Failover) raiseRates(ctx context.Context) error {
+	l, ok := f.fallback.(*Local)
+	if !ok || f.raiser == nil || f.deny {
+		return nil
+	}
+	known := f.view.snapshot()
+	subjects := make([]Subject, len(known))
+	for i := range known {
+		subjects[i] = known[i].subject
+	}
+	floors := l.rateFloors(subjects)
+	if len(floors) == 0 {
+		return nil
+	}
+	return f.raiser.RaiseRates(ctx, floors)
 }
 
 // startSharesLocked fixes the share of the outage that starts and sets the
@@ -416,16 +498,16 @@ func (f *Failover) Peek(ctx context.Context, subjects []Subject) ([]State, error
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	usePrimary, probe := f.route()
-	if usePrimary {
+	// A Peek never probes a degraded primary: only an admission's probe
+	// first raises the primary's rates and checks its generation.
+	if !f.degraded.Load() {
 		sts, err := f.primary.Peek(ctx, subjects)
 		if err == nil {
-			f.primaryAnswered(probe)
 			return sts, nil
 		}
 		if operationFault(err) {
-			f.primaryFaulted("peek", err, probe)
-		} else if !f.primaryFailed(ctx, err, probe) {
+			f.primaryFaulted("peek", err, false)
+		} else if !f.primaryFailed(ctx, err, false) {
 			return nil, err
 		}
 	}
@@ -547,16 +629,50 @@ func (f *Failover) primaryFailed(ctx context.Context, err error, probe bool) boo
 	if callers {
 		return false
 	}
-	f.retryAt = f.now().Add(f.retryAfter)
+	f.degradeLocked("ratelimit: primary limiter failed, using the fallback", err)
+	return true
+}
+
+// primaryLost records that the primary refused to decide on data of
+// another generation (ErrDataLost): the fallback answers, as in an outage,
+// and the caller's refill is started.
+func (f *Failover) primaryLost(err error, probe bool) {
+	f.mu.Lock()
+	if probe {
+		f.probing = false
+	}
+	f.degradeLocked("ratelimit: Redis lost its data; the fallback admits until the replicas have refilled it", err)
+	f.mu.Unlock()
+	if f.onDataLost != nil {
+		f.onDataLost()
+	}
+}
+
+// flapWindow is how soon after a return a new failure of the primary
+// counts as a flap; maxFlaps bounds the doubling of the probe's wait.
+const (
+	flapWindowFactor = 10
+	maxFlaps         = 4
+)
+
+// degradeLocked marks the primary down until the next probe, which waits
+// RetryAfter doubled per flap, and starts an outage if none was going on.
+func (f *Failover) degradeLocked(msg string, err error) {
+	now := f.now()
+	f.returning = false
 	if !f.degraded.Load() {
+		if !f.recoveredAt.IsZero() && now.Sub(f.recoveredAt) < flapWindowFactor*f.retryAfter {
+			f.flaps = min(f.flaps+1, maxFlaps)
+		} else {
+			f.flaps = 0
+		}
 		f.degraded.Store(true)
 		f.fullSaid = false
 		f.onDegraded(true)
-		f.log.Warn("ratelimit: primary limiter failed, using the fallback", "err", err,
-			"deny", f.deny, "retry_after", f.retryAfter)
+		f.log.Warn(msg, "err", err, "deny", f.deny, "retry_after", f.retryAfter<<f.flaps, "flaps", f.flaps)
 		f.startSharesLocked()
 	}
-	return true
+	f.retryAt = now.Add(f.retryAfter << f.flaps)
 }
 
 // primaryFaulted records an operation fault of the primary (what, e.g.
@@ -615,9 +731,11 @@ func (f *Failover) replayLoop() {
 }
 
 func (f *Failover) recoveredLocked() {
+	f.returning = false
 	if !f.degraded.Load() {
 		return
 	}
+	f.recoveredAt = f.now()
 	f.degraded.Store(false)
 	f.onDegraded(false)
 	f.log.Info("ratelimit: primary limiter answers again", "pending_settles", len(f.pending),
@@ -676,7 +794,9 @@ func (f *Failover) replay(ctx context.Context) error {
 			if err != nil {
 				f.dropFaultLocked(p, err)
 			}
-			f.recoveredLocked()
+			if !f.returning {
+				f.recoveredLocked()
+			}
 			rm := f.doneLocked(p)
 			f.mu.Unlock()
 			if rm {

@@ -25,6 +25,12 @@ type RedisOptions struct {
 	// can still be settled for at least a day after it expires; later, its
 	// Settle may be ignored.
 	LeaseTTL time.Duration
+	// GenerationKey, if set, is the key holding the generation of Redis's
+	// data (the spend ledger's): admissions are decided only while it
+	// holds what SetGeneration said (generation.go). Empty checks nothing;
+	// it must be empty on a Redis Cluster, where the key lives in another
+	// slot than the limits'.
+	GenerationKey string
 }
 
 // Redis is a Limiter shared by every replica through Redis. Each subject's
@@ -50,6 +56,9 @@ type Redis struct {
 	// ttlArg and concRetryArg are script arguments boxed once, so that an
 	// Admit does not allocate them per subject.
 	ttlArg, concRetryArg any
+	// genKey and gen are the generation check (generation.go).
+	genKey string
+	gen    atomic.Pointer[string]
 }
 
 var _ Limiter = (*Redis)(nil)
@@ -63,7 +72,7 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	if opts.LeaseTTL <= 0 {
 		opts.LeaseTTL = 15 * time.Minute
 	}
-	return &Redis{client: client, prefix: opts.Prefix, leaseTTL: opts.LeaseTTL,
+	return &Redis{client: client, prefix: opts.Prefix, leaseTTL: opts.LeaseTTL, genKey: opts.GenerationKey,
 		ttlArg: opts.LeaseTTL.Microseconds(), concRetryArg: ConcurrencyRetryAfter.Microseconds()}
 }
 
@@ -108,6 +117,9 @@ func operationFault(err error) bool {
 	}
 	if errors.Is(err, errBadReply) {
 		return true
+	}
+	if errors.Is(err, ErrDataLost) {
+		return false
 	}
 	var re redis.Error
 	if !errors.As(err, &re) {
@@ -203,6 +215,7 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 
 	calls := make([]scriptCall, len(idx))
 	typical := any(r.typical.get().Microseconds())
+	genKey, gen := r.generationArgs()
 	for j, i := range idx {
 		s := req.Subjects[i]
 		k := r.keys(s)
@@ -210,7 +223,7 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 		calls[j] = scriptCall{keys: []string{k.rpm, k.tpm, k.leases}, args: []any{
 			l.RPM, l.TPM, l.Concurrency, l.TokensPerDay, l.CostPerDayMicros, l.CostPerMonthMicros,
 			tokens, cost, id, r.ttlArg, k.base, r.concRetryArg,
-			tpmReserve(tokens, l.TPM), typical,
+			tpmReserve(tokens, l.TPM), typical, genKey, gen,
 		}}
 	}
 	r.run(ctx, admitScript, calls)
@@ -218,11 +231,20 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	replies := make([]admitReply, len(idx))
 	var firstErr error
 	refusedAt := -1
+	ranAll := true // every failed call ran nothing (a generation refusal)
 	for j := range calls {
 		if calls[j].err == nil {
 			replies[j], calls[j].err = parseAdmit(calls[j].res)
 		}
+		if isGenerationReply(calls[j].err) {
+			calls[j].err = ErrDataLost
+			if firstErr == nil {
+				firstErr = fmt.Errorf("ratelimit: redis admit: %w", ErrDataLost)
+			}
+			continue
+		}
 		if calls[j].err != nil {
+			ranAll = false
 			if firstErr == nil {
 				firstErr = fmt.Errorf("ratelimit: redis admit: %w", calls[j].err)
 			}
@@ -253,6 +275,7 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 			for u, j := range undone {
 				v, err := replyInts(undo[u].res, undo[u].err, 4)
 				if err != nil {
+					ranAll = false
 					if firstErr == nil {
 						firstErr = fmt.Errorf("ratelimit: redis undo reservation: %w", err)
 					}
@@ -264,6 +287,11 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 			}
 		}
 		if firstErr != nil {
+			if ranAll {
+				// Refused for the generation: nothing reserved that the
+				// undo above did not take back.
+				return Decision{}, firstErr
+			}
 			// Subjects whose script ran but whose reply was lost keep their
 			// reservation: the attempted lease undoes them.
 			lease.At = time.Now().UTC()

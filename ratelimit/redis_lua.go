@@ -155,7 +155,12 @@ end
 // KEYS: rpm, tpm, leases. ARGV: limits rpm, tpm, conc, tpd, cpd, cpm; tokens;
 // cost; lease id; lease TTL (µs); subject base ("{tag}:"); concurrency retry
 // (µs); TPM reservation (tokens clamped to the TPM limit, gcra.go's
-// tpmReserve); typical request duration (µs, 0 if unknown).
+// tpmReserve); typical request duration (µs, 0 if unknown); the key of the
+// generation of Redis's data and the generation expected (both empty: not
+// checked). A generation other than the one expected refuses to decide,
+// with an error reply starting TOLLGATE_GENERATION, before anything is
+// read or written (generation.go). The generation key is outside KEYS: it
+// is checked only on a single Redis, never on a Cluster.
 //
 // Reply: allowed, now, refused kind (-1), retry (µs), rpm TAT-now, tpm
 // TAT-now, conc used, tpd held, cpd held, cpm held, day left (µs), month left
@@ -165,6 +170,12 @@ end
 // budgets. Rates and counts are after the reservation when allowed,
 // untouched when refused (and nothing is reserved).
 var admitScript = newScript(luaCommon + `
+if ARGV[15] ~= '' then
+  local g = redis.call('GET', ARGV[15])
+  if g ~= ARGV[16] then
+    return redis.error_reply('TOLLGATE_GENERATION ' .. (g and 'changed' or 'none'))
+  end
+end
 local now = now_us()
 local rpm_l, tpm_l, conc_l = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd_l, cpd_l, cpm_l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -448,4 +459,19 @@ return {now, tat_of(KEYS[1], now) - now, tat_of(KEYS[2], now) - now,
         redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf'),
         used_of(tpd), used_of(cpd), used_of(cpm), day_end - now, month_end - now,
         used_of(tpd .. ':res'), used_of(cpd .. ':res'), used_of(cpm .. ':res')}
+`)
+
+// raiseRatesScript empties one subject's rate buckets to at least a floor:
+// each bucket full no sooner than its floor from now (Redis's clock), a
+// bucket already emptier left alone (generation.go's RaiseRates).
+//
+// KEYS: rpm, tpm. ARGV: µs until the RPM bucket is full, the same for TPM
+// (0: not raised). Reply: 1.
+var raiseRatesScript = newScript(luaCommon + `
+local now = now_us()
+for i = 1, 2 do
+  local d = tonumber(ARGV[i])
+  if d > 0 and tat_of(KEYS[i], now) < now + d then store_tat(KEYS[i], now + d, now) end
+end
+return 1
 `)
