@@ -178,8 +178,8 @@ func (r *Redis) refillLocked(ctx context.Context) error {
 		return nil
 	}
 	lost := r.gen != ""
-	if lost && !r.dataLost {
-		r.dataLost = true
+	if lost && !r.dataLost.Load() {
+		r.dataLost.Store(true)
 		r.log.Error("spend: Redis lost its data (its generation changed); refilling it with this replica's own spend",
 			"expected", r.gen, "found", cur)
 		if r.onDataLost != nil {
@@ -210,14 +210,114 @@ func (r *Redis) refillLocked(ctx context.Context) error {
 	}
 	r.gen = cur
 	r.ownChanges++
-	if r.dataLost {
-		r.dataLost = false
-		r.log.Info("spend: this replica's own spend is back in Redis", "generation", cur)
+	// Each replica's part counts once in the set of those that are back.
+	if err := r.client.SAdd(ctx, r.filledKey(cur), r.owner).Err(); err != nil {
+		return fmt.Errorf("spend: recording this replica's refill: %w", err)
+	}
+	_ = r.client.Expire(ctx, r.filledKey(cur), 24*time.Hour).Err() // tidiness only
+	if r.dataLost.Load() && !r.filling.Load() {
+		r.filling.Store(true)
+		r.fillSince = time.Now()
+		r.log.Info("spend: this replica's own spend is back in Redis; waiting for the other replicas'",
+			"generation", cur, "replicas", r.replicas())
+	}
+	return r.saveOwnLocked()
+}
+
+// filledKey names the set of the replicas whose own parts went to
+// generation gen.
+func (r *Redis) filledKey(gen string) string { return r.tag + ":filled:" + gen }
+
+// noteWholeLocked tells onWhole the generation under which the ledger is
+// whole, once: at once for a generation adopted without a loss, and after
+// a loss once the fleet's parts are back (as many replicas as Replicas
+// says have recorded theirs) or RefillWait has passed (under sem).
+func (r *Redis) noteWholeLocked(ctx context.Context) error {
+	if r.gen == "" {
+		return nil
+	}
+	if r.filling.Load() {
+		n, err := r.client.SCard(ctx, r.filledKey(r.gen)).Result()
+		if err != nil {
+			return fmt.Errorf("spend: reading which replicas refilled Redis: %w", err)
+		}
+		want, waited := r.replicas(), time.Since(r.fillSince)
+		if n < int64(want) && waited < r.refillWait {
+			return nil
+		}
+		r.filling.Store(false)
+		r.dataLost.Store(false)
+		if n < int64(want) {
+			r.log.Warn("spend: not every replica sent its spend back to Redis in time; the ledger and the budgets miss theirs until they do",
+				"refilled", n, "replicas", want, "waited", waited)
+		} else {
+			r.log.Info("spend: every replica's spend is back in Redis", "generation", r.gen, "replicas", n)
+		}
 		if r.onDataLost != nil {
 			r.onDataLost(false)
 		}
 	}
-	return r.saveOwnLocked()
+	if r.wholeSaid != r.gen {
+		r.wholeSaid = r.gen
+		gen := r.gen
+		r.wholeGen.Store(&gen)
+		if r.onWhole != nil {
+			r.onWhole(r.gen)
+		}
+	}
+	return nil
+}
+
+// CheckNow asks the flusher to check Redis's generation now rather than at
+// its next interval: the limiter found that Redis lost its data. It never
+// blocks.
+func (r *Redis) CheckNow() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Incomplete reports whether Redis's ledger misses spend: Redis lost its
+// data (its generation is not the one this replica knew whole, which
+// starts the refill now) and not every replica has sent its part back yet.
+// /admin/spend flags its answer partial meanwhile. A generation that
+// cannot be read says nothing: Query's error tells of an outage.
+func (r *Redis) Incomplete(ctx context.Context) bool {
+	if r.dataLost.Load() {
+		return true
+	}
+	known := r.wholeGen.Load()
+	if known == nil {
+		return false
+	}
+	cur, err := r.client.Get(ctx, r.genKey(r.tag)).Result()
+	if errors.Is(err, redis.Nil) {
+		cur, err = "", nil
+	}
+	if err != nil || cur == *known {
+		return false
+	}
+	r.CheckNow()
+	return true
+}
+
+// Incompleter is a shared ledger that can tell when it misses spend it
+// will get back (Redis.Incomplete).
+type Incompleter interface {
+	Incomplete(ctx context.Context) bool
+}
+
+var _ Incompleter = (*Redis)(nil)
+
+// GenerationKey returns the key holding the generation of Redis's data for
+// a ledger of prefix (RedisOptions.Prefix; empty means "tollgate:"), which
+// the limiter checks before it decides on Redis.
+func GenerationKey(prefix string) string {
+	if prefix == "" {
+		prefix = "tollgate:"
+	}
+	return "{" + prefix + "spend}:gen"
 }
 
 // applyLocked runs one batch under generation gen (the script's second

@@ -223,3 +223,89 @@ func TestRedisRefusesACorruptOwnFile(t *testing.T) {
 		}
 	}
 }
+
+// wholeLog records OnWhole calls.
+type wholeLog struct {
+	mu   sync.Mutex
+	gens []string
+}
+
+func (w *wholeLog) record(gen string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gens = append(w.gens, gen)
+}
+
+func (w *wholeLog) get() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.gens)
+}
+
+// TestRedisRefillWaitsForTheFleet: two replicas of a fleet of two bill to
+// a Redis that restarts empty. The first to send its part back does not
+// call the ledger whole: it stays incomplete (/admin/spend's partial),
+// redis_data stays raised and the limiter is not told the new generation,
+// until the second's part is back too. A third replica counted in the
+// fleet that never sends its part is waited for RefillWait at most.
+func TestRedisRefillWaitsForTheFleet(t *testing.T) {
+	srv := startRedisServer(t, false)
+	ctx := context.Background()
+	fleet := 2
+	var lostA, lostB degradedLog
+	var wholeA, wholeB wholeLog
+	open := func(lost *degradedLog, whole *wholeLog) *Redis {
+		return newRedis(t, srv.Client(t), RedisOptions{OnDataLost: lost.record, OnWhole: whole.record,
+			Replicas: func() int { return fleet }, RefillWait: time.Hour})
+	}
+	a, b := open(&lostA, &wholeA), open(&lostB, &wholeB)
+	adds := sampleAdds()
+	addAll(a, adds[:len(adds)/2])
+	addAll(b, adds[len(adds)/2:])
+	flush(t, a)
+	flush(t, b)
+	g1 := wholeA.get()
+	if len(g1) != 1 || !slices.Equal(wholeB.get(), g1) || a.Incomplete(ctx) {
+		t.Fatalf("first generation: whole %v and %v, incomplete %v", g1, wholeB.get(), a.Incomplete(ctx))
+	}
+
+	srv.Restart()
+	if !a.Incomplete(ctx) {
+		t.Fatal("an emptied Redis is not reported incomplete before any flush noticed it")
+	}
+	a.tick(ctx) // a notices, refills its own part, and waits for b's
+	if !a.Incomplete(ctx) || !slices.Equal(lostA.get(), []bool{true}) || len(wholeA.get()) != 1 {
+		t.Fatalf("with only a's part back: incomplete %v, OnDataLost %v, OnWhole %v", a.Incomplete(ctx), lostA.get(), wholeA.get())
+	}
+	if holds(a, adds) {
+		t.Fatal("the ledger already holds b's part: the test proves nothing")
+	}
+	a.tick(ctx)
+	if !a.Incomplete(ctx) || len(wholeA.get()) != 1 {
+		t.Fatal("a called the ledger whole before b's part was back")
+	}
+	b.tick(ctx)
+	a.tick(ctx)
+	if !holds(a, adds) || a.Incomplete(ctx) || b.Incomplete(ctx) {
+		t.Fatalf("both parts back: holds %v, incomplete %v %v", holds(a, adds), a.Incomplete(ctx), b.Incomplete(ctx))
+	}
+	g2 := wholeA.get()
+	if len(g2) != 2 || g2[1] == g1[0] || !slices.Equal(wholeB.get(), g2) {
+		t.Fatalf("OnWhole: a %v, b %v; want the new generation once each", g2, wholeB.get())
+	}
+	if !slices.Equal(lostA.get(), []bool{true, false}) || !slices.Equal(lostB.get(), []bool{true, false}) {
+		t.Fatalf("OnDataLost: a %v, b %v", lostA.get(), lostB.get())
+	}
+
+	// A fleet of three where the third never comes back: RefillWait.
+	fleet = 3
+	a.refillWait, b.refillWait = time.Millisecond, time.Millisecond
+	srv.Restart()
+	a.tick(ctx)
+	b.tick(ctx)
+	time.Sleep(2 * time.Millisecond)
+	a.tick(ctx)
+	if a.Incomplete(ctx) || len(wholeA.get()) != 3 {
+		t.Fatalf("after RefillWait: incomplete %v, OnWhole %v", a.Incomplete(ctx), wholeA.get())
+	}
+}

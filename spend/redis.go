@@ -111,8 +111,27 @@ type RedisOptions struct {
 	// the refill is cut short, so it must apply each id once.
 	OnRefill func(ctx context.Context, rows []Row, id string) error
 	// OnDataLost, if set, is called with true when this replica finds that
-	// Redis lost its data and with false once its own part is back.
+	// Redis lost its data and with false once the ledger is whole again:
+	// every replica's own part is back (see Replicas), not only this one's.
 	OnDataLost func(lost bool)
+	// OnWhole, if set, is called with the generation of Redis's data once
+	// this replica knows the ledger there is whole under it: when it first
+	// adopts a generation, and after a loss once the fleet has refilled
+	// it. The limiter decides admissions on Redis only under that
+	// generation (ratelimit.Redis.SetGeneration). It is called from the
+	// flushing goroutine and must be quick.
+	OnWhole func(gen string)
+	// Replicas, if set, is how many replicas share Redis (the fleet as it
+	// was before a loss): after Redis lost its data, the ledger is whole
+	// again once that many have sent their own parts back, or after
+	// RefillWait. Nil means 1: whole once this replica's part is back.
+	Replicas func() int
+	// RefillWait bounds the wait for the other replicas' parts after a
+	// loss; a replica that has not sent its part by then is taken as gone
+	// (it sends it when it starts again, from its OwnFile). Zero or less
+	// means two flush intervals plus 3 s: every live replica checks the
+	// generation once per interval, and its heartbeat expires in 3 s.
+	RefillWait time.Duration
 }
 
 // Redis is a Ledger shared by every replica through Redis. Add aggregates in
@@ -161,11 +180,26 @@ type Redis struct {
 	applied       []string // ids of batches applied, not yet recorded in the journal
 	// The own part (generation.go): sent is what Redis applied of this
 	// replica's batches under generation gen; owner names the part.
-	ownFile              string
-	owner, gen           string
-	onRefill             func(context.Context, []Row, string) error
-	onDataLost           func(bool)
-	dataLost             bool
+	ownFile    string
+	owner, gen string
+	onRefill   func(context.Context, []Row, string) error
+	onDataLost func(bool)
+	// dataLost says that Redis lost its data and the ledger there is not
+	// whole yet (from detection until noteWholeLocked); read by Incomplete.
+	dataLost atomic.Bool
+	// After a loss, filling says that this replica's part is back and it
+	// waits, since fillSince, for the others' (generation.go); wholeSaid
+	// is the generation last given to onWhole.
+	onWhole    func(string)
+	replicas   func() int
+	refillWait time.Duration
+	filling    atomic.Bool
+	fillSince  time.Time
+	wholeSaid  string
+	// wholeGen is wholeSaid, for Incomplete.
+	wholeGen atomic.Pointer[string]
+	// kick asks the flusher to check the generation now (CheckNow).
+	kick                 chan struct{}
 	ownChanges, ownSaved uint64
 	sentMu               sync.Mutex // guards sent, also for QueryOwn
 	sent                 map[Key]*Totals
@@ -280,7 +314,17 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) (*Redis, error) {
 		ownFile:    opts.OwnFile,
 		onRefill:   opts.OnRefill,
 		onDataLost: opts.OnDataLost,
+		onWhole:    opts.OnWhole,
+		replicas:   opts.Replicas,
+		refillWait: opts.RefillWait,
+		kick:       make(chan struct{}, 1),
 		sent:       make(map[Key]*Totals),
+	}
+	if r.replicas == nil {
+		r.replicas = func() int { return 1 }
+	}
+	if r.refillWait <= 0 {
+		r.refillWait = 2*opts.FlushInterval + 3*time.Second
 	}
 	var used []string // batch ids of earlier processes
 	if spilled != nil {
@@ -405,6 +449,9 @@ func (r *Redis) Flush(ctx context.Context) error {
 	if err == nil {
 		err = r.saveOwnLocked()
 	}
+	if err == nil {
+		err = r.noteWholeLocked(ctx)
+	}
 	err = errors.Join(err, r.recordAppliedLocked())
 	r.noteResultLocked(err)
 	if err != nil {
@@ -430,6 +477,9 @@ func (r *Redis) tick(ctx context.Context) {
 	}
 	if err == nil {
 		err = r.saveOwnLocked()
+	}
+	if err == nil {
+		err = r.noteWholeLocked(ctx)
 	}
 	err = errors.Join(err, r.recordAppliedLocked())
 	r.noteResultLocked(err)
@@ -834,6 +884,10 @@ func (r *Redis) flusher() {
 		case <-tick.C:
 			ctx, cancel := context.WithTimeout(r.ctx, flushTimeout)
 			r.tick(ctx) // noteResultLocked logs failures
+			cancel()
+		case <-r.kick:
+			ctx, cancel := context.WithTimeout(r.ctx, flushTimeout)
+			r.tick(ctx)
 			cancel()
 		}
 	}
