@@ -190,8 +190,10 @@ type SpendReport struct {
 	Filter spend.Filter `json:"filter"`
 	Rows   []SpendRow   `json:"rows"`
 	Total  SpendRow     `json:"total"`
-	// Partial says that the shared ledger could not be read and the rows
-	// are only what this replica billed itself; Note says why.
+	// Partial says that the rows miss spend: the shared ledger could not be
+	// read and they are only what this replica billed itself, or Redis lost
+	// its data and the replicas have not all sent theirs back yet. Note
+	// says which.
 	Partial bool   `json:"partial,omitempty"`
 	Note    string `json:"note,omitempty"`
 }
@@ -234,6 +236,10 @@ func (g *Gateway) adminSpend(w http.ResponseWriter, r *http.Request) {
 		rep.Partial = true
 		rep.Note = "the shared ledger cannot be read (" + err.Error() + "): these rows are only what this replica billed; the other replicas' spend is missing"
 		rows, err = own.QueryOwn(ctx, f)
+	}
+	if ic, ok := g.ledger.(spend.Incompleter); ok && err == nil && !rep.Partial && ic.Incomplete(ctx) {
+		rep.Partial = true
+		rep.Note = "Redis lost its data and the replicas are still sending their spend back: these totals miss some of it"
 	}
 	if err != nil {
 		g.log.Warn("admin: spend query failed", "err", err)

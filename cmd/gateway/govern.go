@@ -182,16 +182,33 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	warnIfRedisForgets(client, log)
 	// The spill file keeps settlements and budget charges a replica could
 	// not send before it stopped; the next start replays them.
-	shared := ratelimit.NewRedis(client, ratelimit.RedisOptions{Prefix: rc.KeyPrefix + "rl:"})
+	// On a single Redis (or Sentinel) the limiter decides nothing on data
+	// of another generation than the ledger found whole: a Redis restarted
+	// empty is refilled first. On a Cluster the generation lives on another
+	// master than the limits, which the scripts cannot read.
+	_, cluster := client.(*redis.ClusterClient)
+	genKey := spend.GenerationKey(rc.KeyPrefix)
+	if cluster {
+		genKey = ""
+	}
+	shared := ratelimit.NewRedis(client, ratelimit.RedisOptions{Prefix: rc.KeyPrefix + "rl:", GenerationKey: genKey})
+	// The ledger is opened below; the limiter asks it to refill at once
+	// when an admission finds Redis emptied.
+	var ledger atomic.Pointer[spend.Redis]
 	limiter, err := ratelimit.NewFailover(ratelimit.FailoverOptions{
 		Primary:    shared,
 		Fallback:   local,
 		Deny:       cfg.RateLimit.OnRedisError == "deny",
 		RetryAfter: config.Seconds(cfg.RateLimit.RedisRetrySeconds),
 		OnDegraded: func(d bool) { m.SetDegraded("ratelimit", d) },
-		Replicas:   fl.Live,
-		Logger:     log,
-		SpillFile:  spillPath(rc.SpillDir, "tollgate-ratelimit-spill.json"),
+		OnDataLost: func() {
+			if l := ledger.Load(); l != nil {
+				l.CheckNow()
+			}
+		},
+		Replicas:  fl.Recent,
+		Logger:    log,
+		SpillFile: spillPath(rc.SpillDir, "tollgate-ratelimit-spill.json"),
 	})
 	if err != nil {
 		return fail(err)
@@ -212,21 +229,27 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	refill := func(ctx context.Context, rows []spend.Row, id string) error {
 		return refillBudgets(ctx, shared, rows, current.Load(), time.Now(), id)
 	}
-	if _, cluster := client.(*redis.ClusterClient); cluster {
+	if cluster {
 		refill = nil
 	}
-	ledger, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
+	// redis_data is 1 from the moment this replica finds Redis emptied
+	// until every replica's spend is back (OnDataLost), and the limiter
+	// decides on Redis again under the generation the ledger then names.
+	sl, err := spend.NewRedis(client, spend.RedisOptions{Prefix: rc.KeyPrefix, FlushInterval: flush, Logger: log,
 		SpillFile:   spillPath(rc.SpillDir, "tollgate-spend-spill.json"),
 		Journal:     spillPath(rc.SpillDir, "tollgate-spend.journal"),
 		JournalSync: config.Millis(cfg.Spend.JournalSyncMs),
 		OwnFile:     spillPath(rc.SpillDir, "tollgate-spend-own.json"),
 		OnDegraded:  func(d bool) { m.SetDegraded("spend", d) },
 		OnDataLost:  func(lost bool) { m.SetDegraded("redis_data", lost) },
-		OnRefill:    refill})
+		OnRefill:    refill,
+		OnWhole:     shared.SetGeneration,
+		Replicas:    fl.Recent})
 	if err != nil {
 		return fail(err)
 	}
-	return &governance{limiter: limiter, ledger: ledger, redis: client, fleet: fl, local: local, shared: shared, current: current}, nil
+	ledger.Store(sl)
+	return &governance{limiter: limiter, ledger: sl, redis: client, fleet: fl, local: local, shared: shared, current: current}, nil
 }
 
 // raiseAdded tells every budget that next gives a key or team and running
