@@ -367,23 +367,47 @@ func (f *Failover) returnTo(ctx context.Context) error {
 	return err
 }
 
-// raiseRates raises the primary's rate buckets to the fallback's state of
-// every subject it knows (generation.go's RateRaiser).
+// raiseRates raises the primary's rate buckets to what this replica knows
+// of every subject (generation.go's RateRaiser): the state the primary
+// last reported, advanced by what the fallback admitted since.
 func (f *Failover) raiseRates(ctx context.Context) error {
-	l, ok := f.fallback.(*Local)
-	if !ok || f.raiser == nil || f.deny {
+	if f.raiser == nil {
 		return nil
 	}
 	known := f.view.snapshot()
-	subjects := make([]Subject, len(known))
-	for i := range known {
-		subjects[i] = known[i].subject
+	now := f.now().UnixNano()
+	byKey := make(map[subjectKey]int, len(known))
+	floors := make([]RateFloor, 0, len(known))
+	for _, sh := range known {
+		byKey[subjectKey{sh.subject.Scope, sh.subject.ID}] = len(floors)
+		floors = append(floors, RateFloor{Subject: sh.subject,
+			RPMFull: time.Duration(max(sh.rpmFull-now, 0)), TPMFull: time.Duration(max(sh.tpmFull-now, 0))})
 	}
-	floors := l.rateFloors(subjects)
-	if len(floors) == 0 {
-		return nil
+	if l, ok := f.fallback.(*Local); ok && !f.deny {
+		subjects := make([]Subject, len(known))
+		for i := range known {
+			subjects[i] = known[i].subject
+		}
+		for _, lf := range l.rateFloors(subjects) {
+			fl := &floors[byKey[subjectKey{lf.Subject.Scope, lf.Subject.ID}]]
+			fl.RPMFull, fl.TPMFull = max(fl.RPMFull, lf.RPMFull), max(fl.TPMFull, lf.TPMFull)
+		}
 	}
 	return f.raiser.RaiseRates(ctx, floors)
+}
+
+// RestoreRates raises the primary's rate buckets to what this replica
+// knows of them (the state the primary last reported of each subject,
+// and what the fallback admitted since), leaving emptier buckets alone.
+// A refill of a Redis that lost its data calls it before the ledger is
+// whole, so that the limiter, back on Redis, finds the buckets where the
+// fleet left them rather than full. The probe that ends an outage does
+// the same. It is safe to call from every replica.
+func (f *Failover) RestoreRates(ctx context.Context) error {
+	if f.closed.Load() {
+		return ErrClosed
+	}
+	return f.raiseRates(ctx)
 }
 
 // startSharesLocked fixes the share of the outage that starts and sets the

@@ -84,6 +84,9 @@ func (r *Redis) RaiseRates(ctx context.Context, floors []RateFloor) error {
 	}
 	var calls []scriptCall
 	for _, f := range floors {
+		if !limited(f.Subject.Limits) {
+			continue
+		}
 		l := f.Subject.Limits
 		rpm := f.RPMFull.Microseconds()
 		tpm := f.TPMFull.Microseconds()

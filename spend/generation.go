@@ -193,7 +193,7 @@ func (r *Redis) refillLocked(ctx context.Context) error {
 	}
 	r.sentMu.Unlock()
 	sortRows(rows)
-	if len(rows) > 0 && r.onRefill != nil {
+	if r.onRefill != nil {
 		if err := r.onRefill(ctx, rows, cur+":"+r.owner); err != nil {
 			return fmt.Errorf("spend: refilling the limits' budgets: %w", err)
 		}

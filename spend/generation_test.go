@@ -19,7 +19,12 @@ type refillLog struct {
 	rows map[string][]Row
 }
 
+// record keeps the calls that hand rows over; the first adoption of a
+// generation calls OnRefill with none (for the limits' rate buckets).
 func (l *refillLog) record(_ context.Context, rows []Row, id string) error {
+	if len(rows) == 0 {
+		return nil
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.rows == nil {

@@ -105,10 +105,12 @@ type RedisOptions struct {
 	// syncs it only when it is replaced and at Close.
 	JournalSync time.Duration
 	// OnRefill, if set, is called when this replica refills a Redis that
-	// lost its data, with its own rows and an id unique to this refill and
-	// replica, before the rows are sent: for the limits' budgets, whose
-	// counters were lost too. It may be called again with the same id if
-	// the refill is cut short, so it must apply each id once.
+	// lost its data (or first adopts a generation), with its own rows
+	// (perhaps none) and an id unique to this refill and replica, before
+	// the rows are sent and before the ledger can be whole: for the limits'
+	// budgets, whose counters were lost too, and their rate buckets. It may
+	// be called again with the same id if the refill is cut short, so it
+	// must apply each id once (raising a rate bucket twice raises it once).
 	OnRefill func(ctx context.Context, rows []Row, id string) error
 	// OnDataLost, if set, is called with true when this replica finds that
 	// Redis lost its data and with false once the ledger is whole again:

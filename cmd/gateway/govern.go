@@ -226,7 +226,13 @@ func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*go
 	// live on other masters than the ledger's generation, which may well
 	// have kept them: charging them again would refuse teams at half
 	// their budget.
+	// The rate buckets were lost too: each replica raises them to what it
+	// last heard of them (and what its fallback admitted since), before
+	// the ledger can be whole and the limiter decides on Redis again.
 	refill := func(ctx context.Context, rows []spend.Row, id string) error {
+		if err := limiter.RestoreRates(ctx); err != nil {
+			return err
+		}
 		return refillBudgets(ctx, shared, rows, current.Load(), time.Now(), id)
 	}
 	if cluster {
