@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net/url"
 	"path"
 	"strings"
 
@@ -23,6 +24,29 @@ func (u *Upstream) Serves(d llm.Dialect) bool {
 		}
 	}
 	return false
+}
+
+// Origin returns scheme://host[:port] of the base URL, lowercased; the URL
+// itself when it does not parse (Validate refuses such URLs). A
+// passthrough caller's own key stays with an origin (CallerKeyMayGo).
+func (u *Upstream) Origin() string {
+	p, err := url.Parse(u.BaseURL)
+	if err != nil || p.Host == "" {
+		return u.BaseURL
+	}
+	return strings.ToLower(p.Scheme + "://" + p.Host)
+}
+
+// CallerKeyMayGo reports whether a passthrough caller's own key may go to
+// an upstream at origin, on a route whose first upstream is at first: only
+// to that origin, so that a key for one provider never reaches another's
+// endpoint, unless the upstream accepts callers' keys
+// (caller_keys_on_fallback: replicas of one server). An upstream it refuses
+// is skipped for that caller (attempt result key_scope). This is what
+// key_scope protects: the caller's credential, which belongs to the
+// provider the route names first.
+func CallerKeyMayGo(first, origin string, acceptsCallerKeys bool) bool {
+	return origin == first || acceptsCallerKeys
 }
 
 // URL returns the upstream address for path, which starts with "/v1/" and may

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/internal/shaper"
 	"github.com/tollgate-llm/tollgate/llm"
 )
@@ -112,7 +113,7 @@ type route struct {
 // key goes only where the route sends it first (or to upstreams that
 // accept it): a key for one provider must not reach another's endpoint.
 func (rt *route) eligible(t target) bool {
-	return !rt.callerKeyUp || t.up.origin == rt.targets[0].up.origin || t.up.cfg.CallerKeysOnFallback
+	return !rt.callerKeyUp || config.CallerKeyMayGo(rt.targets[0].up.origin, t.up.origin, t.up.cfg.CallerKeysOnFallback)
 }
 
 // hasNext reports whether an eligible target follows targets[ti].

@@ -251,7 +251,7 @@ func (s *socket) dial(ctx context.Context, r *http.Request) (*http.Response, *ap
 			switch {
 			case !up.cfg.ResponsesWebSocket:
 				continue
-			case s.callerKeyUp && i > 0 && up.origin != targets[0].up.origin && !up.cfg.CallerKeysOnFallback:
+			case s.callerKeyUp && !config.CallerKeyMayGo(targets[0].up.origin, up.origin, up.cfg.CallerKeysOnFallback):
 				continue // a caller's key goes only where its route starts
 			case pass == 0 && up.breaker != nil:
 				if _, refused := up.breaker.refusing(); refused {

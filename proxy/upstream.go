@@ -3,8 +3,6 @@ package proxy
 import (
 	"math/rand/v2"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -45,7 +43,7 @@ type upstream struct {
 func newUpstream(u *config.Upstream, t http.RoundTripper, now func() time.Time, m *metrics.Metrics) *upstream {
 	up := &upstream{
 		cfg:           u,
-		origin:        originOf(u.BaseURL),
+		origin:        u.Origin(),
 		transport:     t,
 		timeout:       config.Seconds(u.TimeoutSeconds),
 		headerTimeout: config.Seconds(u.HeaderTimeoutSeconds),
@@ -72,16 +70,6 @@ func newUpstream(u *config.Upstream, t http.RoundTripper, now func() time.Time, 
 		})
 	}
 	return up
-}
-
-// originOf returns scheme://host[:port] of a base URL, lowercased; the URL
-// itself when it does not parse (Validate refuses such URLs).
-func originOf(base string) string {
-	u, err := url.Parse(base)
-	if err != nil || u.Host == "" {
-		return base
-	}
-	return strings.ToLower(u.Scheme + "://" + u.Host)
 }
 
 // circuitMetric is the value of tollgate_upstream_circuit_state for s.

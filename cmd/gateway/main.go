@@ -140,7 +140,8 @@ func runCheckConfig(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("check-config",
 		"Loads a config file strictly (unknown keys and wrong types are errors), applies defaults,\n"+
 			"resolves api_key_env variables and validates every setting. Prints the effective\n"+
-			"configuration (secrets redacted) and exits 0, or lists every problem and exits 1.\n"+
+			"configuration (secrets redacted) and exits 0, after a warning for each setting that does\n"+
+			"nothing (such as a fallback no caller can use), or lists every problem and exits 1.\n"+
 			"With -against URL, asks that running gateway (POST /admin/reload?check=true, the admin\n"+
 			"token from the variable -token-env names) whether the file would reload cleanly there,\n"+
 			"under its environment, and prints what would change.", stderr)
@@ -157,7 +158,11 @@ func runCheckConfig(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: ok\n\n%s", *path, cfg.Redacted())
+	fmt.Fprintf(stdout, "%s: ok\n", *path)
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(stdout, "warning: %s\n", w)
+	}
+	fmt.Fprintf(stdout, "\n%s", cfg.Redacted())
 	return nil
 }
 

@@ -82,6 +82,47 @@ func TestCheckConfig(t *testing.T) {
 	}
 }
 
+// TestFallbackNoCallerCanUse: the issue's setup, passthrough (the
+// default, every caller brings its key) with fallback b at another host
+// than a: check-config says ok and warns that no caller can use b, naming
+// the ways out, and the gateway logs the same warning at start.
+func TestFallbackNoCallerCanUse(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "gateway.toml")
+	doc := "[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9000\"\n" +
+		"[[upstreams]]\nname = \"b\"\nbase_url = \"http://127.0.0.2:9000\"\n"
+	if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"check-config", "-config", file}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if s := out.String(); !strings.Contains(s, "warning: upstreams[1]: \"b\" is only ever a fallback") ||
+		!strings.Contains(s, "no caller can use it") || !strings.Contains(s, "caller_keys_on_fallback = true") {
+		t.Errorf("check-config printed no warning about b:\n%s", s)
+	}
+
+	cfg, err := config.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logBuf syncBuffer
+	rg, err := startGateway(cfg, ln, slog.New(slog.NewTextHandler(&logBuf, nil)), slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rg.shutdown(0, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if s := logBuf.String(); !strings.Contains(s, "level=WARN") || !strings.Contains(s, `\"b\" is only ever a fallback`) {
+		t.Errorf("the start log has no warning about b:\n%s", s)
+	}
+}
+
 // TestGracefulShutdown: an open stream finishes within the drain timeout;
 // one that would outlast it is cancelled, and shutdown returns.
 func TestGracefulShutdown(t *testing.T) {

@@ -77,6 +77,7 @@ func (rl *reloader) serve(doc []byte, name string) ([]string, error) {
 // upstreams changed.
 func (rl *reloader) apply(next *config.Config, changed []string) error {
 	rg := rl.rg
+	warnConfig(next, rg.log)
 	var sched *probe.Scheduler
 	failed := true // until the swap
 	restartProbe := slices.Contains(changed, "probe") || slices.Contains(changed, "upstreams")

@@ -149,6 +149,7 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	if err != nil {
 		return nil, fmt.Errorf("registering metrics: %w", err)
 	}
+	warnConfig(cfg, ops)
 	tracer, err := startTracing(cfg, reg, ops)
 	if err != nil {
 		return nil, err
@@ -411,5 +412,13 @@ func stopTracing(tr *tracing.Tracer, ops *slog.Logger) {
 	defer cancel()
 	if err := tr.Shutdown(ctx); err != nil {
 		ops.Warn("tracing: spans not exported at shutdown", "err", err)
+	}
+}
+
+// warnConfig logs, at start and on a reload, what the configuration holds
+// that does nothing (config.Warnings), one warning each.
+func warnConfig(cfg *config.Config, log *slog.Logger) {
+	for _, w := range cfg.Warnings() {
+		log.Warn("config: " + w)
 	}
 }
