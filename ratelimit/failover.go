@@ -328,6 +328,14 @@ func (f *Failover) degradedAdmit(ctx context.Context, req Request) (Decision, er
 		}
 	}
 	d, err := f.fallback.Admit(ctx, req)
+	if n > 1 && err == nil {
+		// What the caller is told (the refusal's message, the rate-limit
+		// headers) is the fleet's limit, not this replica's share of it.
+		d.Refused = wholeState(d.Refused, whole, n)
+		for i := range d.States {
+			d.States[i] = wholeState(d.States[i], whole, n)
+		}
+	}
 	if d.Lease != nil {
 		d.Lease.issuer = f.fallback
 		if n > 1 {
@@ -538,15 +546,21 @@ func (f *Failover) Peek(ctx context.Context, subjects []Subject) ([]State, error
 	if f.deny {
 		return nil, ErrUnavailable
 	}
-	// This replica's share, which is what it admits.
-	if n := f.share.Load(); n > 1 {
-		own := make([]Subject, len(subjects))
-		for i, s := range subjects {
-			own[i] = shareOf(s, n)
-		}
-		subjects = own
+	// This replica's share, which is what it admits, reported as the
+	// fleet's.
+	n := f.share.Load()
+	if n <= 1 {
+		return f.fallback.Peek(ctx, subjects)
 	}
-	return f.fallback.Peek(ctx, subjects)
+	own := make([]Subject, len(subjects))
+	for i, s := range subjects {
+		own[i] = shareOf(s, n)
+	}
+	sts, err := f.fallback.Peek(ctx, own)
+	for i := range sts {
+		sts[i] = wholeState(sts[i], subjects, n)
+	}
+	return sts, err
 }
 
 // Retry replays the queued settlements on the primary now, whatever

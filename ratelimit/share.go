@@ -178,3 +178,27 @@ func (l *Local) startShare(sh shared, n int64) {
 	}
 	l.trim(now)
 }
+
+// wholeState turns st, a state of a share of one of whole's subjects (1/n
+// of its limits), into the fleet's: the whole limit, and the share's use
+// times n (as if every replica used its share alike), capped at it. A
+// spent share is a spent whole and a share that is not spent is not:
+// Used < ceil(L/n) gives Used·n < L. Reset is unchanged (a share's
+// time-to-full is the fleet's). A state of no subject in whole is
+// returned as it is.
+func wholeState(st State, whole []Subject, n int64) State {
+	for _, s := range whole {
+		if s.Scope != st.Scope || s.ID != st.ID {
+			continue
+		}
+		limit := s.Limits.Get(st.Kind)
+		if limit <= 0 {
+			return st
+		}
+		scale := func(v int64) int64 { return min(max(v, 0)*n, limit) }
+		st.Limit, st.Used, st.Reserved = limit, scale(st.Used), scale(st.Reserved)
+		st.Remaining = max(limit-st.Used-st.Reserved, 0)
+		return st
+	}
+	return st
+}

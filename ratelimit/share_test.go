@@ -191,3 +191,37 @@ func TestLocalShareKeepsTheFallbacksOpenReservations(t *testing.T) {
 		t.Fatalf("after the stream settled with 500 tokens: %+v, want 5,500 held and 4,500 left", st)
 	}
 }
+
+// TestOutageRefusalNamesTheFleetsLimit: during an outage a replica of
+// three admits its share, but what it tells the caller is the fleet's
+// limit: a team at 20,040 of its 20,000 tokens is refused as spent with
+// "Limit 20000", not its share's 6,667, and the RPM headers say 1,200.
+func TestOutageRefusalNamesTheFleetsLimit(t *testing.T) {
+	srv := startRedisServer(t)
+	primary := NewRedis(srv.clientWith(t, noRetry), RedisOptions{})
+	f := newTestFailover(t, FailoverOptions{Primary: primary, Fallback: NewLocal(LocalOptions{}),
+		Replicas: func() int { return 3 }, RetryAfter: time.Hour})
+	team := teamSubject("red", Limits{RPM: 1200, TokensPerDay: 20000})
+	req := Request{Subjects: []Subject{team}, Tokens: 100}
+	d := mustAdmit(t, f, req)
+	mustSettle(t, f, d.Lease, 20040, 0)
+	if d := mustAdmit(t, f, req); d.Allowed || !d.Refused.Spent() {
+		t.Fatalf("with Redis: %+v, want spent", d.Refused)
+	}
+	srv.kill()
+	d = mustAdmit(t, f, req)
+	if d.Allowed || d.Lease != nil && d.Lease.issuer != f.fallback {
+		t.Fatalf("during the outage: %+v, want a refusal by the fallback", d)
+	}
+	if r := d.Refused; r.Kind != KindTokensPerDay || r.Limit != 20000 || !r.Spent() || r.Used < 20000 {
+		t.Errorf("refused %+v; want the team's 20,000 tokens, spent", r)
+	}
+	for _, st := range d.States {
+		if st.Kind == KindRPM && st.Limit != 1200 {
+			t.Errorf("RPM state %+v; want the team's limit of 1,200", st)
+		}
+	}
+	if st := peekKind(t, f, team, KindTokensPerDay); st.Limit != 20000 || !st.Spent() {
+		t.Errorf("Peek during the outage: %+v; want the team's 20,000, spent", st)
+	}
+}
