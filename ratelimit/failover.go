@@ -121,11 +121,12 @@ type Failover struct {
 	probing   bool      // a probe of the primary is in flight
 	replaying bool      // the replay goroutine runs
 	// returning says that a probe is charging the primary with what waited
-	// for it (returnLocked), which does not end the outage by itself: the
+	// for it (returnTo): the replay does not end the outage by itself, the
 	// probe's admission does, once the primary has counted everything.
 	returning bool
 	// recoveredAt is when the primary last came back, and flaps how many
-	// times in a row it failed again within flapWindow of that: each such
+	// times in a row it failed again within flapWindowFactor RetryAfters of
+	// that: each such
 	// flap doubles the wait before the next probe (hysteresis), so that a
 	// primary that answers one call in two (a Cluster during a failover)
 	// is not switched to and from every RetryAfter.
@@ -686,8 +687,9 @@ func (f *Failover) primaryLost(err error, probe bool) {
 	}
 }
 
-// flapWindow is how soon after a return a new failure of the primary
-// counts as a flap; maxFlaps bounds the doubling of the probe's wait.
+// flapWindowFactor·RetryAfter is how soon after a return a new failure of
+// the primary counts as a flap; maxFlaps bounds the doubling of the
+// probe's wait (2^maxFlaps·RetryAfter).
 const (
 	flapWindowFactor = 10
 	maxFlaps         = 4
