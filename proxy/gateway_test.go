@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -34,12 +35,16 @@ import (
 //     and only then writes the second). The client's reading of the first
 //     token itself is no bound: it may come before the gateway's goroutine,
 //     back from the flush, takes its timestamp (seen on a loaded machine).
-//   - TPOT and the mean ITL are averages over N−1 gaps: a scheduling delay δ
-//     on the first or last event moves them by δ/(N−1). With N = 21 and ITL =
-//     25 ms, even δ = 50 ms (a badly loaded CI machine) moves them by 2.5 ms,
-//     so ±5 ms (20 %) holds without being loose enough to hide a unit or
-//     formula error (a wrong N−1 or counting the role chunk is off by ≥ 5 %
-//     of 25 ms... and off by a whole ITL when the first token is misplaced).
+//   - TPOT and the mean ITL are (last token − first token)/(N−1), between
+//     the instants the relay read those tokens, which it stamps before it
+//     writes them: the first is stamped no earlier than t0 + TTFT and no
+//     later than the client read it, the last no earlier than t0 + TTFT +
+//     (N−1)·ITL (the mock cannot send it before) and no later than the
+//     client read it. On an idle machine that brackets ITL within a
+//     millisecond or so, narrow enough to catch a unit or formula error (N
+//     for N−1 is 1.2 ms off here, the role chunk counted or the first token
+//     misplaced far more); on a busy one it widens with the delays instead
+//     of failing (a fixed ±5 ms failed beside a CPU hog: 41 ms against 25).
 //   - Token counts are exact: they come from the upstream's usage.
 func TestMeasurementAccuracy(t *testing.T) {
 	const (
@@ -64,10 +69,14 @@ func TestMeasurementAccuracy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var clientTTFT, clientSecond time.Duration
+			var clientTTFT, clientSecond, clientLast time.Duration
+			last := `" tok` + strconv.Itoa(tokens) + `"`
 			sc := bufio.NewScanner(resp.Body)
 			for sc.Scan() {
 				line := sc.Text()
+				if clientLast == 0 && strings.Contains(line, last) {
+					clientLast = time.Since(start)
+				}
 				if clientTTFT == 0 && (strings.Contains(line, `"content":" tok1`) || strings.Contains(line, `"text":" tok1`) ||
 					strings.Contains(line, `"delta":" tok1`)) {
 					clientTTFT = time.Since(start)
@@ -79,8 +88,8 @@ func TestMeasurementAccuracy(t *testing.T) {
 			}
 			resp.Body.Close()
 			rec := tg.record(t)
-			if clientTTFT == 0 || clientSecond == 0 {
-				t.Fatal("client never saw the first two tokens")
+			if clientTTFT == 0 || clientSecond == 0 || clientLast == 0 {
+				t.Fatal("client never saw the first two tokens and the last")
 			}
 			if got := rec.TTFT(); got < ttft || got > clientSecond {
 				t.Errorf("TTFT %v outside [%v configured, %v client saw the second token] (client saw the first at %v)",
@@ -89,16 +98,7 @@ func TestMeasurementAccuracy(t *testing.T) {
 			if up := rec.UpstreamTTFT(); up > rec.TTFT() || up <= 0 {
 				t.Errorf("upstream TTFT %v not within (0, TTFT %v]", up, rec.TTFT())
 			}
-			tpot, ok := rec.TPOT()
-			if !ok || absDur(tpot-itl) > 5*time.Millisecond {
-				t.Errorf("TPOT %v (ok=%v), schedule %v ±5ms", tpot, ok, itl)
-			}
-			if rec.ITLCount != tokens-1 {
-				t.Fatalf("ITL count %d, want %d", rec.ITLCount, tokens-1)
-			}
-			if mean := rec.ITLSum / time.Duration(rec.ITLCount); absDur(mean-itl) > 5*time.Millisecond {
-				t.Errorf("mean ITL %v, schedule %v ±5ms", mean, itl)
-			}
+			checkTokenGaps(t, &rec, ttft, itl, tokens, clientTTFT, clientLast)
 			if rec.ITLSum != rec.Timing.LastToken.Sub(rec.Timing.FirstToken) {
 				t.Errorf("ITL gaps sum to %v, first→last token is %v", rec.ITLSum, rec.Timing.LastToken.Sub(rec.Timing.FirstToken))
 			}
@@ -112,11 +112,26 @@ func TestMeasurementAccuracy(t *testing.T) {
 	}
 }
 
-func absDur(d time.Duration) time.Duration {
-	if d < 0 {
-		return -d
+// checkTokenGaps holds rec's TPOT and mean ITL, over tokens−1 gaps of a
+// mock scheduled at ttft and itl, to the bracket TestMeasurementAccuracy
+// explains: the first token stamped between ttft and clientFirst (when
+// the client read it), the last between ttft + (tokens−1)·itl and
+// clientLast, all from the client's start of the request.
+func checkTokenGaps(t *testing.T, rec *llm.Record, ttft, itl time.Duration, tokens int, clientFirst, clientLast time.Duration) {
+	t.Helper()
+	gaps := time.Duration(tokens - 1)
+	lo := (ttft + gaps*itl - clientFirst) / gaps
+	hi := (clientLast - ttft) / gaps
+	tpot, ok := rec.TPOT()
+	if !ok || tpot < lo || tpot > hi {
+		t.Errorf("TPOT %v (ok=%v) outside [%v, %v] (schedule %v)", tpot, ok, lo, hi, itl)
 	}
-	return d
+	if rec.ITLCount != tokens-1 {
+		t.Fatalf("ITL count %d, want %d", rec.ITLCount, tokens-1)
+	}
+	if mean := rec.ITLSum / time.Duration(rec.ITLCount); mean < lo || mean > hi {
+		t.Errorf("mean ITL %v outside [%v, %v] (schedule %v)", mean, lo, hi, itl)
+	}
 }
 
 // TestNoUsageIsEstimated: an upstream that never reports usage is counted from
