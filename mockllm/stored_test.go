@@ -404,16 +404,20 @@ func TestReplayNeedsBackgroundStream(t *testing.T) {
 // and without usage; retrieved, it is completed with usage.
 func TestBackgroundIsQueuedThenCompleted(t *testing.T) {
 	_, ts := start(t, mockllm.Options{})
-	// A long TTFT: the queued answer must not wait for it.
-	client := openAIClient(ts, ooption.WithHeader("X-Mock-TTFT-Ms", "5000"), ooption.WithHeader("X-Mock-Output-Tokens", "3"))
+	// A TTFT longer than the test may wait: the queued answer must not
+	// wait for it (if it did, it would take the TTFT at least, or fail
+	// with the context), however busy the machine.
+	const ttft = time.Hour
+	client := openAIClient(ts, ooption.WithHeader("X-Mock-TTFT-Ms", strconv.FormatInt(ttft.Milliseconds(), 10)),
+		ooption.WithHeader("X-Mock-Output-Tokens", "3"))
 	t0 := time.Now()
 	q, err := client.Responses.New(waitCtx(t), responses.ResponseNewParams{Model: "m", Input: textInput("hi"),
 		Background: openai.Bool(true)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(t0); took > 2*time.Second {
-		t.Errorf("the queued answer took %v", took)
+	if took := time.Since(t0); took >= ttft {
+		t.Errorf("the queued answer took %v, the TTFT", took)
 	}
 	raw := obj(t, q.RawJSON())
 	if q.Status != responses.ResponseStatusQueued || !q.Background || raw["usage"] != nil || len(q.Output) != 0 {
