@@ -92,7 +92,7 @@ type Metrics struct {
 	// refusals counts the requests the gateway refused (population
 	// refused) by reason; refusalTime is how long it took to say so.
 	refusals    *prometheus.CounterVec
-	refusalTime prometheus.Histogram
+	refusalTime *prometheus.HistogramVec // no labels
 	// hold is how long model-call streams were held before their headers
 	// went out (llm.Record.Hold).
 	hold       *prometheus.HistogramVec
@@ -227,9 +227,9 @@ func New(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error) {
 		hold: hist("stream_hold_seconds",
 			"Streamed model calls: how long the answer's headers and opening events were held back, from the upstream's first byte to the headers written to the caller, so that a failure before the first token could be retried unseen.",
 			latencyBuckets, "route"),
-		refusalTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "refusal_duration_seconds",
-			Help:    "How long the gateway took to refuse a request (population refused): arrival to the error's last byte.",
-			Buckets: overheadBuckets}),
+		refusalTime: hist("refusal_duration_seconds",
+			"How long the gateway took to refuse a request (population refused): arrival to the error's last byte.",
+			overheadBuckets),
 		cost: counter("cost_usd_total",
 			"Spend in US dollars, priced by [[models]] from the usage of each billable exchange.",
 			"route", "model", "team"),
@@ -529,7 +529,7 @@ func (m *Metrics) Observe(rec *llm.Record, model string) {
 		// apart.
 		m.refusals.WithLabelValues(rec.Rejection.String(), team).Inc()
 		if e2e := rec.E2E(); e2e > 0 {
-			m.refusalTime.Observe(e2e.Seconds())
+			m.refusalTime.WithLabelValues().Observe(e2e.Seconds())
 		}
 	} else if e2e := rec.E2E(); e2e > 0 {
 		m.duration.WithLabelValues(route, model, team, outcome, inputBucket).Observe(e2e.Seconds())
