@@ -28,6 +28,8 @@ type Config struct {
 	Teams     []Team    `toml:"teams"`
 	Keys      []Key     `toml:"keys"`
 	Ownership Ownership `toml:"ownership"`
+	// RuntimeKeys are gateway keys issued at runtime (runtimekeys.go).
+	RuntimeKeys RuntimeKeys `toml:"runtime_keys"`
 
 	// Probe is the synthetic probe (probe.go).
 	Probe Probe `toml:"probe"`

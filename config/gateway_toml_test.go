@@ -209,6 +209,19 @@ func TestShippedExamples(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `auth.mode: "keys" admits only callers whose key is listed in [[keys]]`) {
 		t.Errorf("mode keys without keys: %v", err)
 	}
+	// With runtime keys on, mode "keys" needs no [[keys]] table; in
+	// passthrough, runtime keys are refused.
+	runtimeOn := func(doc string) string {
+		return strings.Replace(doc, "Needs [auth] mode = \"keys\". Default false.\nenabled = false",
+			"Needs [auth] mode = \"keys\". Default false.\nenabled = true", 1)
+	}
+	if _, err := Parse([]byte(runtimeOn(strings.Replace(doc, `mode = "passthrough"`, `mode = "keys"`, 1))), "gateway.toml", noEnv); err != nil {
+		t.Errorf("mode keys with runtime keys and no [[keys]]: %v", err)
+	}
+	if _, err := Parse([]byte(runtimeOn(doc)), "gateway.toml", noEnv); err == nil ||
+		!strings.Contains(err.Error(), `runtime_keys.enabled: needs [auth] mode = "keys"`) {
+		t.Errorf("runtime keys in passthrough: %v", err)
+	}
 
 	// The probe example, switched on, probes an upstream of the file in a
 	// dialect it serves; on without it, the file names the problem.
@@ -216,7 +229,12 @@ func TestShippedExamples(t *testing.T) {
 		t.Fatalf("examples give %d probe targets, want 1", len(c.Probe.Targets))
 	}
 	probeOn := regexp.MustCompile(`(?m)^enabled = false$`)
-	on, err := Parse([]byte(probeOn.ReplaceAllString(withExamples, "enabled = true")), "gateway.toml",
+	// [runtime_keys] stays off: it needs mode "keys" (checked below).
+	keysOff := func(doc string) string {
+		return strings.Replace(doc, "Needs [auth] mode = \"keys\". Default false.\nenabled = true",
+			"Needs [auth] mode = \"keys\". Default false.\nenabled = false", 1)
+	}
+	on, err := Parse([]byte(keysOff(probeOn.ReplaceAllString(withExamples, "enabled = true"))), "gateway.toml",
 		fakeEnv(envNamed(t, withExamples)))
 	if err != nil {
 		t.Fatalf("probe on with its example: %v", err)
@@ -225,7 +243,7 @@ func TestShippedExamples(t *testing.T) {
 		!on.UpstreamByName(pt.Upstream).Serves(on.ProbeDialect(pt)) {
 		t.Errorf("probe example %+v (enabled %v) does not probe an upstream of the file", pt, on.Probe.Enabled)
 	}
-	_, err = Parse([]byte(probeOn.ReplaceAllString(doc, "enabled = true")), "gateway.toml", noEnv)
+	_, err = Parse([]byte(keysOff(probeOn.ReplaceAllString(doc, "enabled = true"))), "gateway.toml", noEnv)
 	if err == nil || !strings.Contains(err.Error(), "probe.enabled: the probe needs at least one [[probe.targets]]") {
 		t.Errorf("probe on without a target: %v", err)
 	}

@@ -11,25 +11,25 @@ import "time"
 type Limits struct {
 	// RPM is requests per minute (a token bucket: bursts up to RPM, refilled
 	// continuously at RPM/60 per second).
-	RPM *int64 `toml:"rpm"`
+	RPM *int64 `toml:"rpm" json:"rpm,omitempty"`
 	// TPM is tokens per minute, input plus output. Admission reserves the
 	// prompt estimate plus max_tokens (or [ratelimit] default_max_tokens) and
 	// the real usage replaces the estimate when the request ends.
-	TPM *int64 `toml:"tpm"`
+	TPM *int64 `toml:"tpm" json:"tpm,omitempty"`
 	// Concurrency is the number of requests open at once.
-	Concurrency *int64 `toml:"concurrency"`
+	Concurrency *int64 `toml:"concurrency" json:"concurrency,omitempty"`
 	// TokensPerDay is a budget of tokens per UTC day, input plus output.
-	TokensPerDay *int64 `toml:"tokens_per_day"`
+	TokensPerDay *int64 `toml:"tokens_per_day" json:"tokens_per_day,omitempty"`
 	// CostPerDayUSD is a budget in US dollars per UTC day, priced by [[models]].
-	CostPerDayUSD *float64 `toml:"cost_per_day_usd"`
+	CostPerDayUSD *float64 `toml:"cost_per_day_usd" json:"cost_per_day_usd,omitempty"`
 	// CostPerMonthUSD is a budget in US dollars per UTC calendar month.
-	CostPerMonthUSD *float64 `toml:"cost_per_month_usd"`
+	CostPerMonthUSD *float64 `toml:"cost_per_month_usd" json:"cost_per_month_usd,omitempty"`
 	// CountTokensRPM is token counts per minute (POST
 	// /v1/messages/count_tokens, POST /v1/responses/input_tokens), a
 	// bucket of their own: a token count is
 	// never billed and takes nothing from RPM, TPM or the budgets (IDE
 	// extensions send tens a second at start).
-	CountTokensRPM *int64 `toml:"count_tokens_rpm"`
+	CountTokensRPM *int64 `toml:"count_tokens_rpm" json:"count_tokens_rpm,omitempty"`
 }
 
 // Team is one [[teams]] table.
@@ -60,13 +60,13 @@ type Team struct {
 type Key struct {
 	// Name identifies the key in logs, metrics and the admin API (never the
 	// key itself): a-z, 0-9, _ and -, unique, not "none". Required.
-	Name string `toml:"name"`
+	Name string `toml:"name" json:"name"`
 	// SHA256 is the lowercase hex SHA-256 of the key, as printed by
 	// `gateway hash-key`. Required, unique. The file may use uppercase;
 	// Parse lowercases it.
-	SHA256 string `toml:"sha256"`
+	SHA256 string `toml:"sha256" json:"sha256"`
 	// Team is the name of the [[teams]] table the key belongs to. Optional.
-	Team string `toml:"team"`
+	Team string `toml:"team" json:"team,omitempty"`
 	Limits
 }
 

@@ -44,6 +44,7 @@ func (c *Config) validateGovernance(v *validator) {
 	c.Spend.validate(v)
 	c.Ownership.validate(v)
 	c.Admin.validate(v)
+	c.validateRuntimeKeys(v)
 
 	patterns := c.validateModels(v)
 	// Without a price every request costs 0, so a cost budget would never

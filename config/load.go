@@ -72,6 +72,10 @@ func Default() Config {
 			ResponseTTLHours: 720,
 			StateFile:        "tollgate-ownership.jsonl",
 		},
+		RuntimeKeys: RuntimeKeys{
+			StateFile:      "tollgate-keys.json",
+			PollIntervalMs: 250,
+		},
 		Probe:         defaultProbe(),
 		Tracing:       defaultTracing(),
 		Conversations: defaultConversations(),
@@ -125,6 +129,7 @@ func DemoConfig(baseURL string) Config {
 	c.Upstreams = []Upstream{u}
 	c.Spend.StateFile = ""
 	c.Ownership.StateFile = ""
+	c.RuntimeKeys.StateFile = ""
 	c.Conversations.StateFile = ""
 	c.Redis.SpillDir = ""
 	c.normalize()

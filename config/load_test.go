@@ -19,12 +19,13 @@ func TestDefault(t *testing.T) {
 		Auth: Auth{Mode: "passthrough", RequireKey: true},
 		Metrics: Metrics{LatencyBuckets: []int64{0, 500, 2000, 8000, 32000}, Labels: map[string]string{},
 			Models: []string{}, MaxModels: 100, ModelsFromPrices: true, NativeHistograms: true},
-		SLO:       SLO{TTFTMs: 2000, TPOTMs: 100, E2ELMs: 0},
-		Log:       Log{Level: "info", Format: "json", AccessLog: true},
-		RateLimit: RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
-		Redis:     Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250, SpillDir: "."},
-		Spend:     Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2, JournalSyncMs: 100},
-		Ownership: Ownership{ResponseTTLHours: 720, StateFile: "tollgate-ownership.jsonl"},
+		SLO:         SLO{TTFTMs: 2000, TPOTMs: 100, E2ELMs: 0},
+		Log:         Log{Level: "info", Format: "json", AccessLog: true},
+		RateLimit:   RateLimit{DefaultMaxTokens: 4096, OnRedisError: "allow", RedisRetrySeconds: 1},
+		Redis:       Redis{Addrs: []string{}, KeyPrefix: "tollgate:", DialTimeoutMs: 500, TimeoutMs: 250, SpillDir: "."},
+		Spend:       Spend{StateFile: "tollgate-spend.json", FlushIntervalSeconds: 2, JournalSyncMs: 100},
+		Ownership:   Ownership{ResponseTTLHours: 720, StateFile: "tollgate-ownership.jsonl"},
+		RuntimeKeys: RuntimeKeys{StateFile: "tollgate-keys.json", PollIntervalMs: 250},
 		Probe: Probe{Enabled: false, IntervalSeconds: 300, Requests: 10, Concurrency: 2, MaxTokens: 16,
 			TimeoutSeconds: 60, Prompt: "Reply with the single word: ok"},
 		Tracing: Tracing{Protocol: "http/protobuf", SampleRatio: 1, ServiceName: "tollgate", QueueSize: 2048,
@@ -367,6 +368,10 @@ response_ttl_hours = 24
 conversation_ttl_hours = 2160.5
 state_file = "/var/lib/tollgate/owners.jsonl"
 
+[runtime_keys]
+state_file = "/var/lib/tollgate/keys.json"
+poll_interval_ms = 100
+
 [[models]]
 pattern = "gpt-4o-mini*"
 input_usd_per_mtok = 0.15
@@ -493,6 +498,7 @@ flush_interval_seconds = 0.5
 		Spend: Spend{StateFile: "/var/lib/tollgate/spend.json", FlushIntervalSeconds: 5, JournalSyncMs: 0},
 		Ownership: Ownership{ResponseTTLHours: 24, ConversationTTLHours: 2160.5,
 			StateFile: "/var/lib/tollgate/owners.jsonl"},
+		RuntimeKeys: RuntimeKeys{StateFile: "/var/lib/tollgate/keys.json", PollIntervalMs: 100},
 		Models: []Model{
 			{Pattern: "gpt-4o-mini*", InputUSDPerMTok: 0.15, OutputUSDPerMTok: 0.6, CacheReadUSDPerMTok: f64(0.075)},
 			{Pattern: "claude-sonnet-4*", InputUSDPerMTok: 3, OutputUSDPerMTok: 15,
@@ -692,6 +698,7 @@ func TestDemoConfig(t *testing.T) {
 	}
 	// The demo writes no spend, ownership, conversation or spill file and needs no key.
 	if c.Spend.StateFile != "" || c.Ownership.StateFile != "" || c.Conversations.StateFile != "" || c.Redis.SpillDir != "" ||
+		c.RuntimeKeys.StateFile != "" ||
 		c.Auth.Mode != "passthrough" || len(c.Keys) != 0 {
 		t.Errorf("DemoConfig state_file = %q, ownership state_file = %q, spill_dir = %q, mode = %q, %d keys; "+
 			"want \"\", \"\", \"\", passthrough, none",
@@ -700,6 +707,7 @@ func TestDemoConfig(t *testing.T) {
 	want := Default()
 	want.Upstreams = c.Upstreams
 	want.Spend.StateFile, want.Ownership.StateFile, want.Conversations.StateFile, want.Redis.SpillDir = "", "", "", ""
+	want.RuntimeKeys.StateFile = ""
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("DemoConfig differs from Default() outside its upstream, state file and spill dir")
 	}

@@ -44,7 +44,7 @@ var ownLabels = []string{
 func (c *Config) Validate() error {
 	var v validator
 	c.Server.validate(&v)
-	c.Auth.validate(&v, len(c.Keys))
+	c.Auth.validate(&v, len(c.Keys), c.RuntimeKeys.Enabled)
 	if len(c.Upstreams) == 0 {
 		v.add("", "at least one [[upstreams]] is required")
 	}
@@ -168,12 +168,12 @@ func (v *validator) envVar(key, name string, value Secret, what string) bool {
 	return true
 }
 
-func (a *Auth) validate(v *validator, keys int) {
+func (a *Auth) validate(v *validator, keys int, runtimeKeys bool) {
 	switch a.Mode {
 	case "passthrough":
 	case "keys":
-		if keys == 0 {
-			v.add("auth.mode", `"keys" admits only callers whose key is listed in [[keys]], and there is none; add a [[keys]] table per caller (sha256 from `+"`gateway hash-key`"+`) or use "passthrough"`)
+		if keys == 0 && !runtimeKeys {
+			v.add("auth.mode", `"keys" admits only callers whose key is listed in [[keys]], and there is none; add a [[keys]] table per caller (sha256 from `+"`gateway hash-key`"+`), turn [runtime_keys] on, or use "passthrough"`)
 		}
 	default:
 		v.add("auth.mode", `%q is not a mode; use "passthrough" or "keys"`, a.Mode)
