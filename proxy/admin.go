@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,6 +47,7 @@ func (g *Gateway) adminRoutes(r chi.Router) {
 		r.Post("/reload", g.adminReload)
 		r.Get("/conversations/{id}", g.adminConversation)
 		r.Get("/debug/pprof/{name}", adminProfile)
+		g.keysRoutes(r)
 	})
 }
 
@@ -292,7 +295,11 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 	gv := g.gen.Load().gov
 	var subjects []ratelimit.Subject
 	teamOf := map[string]string{}
-	for _, k := range gv.keys {
+	keys := slices.Collect(maps.Values(gv.keys))
+	if idx := gv.runtime.Load(); idx != nil {
+		keys = slices.AppendSeq(keys, maps.Values(idx.keys))
+	}
+	for _, k := range keys {
 		if k.limited {
 			subjects = append(subjects, k.subject)
 			if k.team != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/dashboard"
+	"github.com/tollgate-llm/tollgate/keystore"
 	"github.com/tollgate-llm/tollgate/llm"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/ownership"
@@ -80,6 +81,11 @@ type Options struct {
 	// (POST /tollgate/conversations/{id}/outcome) with the conversation's
 	// team and its cost so far: the metrics and /stats of outcomes.
 	OnOutcome func(team string, o conversation.Outcome, costMicros int64)
+	// RuntimeKeys, if set, serves the runtime keys' admin API (/admin/keys)
+	// from its store; the caller starts it with SetRuntimeKeys as the
+	// function it hands each new set of keys to, and closes it. A runtime
+	// key with limits needs Limiter.
+	RuntimeKeys *keystore.Watcher
 	// Tracer starts a span for every request and one for each of its
 	// upstream attempts (package tracing builds it from [tracing]); the
 	// trace context goes upstream as W3C traceparent. If nil, tracing is
@@ -116,7 +122,12 @@ type Gateway struct {
 	// gen is the running configuration's generation; Reload replaces it.
 	gen      atomic.Pointer[generation]
 	reloadMu sync.Mutex
-	chainMu  sync.Mutex // the generations' chain (generation.ended)
+	// runtimeKeys are the latest runtime keys (under reloadMu), which
+	// every new generation indexes; keys is where they come from, nil
+	// when runtime keys are off.
+	runtimeKeys keystore.Snapshot
+	keys        *keystore.Watcher
+	chainMu     sync.Mutex // the generations' chain (generation.ended)
 
 	owners ownership.Store
 	claims claimsInFlight // stream claims in flight, by response id
@@ -162,6 +173,10 @@ func New(opts Options) (*Gateway, error) {
 		stats:     opts.Stats,
 		reload:    opts.Reload,
 		tracer:    opts.Tracer,
+		keys:      opts.RuntimeKeys,
+	}
+	if opts.RuntimeKeys != nil && opts.Limiter == nil {
+		return nil, errors.New("proxy: Options.RuntimeKeys needs Options.Limiter: a runtime key may have limits")
 	}
 	// [tracing] is read at start only, as the Tracer is built then.
 	g.traceContent = opts.Tracer != nil && opts.Config.Tracing.CaptureContent

@@ -54,6 +54,11 @@ func (g *Gateway) newGeneration(cfg *config.Config, prev *generation) (*generati
 	if gov.hasLimits() && g.limiter == nil {
 		return nil, errors.New("proxy: the configuration sets limits but Options.Limiter is nil")
 	}
+	gov.now = g.now
+	// The runtime keys as this configuration sees them (its teams, its
+	// [[keys]] names), built before it serves: SetRuntimeKeys and Reload
+	// hold reloadMu, so none is missed.
+	gov.runtime.Store(newRuntimeIndex(gov, g.runtimeKeys))
 	gen := &generation{cfg: cfg, gov: gov, slo: cfg.SLOTargets(), chain: &g.chainMu, prev: prev, ended: make(chan struct{})}
 	kept := map[string]*upstream{}
 	if prev != nil {

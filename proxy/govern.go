@@ -8,6 +8,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/llm"
@@ -28,6 +30,11 @@ type governance struct {
 	ledger           spend.Ledger      // nil: no spend ledger
 	prices           *spend.Prices
 	defaultMaxTokens int64
+	// runtime are the runtime keys (runtimekeys.go) as this
+	// configuration sees them; nil without any. now is the Gateway's
+	// clock, for their expiry.
+	runtime atomic.Pointer[runtimeIndex]
+	now     func() time.Time
 }
 
 // keyEntry is one [[keys]] table.
@@ -43,6 +50,9 @@ type keyEntry struct {
 	// counted says it has one.
 	counts  ratelimit.Subject
 	counted bool
+	// expires is when a runtime key stops working; zero for none (and
+	// for every [[keys]] table).
+	expires time.Time
 }
 
 // teamEntry is one [[teams]] table.
@@ -96,27 +106,44 @@ func newGovernance(cfg *config.Config, limiter ratelimit.Limiter, ledger spend.L
 	}
 	for i := range cfg.Keys {
 		k := &cfg.Keys[i]
-		var sum [sha256.Size]byte
-		if n, err := hex.Decode(sum[:], []byte(k.SHA256)); err != nil || n != sha256.Size {
+		sum, ok := decodeSum(k.SHA256)
+		if !ok {
 			return nil, fmt.Errorf("proxy: keys[%d].sha256 is not a SHA-256 in hex", i)
 		}
-		lim := ratelimit.LimitsFrom(k.Limits)
-		e := &keyEntry{
-			name:    k.Name,
-			subject: ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim},
-			limited: lim != (ratelimit.Limits{}),
-		}
-		e.counts, e.counted = countsSubject(ratelimit.ScopeKey, k.Name, k.CountTokensRPM)
-		e.owner = ownerName(k.Name, k.Team)
-		if k.Team != "" {
-			e.team = gv.teams[k.Team]
-			if e.team == nil {
-				return nil, fmt.Errorf("proxy: keys[%d].team %q is not a [[teams]] name", i, k.Team)
-			}
+		e, err := gv.newKeyEntry(k)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: keys[%d]: %w", i, err)
 		}
 		gv.keys[sum] = e
 	}
 	return gv, nil
+}
+
+// decodeSum reads a SHA-256 in hex.
+func decodeSum(h string) (sum [sha256.Size]byte, ok bool) {
+	n, err := hex.Decode(sum[:], []byte(h))
+	return sum, err == nil && n == sha256.Size
+}
+
+// newKeyEntry is the entry of a [[keys]] table or a runtime key: its name,
+// team, limits and their subjects, by name, so that a key's limits and
+// spend are the same whichever way it was issued.
+func (gv *governance) newKeyEntry(k *config.Key) (*keyEntry, error) {
+	lim := ratelimit.LimitsFrom(k.Limits)
+	e := &keyEntry{
+		name:    k.Name,
+		subject: ratelimit.Subject{Scope: ratelimit.ScopeKey, ID: k.Name, Limits: lim},
+		limited: lim != (ratelimit.Limits{}),
+	}
+	e.counts, e.counted = countsSubject(ratelimit.ScopeKey, k.Name, k.CountTokensRPM)
+	e.owner = ownerName(k.Name, k.Team)
+	if k.Team != "" {
+		e.team = gv.teams[k.Team]
+		if e.team == nil {
+			return nil, fmt.Errorf("team %q is not a [[teams]] name", k.Team)
+		}
+	}
+	return e, nil
 }
 
 // countsSubject is the bucket of a key's or team's token counts (POST
@@ -155,13 +182,26 @@ func (gv *governance) hasLimits() bool {
 	return false
 }
 
-// lookup finds the [[keys]] table of a caller's key, or nil (for no key
-// too).
+// lookup finds the entry of a caller's key: its [[keys]] table, else the
+// runtime key it is while that has not expired (a revoked one is not in the
+// index); nil when it is neither (for no key too). This is the one place a
+// key is found: every path that identifies a caller asks it.
 func (gv *governance) lookup(c credential) *keyEntry {
-	if !c.present || len(gv.keys) == 0 {
+	if !c.present {
 		return nil
 	}
-	return gv.keys[c.sum]
+	if k := gv.keys[c.sum]; k != nil {
+		return k
+	}
+	idx := gv.runtime.Load()
+	if idx == nil {
+		return nil
+	}
+	k := idx.keys[c.sum]
+	if k != nil && !k.expires.IsZero() && !gv.now().Before(k.expires) {
+		return nil
+	}
+	return k
 }
 
 // pick chooses, among the keys a caller presented, the one that identifies
@@ -230,7 +270,7 @@ func (gv *governance) identify(p presented) (credential, *keyEntry, *apiError) {
 	case k == nil && gv.keysMode:
 		// The message names the key only by the hash prefix the operators
 		// can find in the access log.
-		aerr = errUnknownKey(c.id())
+		aerr = gv.refuseKey(c)
 	}
 	return c, k, aerr
 }

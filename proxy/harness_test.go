@@ -1174,6 +1174,8 @@ type govSetup struct {
 	limiter ratelimit.Limiter
 	// upstream wraps the mockllm's handler.
 	upstream func(http.Handler) http.Handler
+	// options may set more Options, after the world's own.
+	options func(*Options)
 }
 
 // newGovWorldWith is newGovWorld with another limiter or upstream.
@@ -1225,6 +1227,9 @@ func newGovWorldWith(t *testing.T, mo mockllm.Options, frozen bool, edit func(*c
 			o.OnOutcome = func(team string, oc conversation.Outcome, cost int64) {
 				w.outcomes <- postedOutcome{team, oc, cost}
 			}
+		}
+		if setup.options != nil {
+			setup.options(o)
 		}
 	})
 	return w
