@@ -131,6 +131,12 @@ func adminGet(u, token string) ([]byte, error) {
 // adminCall sends an admin request with body (nil: none) and returns the
 // answer's body, or an error with the gateway's message.
 func adminCall(method, u, token string, body []byte) ([]byte, error) {
+	return adminCallAs(method, u, token, "", body)
+}
+
+// adminCallAs is adminCall saying who makes the request (X-Tollgate-Actor,
+// for the audit log; "" says nothing). Any 2xx answer is a success.
+func adminCallAs(method, u, token, actor string, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var rd io.Reader
@@ -142,6 +148,12 @@ func adminCall(method, u, token string, body []byte) ([]byte, error) {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
+	if actor != "" {
+		req.Header.Set("X-Tollgate-Actor", actor)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err
@@ -151,7 +163,7 @@ func adminCall(method, u, token string, body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode != http.StatusOK {
+	if resp.StatusCode/100 != 2 {
 		var e struct {
 			Error struct{ Message string } `json:"error"`
 		}

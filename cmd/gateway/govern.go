@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/tollgate-llm/tollgate/config"
 	"github.com/tollgate-llm/tollgate/conversation"
 	"github.com/tollgate-llm/tollgate/fleet"
+	"github.com/tollgate-llm/tollgate/keystore"
 	"github.com/tollgate-llm/tollgate/metrics"
 	"github.com/tollgate-llm/tollgate/ownership"
 	"github.com/tollgate-llm/tollgate/ratelimit"
@@ -37,6 +39,10 @@ type governance struct {
 	// convLock is on its state file.
 	conv     conversation.Store
 	convLock *fileLock
+	// keys watches the runtime keys' store, nil when [runtime_keys] is
+	// off; keysLock is on its state file.
+	keys     *keystore.Watcher
+	keysLock *fileLock
 
 	// local is the in-process limiter (without Redis) or the fallback
 	// (with it); shared is the Redis one. A reload raises the budgets it
@@ -66,17 +72,91 @@ func openGovernance(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*
 	if err != nil {
 		return nil, err
 	}
-	g, err := openBackends(cfg, m, log)
+	// Without Redis the runtime keys are read first: the in-process
+	// limiter is seeded with what their budgets used today, as the
+	// [[keys]] tables' are.
+	var localKeys *keystore.Local
+	var keysLock *fileLock
+	var seed keystore.Snapshot
+	if cfg.RuntimeKeys.Enabled && !cfg.UsesRedis() {
+		localKeys, keysLock, seed, err = openLocalKeys(cfg)
+		if err != nil {
+			_ = lock.Unlock()
+			return nil, err
+		}
+	}
+	g, err := openBackends(cfg, withRuntimeKeys(cfg, seed), m, log)
 	if err != nil {
+		_ = keysLock.Unlock()
 		_ = lock.Unlock()
 		return nil, err
 	}
-	g.lock = lock
+	g.lock, g.keysLock = lock, keysLock
+	switch {
+	case localKeys != nil:
+		g.keys = newKeysWatcher(localKeys, cfg, log)
+	case cfg.RuntimeKeys.Enabled:
+		g.keys = newKeysWatcher(keystore.NewRedis(g.redis, cfg.Redis.KeyPrefix), cfg, log)
+	}
 	if err := g.openOwners(cfg, log); err != nil {
 		_ = g.Close()
 		return nil, err
 	}
 	return g, nil
+}
+
+// openLocalKeys opens [runtime_keys] state_file (locked: one gateway per
+// file) and reads the keys it holds.
+func openLocalKeys(cfg *config.Config) (*keystore.Local, *fileLock, keystore.Snapshot, error) {
+	file := cfg.RuntimeKeys.StateFile
+	var lock *fileLock
+	if file != "" {
+		var err error
+		if lock, err = lockFile(file+".lock", "[runtime_keys] state_file "+file); err != nil {
+			return nil, nil, keystore.Snapshot{}, err
+		}
+	}
+	l, err := keystore.NewLocal(file)
+	if err != nil {
+		_ = lock.Unlock()
+		return nil, nil, keystore.Snapshot{}, err
+	}
+	snap, err := l.Snapshot(context.Background())
+	if err != nil {
+		_ = l.Close()
+		_ = lock.Unlock()
+		return nil, nil, keystore.Snapshot{}, err
+	}
+	return l, lock, snap, nil
+}
+
+// newKeysWatcher watches s every [runtime_keys] poll_interval_ms; each read
+// is bounded by the Redis command timeout (or the interval, without Redis).
+func newKeysWatcher(s keystore.Store, cfg *config.Config, log *slog.Logger) *keystore.Watcher {
+	timeout := config.Millis(cfg.Redis.TimeoutMs)
+	if !cfg.UsesRedis() {
+		timeout = 0
+	}
+	return keystore.NewWatcher(s, keystore.WatchOptions{Interval: cfg.RuntimeKeys.PollInterval(), Timeout: timeout, Logger: log})
+}
+
+// withRuntimeKeys is cfg with the runtime keys of snap that admit callers
+// (not revoked, not expired, not shadowed by a [[keys]] name) appended to
+// its [[keys]], for what counts keys' usage by name: the seeding of an
+// in-process limiter's budgets and rates at start.
+func withRuntimeKeys(cfg *config.Config, snap keystore.Snapshot) *config.Config {
+	if len(snap.Keys) == 0 {
+		return cfg
+	}
+	out := *cfg
+	out.Keys = slices.Clone(cfg.Keys)
+	now := time.Now()
+	for _, k := range snap.Keys {
+		if k.Status(now) == "active" && !slices.ContainsFunc(cfg.Keys, func(c config.Key) bool { return c.Name == k.Name }) {
+			out.Keys = append(out.Keys, k.Key)
+		}
+	}
+	return &out
 }
 
 // openOwners opens the record of who owns stored responses and
@@ -106,21 +186,23 @@ func (g *governance) openOwners(cfg *config.Config, log *slog.Logger) error {
 	return nil
 }
 
-// openBackends builds the limiter and the ledger (see openGovernance).
-func openBackends(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*governance, error) {
+// openBackends builds the limiter and the ledger (see openGovernance). An
+// in-process limiter is seeded from the ledger for the keys of seedCfg
+// (cfg with the runtime keys).
+func openBackends(cfg, seedCfg *config.Config, m *metrics.Metrics, log *slog.Logger) (*governance, error) {
 	flush := config.Seconds(cfg.Spend.FlushIntervalSeconds)
 	current := new(atomic.Pointer[config.Config])
 	current.Store(cfg)
 	local := ratelimit.NewLocal(ratelimit.LocalOptions{})
 	if !cfg.UsesRedis() {
-		rates := newRateSeeder(cfg)
+		rates := newRateSeeder(seedCfg)
 		ledger, err := spend.NewLocal(spend.LocalOptions{StateFile: cfg.Spend.StateFile, FlushInterval: flush,
 			Logger: log, Journal: true, JournalSync: config.Millis(cfg.Spend.JournalSyncMs), OnReplay: rates.add})
 		if err == nil {
 			// Limits live in this process: restore what the persisted
 			// ledger (its journal replayed) says was used today and this
 			// month, and the rate buckets from the journal's last minute.
-			err = seedBudgets(context.Background(), local, ledger, cfg, time.Now())
+			err = seedBudgets(context.Background(), local, ledger, seedCfg, time.Now())
 			if err != nil {
 				_ = ledger.Close()
 			}
@@ -338,6 +420,14 @@ func (g *governance) Close() error {
 			errs = append(errs, fmt.Errorf("closing the ownership store: %w", err))
 		}
 	}
+	if g.keys != nil {
+		// The watcher reads the store, which may be on the Redis client:
+		// it stops first.
+		g.keys.Close()
+		if err := g.keys.Store().Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing the runtime keys' store: %w", err))
+		}
+	}
 	if g.fleet != nil {
 		// Out of the fleet at once, so that the others' share grows now;
 		// with Redis down, the entry expires with its TTL instead.
@@ -355,6 +445,9 @@ func (g *governance) Close() error {
 	}
 	if err := g.ownerLock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("releasing the ownership file lock: %w", err))
+	}
+	if err := g.keysLock.Unlock(); err != nil {
+		errs = append(errs, fmt.Errorf("releasing the runtime keys file lock: %w", err))
 	}
 	if err := g.convLock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("releasing the conversations file lock: %w", err))

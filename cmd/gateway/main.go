@@ -6,6 +6,7 @@
 //	gateway mock-upstream                the fake upstream alone
 //	gateway check-config -config FILE    validate a config file
 //	gateway hash-key < keyfile           print a key's SHA-256 for [[keys]]
+//	gateway keys create -name NAME       issue a runtime key (list, show, revoke, rotate, audit)
 //	gateway spend -url URL               spend per key, team, model and day
 //	gateway bench -url URL               client-side TTFT, TPOT, ITL, E2E and goodput
 //	gateway version                      print the version
@@ -47,6 +48,7 @@ func commands() []command {
 		{"mock-upstream", "serve the fake OpenAI/Anthropic upstream alone", runMock},
 		{"check-config", "validate a config file and print the effective settings", runCheckConfig},
 		{"hash-key", "print the SHA-256 of a gateway key (read from stdin) for [[keys]]", runHashKey},
+		{"keys", "issue, list, revoke and rotate gateway keys at runtime through a running gateway", runKeys},
 		{"spend", "print what keys and teams spent (or their limits) from a running gateway", runSpend},
 		{"bench", "load an OpenAI- or Anthropic-compatible endpoint and report TTFT, TPOT, ITL, E2E and goodput", runBench},
 		{"version", "print the version", runVersion},
@@ -163,6 +165,7 @@ func runCheckConfig(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "warning: %s\n", w)
 	}
 	fmt.Fprintf(stdout, "\n%s", cfg.Redacted())
+	printRuntimeKeys(stdout, cfg)
 	return nil
 }
 

@@ -180,7 +180,7 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 	}
 	opts := proxy.Options{Config: cfg, Metrics: m, Gatherer: reg, Logger: ops, AccessLog: access,
 		OnRecord: onRecord, Limiter: gov.limiter, Ledger: gov.ledger, Owners: gov.owners, Stats: st,
-		Reload: reload, Conversations: gov.conv,
+		Reload: reload, Conversations: gov.conv, RuntimeKeys: gov.keys,
 		OnOutcome: func(team string, o conversation.Outcome, costMicros int64) {
 			m.ConversationOutcome(team, o, costMicros)
 			st.ObserveOutcome(team, o, costMicros)
@@ -193,6 +193,18 @@ func startGateway(cfg *config.Config, ln net.Listener, ops, access *slog.Logger,
 		_ = gov.Close()
 		stopTracing(tracer, ops)
 		return nil, err
+	}
+	if gov.keys != nil {
+		// The keys are read before the first request is served; a store
+		// that cannot be read is an error, as Redis down at start is.
+		ctx, cancel := context.WithTimeout(context.Background(), config.Millis(cfg.Redis.DialTimeoutMs)+config.Millis(cfg.Redis.TimeoutMs))
+		err := gov.keys.Start(ctx, gw.SetRuntimeKeys)
+		cancel()
+		if err != nil {
+			_ = gov.Close()
+			stopTracing(tracer, ops)
+			return nil, fmt.Errorf("reading the runtime keys: %w", err)
+		}
 	}
 	if bc := gw.BudgetCollector(prometheus.Labels(cfg.Metrics.Labels)); bc != nil {
 		reg.MustRegister(bc)
