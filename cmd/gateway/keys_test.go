@@ -328,3 +328,30 @@ func writeConfigFor(t *testing.T, dir string, cfg config.Config) string {
 	}
 	return path
 }
+
+// TestKeysCommandUsage: the keys command's mistakes are usage errors (exit
+// 2) or say what is missing (exit 1), before any request is sent.
+func TestKeysCommandUsage(t *testing.T) {
+	t.Setenv("TEST_ADMIN_TOKEN", testAdmin)
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"keys"}, 2, "Usage: gateway keys"},
+		{[]string{"keys", "frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"keys", "revoke"}, 2, "needs the key's name"},
+		{[]string{"keys", "list", "extra"}, 2, "unexpected arguments"},
+		{[]string{"keys", "create", "-rpm", "many"}, 2, "not a whole number"},
+		{[]string{"keys", "create", "-label", "novalue"}, 2, "a label is k=v"},
+		{[]string{"keys", "create", "-token-env", "TEST_ADMIN_TOKEN"}, 1, "-name is required"},
+		{[]string{"keys", "list", "-token-env", "UNSET_TOKEN_VAR_X"}, 1, "$UNSET_TOKEN_VAR_X is not set"},
+	} {
+		var out, errb strings.Builder
+		code := run(c.args, &out, &errb)
+		if code != c.code || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("gateway %s: exit %d (want %d), stderr:\n%s\nwant it to say %q", strings.Join(c.args, " "), code, c.code,
+				errb.String(), c.want)
+		}
+	}
+}
