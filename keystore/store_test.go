@@ -28,6 +28,9 @@ var stores = []struct {
 	{"LocalMemory", func(t *testing.T) Store { return openLocal(t, "") }},
 	{"LocalFile", func(t *testing.T) Store { return openLocal(t, filepath.Join(t.TempDir(), "keys.json")) }},
 	{"Redis", func(t *testing.T) Store { return NewRedis(redistest.Start(t).Client(t), "test:") }},
+	// A real Cluster: the keys, the version and the audit list share one
+	// slot, or the change script would be refused (CROSSSLOT).
+	{"RedisCluster", func(t *testing.T) Store { return NewRedis(redistest.StartCluster(t).Client(t), "test:") }},
 }
 
 func openLocal(t *testing.T, file string) *Local {
