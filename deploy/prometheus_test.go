@@ -433,6 +433,9 @@ state_file = ""
 [conversations]
 state_file = ""
 
+[runtime_keys]
+state_file = ""
+
 [redis]
 spill_dir = ""
 `, up.URL))
