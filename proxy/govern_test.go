@@ -1359,3 +1359,34 @@ func TestIdentifyingAGatewayKeyAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestClassRPMCapsItsClassOnly: a team's class_rpm is a bucket per request
+// class on top of its rpm: past it, calls of that class are refused 429
+// (with Retry-After), while its main turns and calls naming no class go on.
+func TestClassRPMCapsItsClassOnly(t *testing.T) {
+	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, false, func(c *config.Config) {
+		c.Teams[0].ClassRPM = map[string]int64{"auxiliary": 1}
+	})
+	ctx := testCtx(t)
+	aux := aoption.WithHeader("X-Claude-Code-Request-Class", "auxiliary")
+	main := aoption.WithHeader("X-Claude-Code-Request-Class", "main")
+	if _, err := w.anthropic(keyAlpha, aux).Messages.New(ctx, messageParams(8)); err != nil {
+		t.Fatalf("the first auxiliary call: %v", err)
+	}
+	w.tg.record(t)
+	_, err := w.anthropic(keyAlpha, aux, aoption.WithMaxRetries(0)).Messages.New(ctx, messageParams(8))
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || ae.Response.Header.Get("Retry-After") == "" ||
+		!strings.Contains(ae.Error(), "class:auxiliary") {
+		t.Fatalf("the second auxiliary call: %v; want 429 naming the class's bucket", err)
+	}
+	if rec := w.tg.record(t); rec.Rejection != llm.RejectRPM || rec.RequestClass != "auxiliary" {
+		t.Errorf("refused record: rejection %s class %q", rec.Rejection, rec.RequestClass)
+	}
+	for i, opts := range [][]aoption.RequestOption{{main}, {main}, nil} {
+		if _, err := w.anthropic(keyAlpha, opts...).Messages.New(ctx, messageParams(8)); err != nil {
+			t.Fatalf("call %d of another class after the cap: %v", i, err)
+		}
+		w.tg.record(t)
+	}
+}

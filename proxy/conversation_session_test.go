@@ -2,12 +2,10 @@ package proxy
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
@@ -247,37 +245,6 @@ func TestCodexSessionOverTheSocketIsOneConversation(t *testing.T) {
 	}
 	if c.Turns != 2 || c.Breakdown.Classes["warmup"].Calls != 1 || c.Breakdown.Classes["main"].Calls != 1 || c.Breakdown.Prompts != 1 {
 		t.Errorf("session %+v classes %+v prompts %d", c, c.Breakdown.Classes, c.Breakdown.Prompts)
-	}
-}
-
-// TestClassRPMCapsItsClassOnly: a team's class_rpm is a bucket per request
-// class on top of its rpm: past it, calls of that class are refused 429
-// (with Retry-After), while its main turns and calls naming no class go on.
-func TestClassRPMCapsItsClassOnly(t *testing.T) {
-	w := newGovWorld(t, mockllm.Options{OutputTokens: 3}, false, func(c *config.Config) {
-		c.Teams[0].ClassRPM = map[string]int64{"auxiliary": 1}
-	})
-	ctx := testCtx(t)
-	aux := aoption.WithHeader("X-Claude-Code-Request-Class", "auxiliary")
-	main := aoption.WithHeader("X-Claude-Code-Request-Class", "main")
-	if _, err := w.anthropic(keyAlpha, aux).Messages.New(ctx, messageParams(8)); err != nil {
-		t.Fatalf("the first auxiliary call: %v", err)
-	}
-	w.tg.record(t)
-	_, err := w.anthropic(keyAlpha, aux, aoption.WithMaxRetries(0)).Messages.New(ctx, messageParams(8))
-	var ae *anthropic.Error
-	if !errors.As(err, &ae) || ae.StatusCode != http.StatusTooManyRequests || ae.Response.Header.Get("Retry-After") == "" ||
-		!strings.Contains(ae.Error(), "class:auxiliary") {
-		t.Fatalf("the second auxiliary call: %v; want 429 naming the class's bucket", err)
-	}
-	if rec := w.tg.record(t); rec.Rejection != llm.RejectRPM || rec.RequestClass != "auxiliary" {
-		t.Errorf("refused record: rejection %s class %q", rec.Rejection, rec.RequestClass)
-	}
-	for i, opts := range [][]aoption.RequestOption{{main}, {main}, nil} {
-		if _, err := w.anthropic(keyAlpha, opts...).Messages.New(ctx, messageParams(8)); err != nil {
-			t.Fatalf("call %d of another class after the cap: %v", i, err)
-		}
-		w.tg.record(t)
 	}
 }
 
